@@ -1,0 +1,338 @@
+"""The matrix.yaml schema and its expansion into raw combinations.
+
+The schema is strict: unknown keys, wrong types, versions YAML read as numbers and values
+that could smuggle Dockerfile or shell syntax are refused here, with the line they are on.
+Expansion follows GitHub Actions: the product of the axes, minus ``exclude``, then
+``include`` extends matching combinations or adds new ones. What the catalog makes of each
+combination is compat.py's business.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from packaging.requirements import InvalidRequirement, Requirement
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from gpuenv import yamlfile
+from gpuenv.errors import MatrixError
+
+DEFAULT_MATRIX = "matrix.yaml"
+AXES = ("tensorflow", "python", "variant")
+FRAMEWORK_KEYS = ("tensorflow",)
+
+# Everything below ends up in a Dockerfile or on a command line, so each pattern admits
+# only what the value needs, never quotes, whitespace, `;`, `&`, `$`, backslashes or newlines.
+_VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9-]+)*(?::[0-9]+)?/)"
+_REPOSITORY = re.compile(rf"{_DOMAIN}?{_COMPONENT}(?:/{_COMPONENT})*")
+_IMAGE_REF = re.compile(
+    rf"{_DOMAIN}?{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"(?:@sha256:[a-f0-9]{64})?"
+)
+_SUITE = re.compile(r"[a-z][a-z0-9-]{1,30}")
+_APT = re.compile(r"[a-z0-9][a-z0-9+.-]+(?:=[A-Za-z0-9.+~:-]+)?")
+_PIP_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-\[\],<>=!~ ]*")
+_URL = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]+)?(?:/[A-Za-z0-9._~%+/-]*)?")
+
+
+def _version(value: str) -> str:
+    if not _VERSION.fullmatch(value):
+        raise ValueError(f"{value!r} is not a version like \"3.11\" or \"2.21\"")
+    return value
+
+
+def _pip(value: str) -> str:
+    if not _PIP_CHARS.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a plain pip requirement (name, extras and version specifiers "
+            "only; no URLs, markers, quotes or shell syntax)"
+        )
+    try:
+        req = Requirement(value)
+    except InvalidRequirement as exc:
+        raise ValueError(f"{value!r} is not a valid pip requirement: {exc}") from None
+    return str(req)
+
+
+def _apt(value: str) -> str:
+    if not _APT.fullmatch(value):
+        raise ValueError(f"{value!r} is not a Debian package name (optionally name=version)")
+    return value
+
+
+def _image(value: str) -> str:
+    if not _IMAGE_REF.fullmatch(value) or len(value) > 255:
+        raise ValueError(
+            f"{value!r} is not an image reference like python:3.11-slim-bookworm@sha256:<digest>"
+        )
+    return value
+
+
+def _repository(value: str) -> str:
+    if not _REPOSITORY.fullmatch(value) or len(value) > 200:
+        raise ValueError(
+            f"{value!r} is not an image repository (lowercase letters, digits, '.', '_', '-' "
+            "and '/' separated components, e.g. acme/gpuenv)"
+        )
+    return value
+
+
+def _suite(value: str) -> str:
+    if not _SUITE.fullmatch(value):
+        raise ValueError(f"{value!r} is not a Debian suite name like bookworm")
+    return value
+
+
+def _url(value: str) -> str:
+    if "@" in value:
+        raise ValueError("credentials do not belong in the matrix; use pip's netrc or keyring")
+    if not _URL.fullmatch(value):
+        raise ValueError(f"{value!r} is not a plain http(s) URL (no query, quotes or spaces)")
+    return value
+
+
+Version = Annotated[StrictStr, AfterValidator(_version)]
+PipRequirement = Annotated[StrictStr, AfterValidator(_pip)]
+AptPackage = Annotated[StrictStr, AfterValidator(_apt)]
+ImageRef = Annotated[StrictStr, AfterValidator(_image)]
+Repository = Annotated[StrictStr, AfterValidator(_repository)]
+Suite = Annotated[StrictStr, AfterValidator(_suite)]
+IndexUrl = Annotated[StrictStr, AfterValidator(_url)]
+Variant = Literal["cpu", "gpu"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Exclude(_Strict):
+    """A partial combination; every combination that matches all its keys is removed."""
+
+    tensorflow: Version | None = None
+    python: Version | None = None
+    variant: Variant | None = None
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> Exclude:
+        if not self.model_dump(exclude_none=True):
+            raise ValueError("an exclude entry needs at least one of tensorflow, python, variant")
+        return self
+
+
+class Include(_Strict):
+    """Extends the combinations it matches, or adds one (GitHub Actions semantics)."""
+
+    tensorflow: Version | None = None
+    python: Version | None = None
+    variant: Variant | None = None
+    cuda: Version | None = Field(None, description="CUDA major.minor for a GPU cell, e.g. 12.8")
+    cudnn: Version | None = Field(None, description="cuDNN major.minor for a GPU cell, e.g. 9.3")
+    pip: list[PipRequirement] = Field(default_factory=list, description="extra pip packages")
+    apt: list[AptPackage] = Field(default_factory=list, description="extra Debian packages")
+
+
+class Axes(_Strict):
+    tensorflow: list[Version] = Field(min_length=1, description="TensorFlow major.minor versions")
+    python: list[Version] = Field(min_length=1, description="Python major.minor versions")
+    variant: list[Variant] = Field(default_factory=lambda: ["cpu"], min_length=1)
+    exclude: list[Exclude] = Field(default_factory=list)
+    include: list[Include] = Field(default_factory=list)
+
+    @field_validator("tensorflow", "python", "variant")
+    @classmethod
+    def _unique(cls, values: list[str]) -> list[str]:
+        if len(set(values)) != len(values):
+            raise ValueError(f"values repeat: {values}")
+        return values
+
+
+class Default(_Strict):
+    tensorflow: Version
+    python: Version
+
+
+class DebianBase(_Strict):
+    debian: Suite = Field(description="Debian suite bootstrapped locally with mmdebstrap")
+
+
+class ImageBase(_Strict):
+    image: ImageRef = Field(description="a Debian-family image providing the Python version")
+
+
+class Packages(_Strict):
+    pip: list[PipRequirement] = Field(default_factory=list)
+    apt: list[AptPackage] = Field(default_factory=list)
+
+
+class BuildOptions(_Strict):
+    ca_bundle: str | None = Field(
+        None,
+        description="PEM bundle pip/uv trust during the build (relative to this file); "
+        "never stored in the image. Default: $GPUENV_CA_BUNDLE, then $PIP_CERT",
+    )
+    index_url: IndexUrl | None = Field(None, description="package index replacing PyPI")
+    extra_index_urls: list[IndexUrl] = Field(default_factory=list)
+
+
+class Matrix(_Strict):
+    """A gpuenv build matrix (matrix.yaml)."""
+
+    name: Repository = Field(description="image repository; tags are <name>:<cell>")
+    matrix: Axes
+    default: Default | None = None
+    bases: dict[Version, DebianBase | ImageBase] = Field(
+        description="per Python version: {debian: suite} or {image: ref}"
+    )
+    packages: Packages = Field(default_factory=Packages)
+    build: BuildOptions = Field(default_factory=BuildOptions)
+
+
+class LoadedMatrix:
+    """A validated Matrix plus where it came from, for paths and error messages."""
+
+    def __init__(self, model: Matrix, doc: yamlfile.YamlDocument) -> None:
+        self.model = model
+        self.doc = doc
+        self.path = doc.path
+        self.dir = doc.path.parent
+
+    def error(self, message: str, loc: tuple[str | int, ...] = ()) -> MatrixError:
+        return MatrixError(self.path, message, self.doc.line_of(loc) if loc else None)
+
+
+def matrix_path(explicit: Path | None) -> Path:
+    if explicit is not None:
+        return explicit
+    return Path(os.environ.get("GPUENV_MATRIX") or DEFAULT_MATRIX)
+
+
+def load(path: Path) -> LoadedMatrix:
+    doc = yamlfile.load(path)
+    if not isinstance(doc.data, dict):
+        raise MatrixError(path, "expected a mapping with name, matrix, bases (see README)", 1)
+    try:
+        model = Matrix.model_validate(doc.data)
+    except ValidationError as exc:
+        raise _schema_error(exc, doc) from None
+    return LoadedMatrix(model, doc)
+
+
+def _schema_error(exc: ValidationError, doc: yamlfile.YamlDocument) -> MatrixError:
+    """The first schema error as one line, with the YAML line it points at."""
+    err = exc.errors()[0]
+    loc = tuple(p for p in err["loc"] if isinstance(p, (str, int)))
+    # Union members show up in the loc as their class names; drop them.
+    loc = tuple(p for p in loc if p not in ("DebianBase", "ImageBase"))
+    where = ".".join(str(p) for p in loc) or "top level"
+    node = doc.node_at(loc)
+    line = node.start_mark.line + 1 if node is not None else None
+    value = err.get("input")
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        message = f"unknown key {where!r}; check the spelling (see README for every key)"
+    elif kind == "missing":
+        message = f"missing required key {where!r}"
+    elif kind == "string_type" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        written = getattr(node, "value", str(value))
+        message = (
+            f"{where}: YAML reads {written} as the number {value!r}; "
+            f'quote versions: "{written}"'
+        )
+    elif kind == "literal_error":
+        message = f"{where}: {value!r} is not one of cpu, gpu"
+    else:
+        text = err["msg"].removeprefix("Value error, ")
+        message = f"{where}: {text}"
+    return MatrixError(doc.path, message, line)
+
+
+# ---------------------------------------------------------------------------- expansion
+
+Combination = dict[str, Any]
+
+
+def expand(m: LoadedMatrix) -> list[Combination]:
+    """Product minus exclude, then include.
+
+    Each combination carries ``_include`` (the index of the include entry that created or
+    extended it, or None) so errors about an impossible include can point at it.
+    """
+    axes = m.model.matrix
+    product = [
+        dict(zip(AXES, values, strict=True))
+        for values in itertools.product(axes.tensorflow, axes.python, axes.variant)
+    ]
+    excluded: list[Combination] = []
+    for i, ex in enumerate(axes.exclude):
+        keys = ex.model_dump(exclude_none=True)
+        if not any(_matches(c, keys) for c in product):
+            raise m.error(
+                f"exclude entry {i + 1} ({_describe(keys)}) matches no combination; remove it",
+                ("matrix", "exclude", i),
+            )
+        excluded.extend(c for c in product if _matches(c, keys))
+    combos: list[Combination] = [
+        {**c, "_include": None} for c in product if c not in excluded
+    ]
+    if not combos and not axes.include:
+        raise m.error(
+            "exclude removes every combination; the matrix would build nothing",
+            ("matrix", "exclude"),
+        )
+    for i, inc in enumerate(axes.include):
+        values = inc.model_dump(exclude_none=True, exclude_defaults=True)
+        values.update({k: getattr(inc, k) for k in ("pip", "apt") if getattr(inc, k)})
+        extended = False
+        for combo in combos:
+            original = {k: combo[k] for k in AXES if k in combo}
+            # Add to a combination only when no original axis value would be overwritten.
+            if all(values[k] == v for k, v in original.items() if k in values):
+                combo.update(values)
+                combo["_include"] = i
+                extended = True
+        if not extended:
+            missing = [k for k in ("tensorflow", "python") if k not in values]
+            if missing:
+                raise m.error(
+                    f"include entry {i + 1} matches no combination and lacks "
+                    f"{', '.join(missing)} to stand alone as a new cell",
+                    ("matrix", "include", i),
+                )
+            combos.append({"variant": "cpu", **values, "_include": i})
+    return combos
+
+
+def _matches(combo: Combination, keys: dict[str, Any]) -> bool:
+    return all(combo.get(k) == v for k, v in keys.items())
+
+
+def _describe(values: dict[str, Any]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in values.items())
+
+
+def json_schema() -> dict[str, Any]:
+    schema = Matrix.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "gpuenv matrix.yaml"
+    return schema
+
+
+if __name__ == "__main__":  # python -m gpuenv.matrix > gpuenv/data/matrix.schema.json
+    import json
+
+    print(json.dumps(json_schema(), indent=2, sort_keys=True))

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# engine.sh - make sure a Docker engine answers on this (Debian) machine.
+#
+# What it does, in order, and only when needed:
+#   1. installs the Debian packages gpuenv's development and tests rely on
+#      (docker.io for dockerd, debootstrap and mmdebstrap for local base
+#      images); `apt-get update` runs only when something is missing;
+#   2. if `docker info` does not answer, starts
+#        dockerd --bridge=none --iptables=false --ip-masq=false
+#      in the background with nohup, logging to $GPUENV_DOCKERD_LOG and
+#      recording its PID in $GPUENV_DOCKERD_PIDFILE;
+#   3. waits up to $GPUENV_DOCKERD_TIMEOUT seconds for `docker info` to answer,
+#      and fails with a one-line message plus the tail of the log otherwise.
+#
+# It is idempotent: when everything is installed and the engine answers it
+# does nothing and exits 0 at once.
+#
+# The engine gets no bridge network on purpose: on these machines containers
+# run with `--network none` (or `host` when they must reach a package index),
+# and no Docker network may be created.
+#
+# Environment (all optional):
+#   GPUENV_DOCKERD_LOG      dockerd's log file  (/var/log/gpuenv-dockerd.log)
+#   GPUENV_DOCKERD_PIDFILE  dockerd's pid file  (/run/gpuenv-dockerd.pid)
+#   GPUENV_DOCKERD_TIMEOUT  seconds to wait for the engine (60)
+#   GPUENV_SKIP_APT=1       never touch apt (just start/check the engine)
+set -euo pipefail
+
+readonly LOG="${GPUENV_DOCKERD_LOG:-/var/log/gpuenv-dockerd.log}"
+readonly PIDFILE="${GPUENV_DOCKERD_PIDFILE:-/run/gpuenv-dockerd.pid}"
+readonly TIMEOUT="${GPUENV_DOCKERD_TIMEOUT:-60}"
+# Debian packages we need; each is checked on its own.
+readonly PACKAGES=(docker.io debootstrap mmdebstrap)
+
+say() { printf 'engine.sh: %s\n' "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+# Run a command as root, through sudo when we are not root.
+as_root() {
+    if [[ ${EUID} -eq 0 ]]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo "$@"
+    else
+        die "must run as root (or have sudo) to run: $*"
+    fi
+}
+
+# True when the engine answers (quietly, with a bound on how long we wait).
+engine_answers() {
+    command -v docker >/dev/null 2>&1 || return 1
+    timeout 10 docker info >/dev/null 2>&1
+}
+
+# True when the Debian package "$1" is installed.
+is_installed() {
+    dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null | grep -qx installed
+}
+
+# Step 1: install whatever is missing; `apt-get update` only if something is.
+install_packages() {
+    [[ ${GPUENV_SKIP_APT:-0} == 1 ]] && return 0
+    command -v dpkg-query >/dev/null 2>&1 || die "not a Debian system (no dpkg-query)"
+    local missing=() pkg
+    for pkg in "${PACKAGES[@]}"; do
+        is_installed "${pkg}" || missing+=("${pkg}")
+    done
+    [[ ${#missing[@]} -eq 0 ]] && return 0
+    say "installing: ${missing[*]}"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# Step 2: start dockerd in the background unless one we started still runs.
+start_dockerd() {
+    local pid
+    if [[ -s ${PIDFILE} ]]; then
+        pid="$(<"${PIDFILE}")"
+        if [[ ${pid} =~ ^[0-9]+$ ]] && kill -0 "${pid}" 2>/dev/null; then
+            say "dockerd (pid ${pid}) is running but not answering yet; waiting"
+            return 0
+        fi
+    fi
+    # Debian puts dockerd in /usr/sbin, which may be missing from PATH.
+    local dockerd
+    dockerd="$(PATH="${PATH}:/usr/sbin:/sbin" command -v dockerd)" \
+        || die "dockerd not found (is docker.io installed?)"
+    as_root mkdir -p "$(dirname "${LOG}")" "$(dirname "${PIDFILE}")"
+    say "starting ${dockerd} (log: ${LOG})"
+    # The subshell runs as root so that the log redirection and the pid file
+    # are written with root's rights; $! is the pid of dockerd itself.
+    # shellcheck disable=SC2016  # expanded by the inner shell, on purpose
+    as_root bash -c '
+        nohup "$1" --bridge=none --iptables=false --ip-masq=false \
+            >>"$2" 2>&1 </dev/null &
+        echo "$!" >"$3"
+    ' _ "${dockerd}" "${LOG}" "${PIDFILE}"
+}
+
+# Step 3: wait until the engine answers, or fail with the log's tail.
+wait_for_engine() {
+    local deadline=$((SECONDS + TIMEOUT)) pid
+    until engine_answers; do
+        pid="$(cat "${PIDFILE}" 2>/dev/null || true)"
+        if [[ -n ${pid} ]] && ! kill -0 "${pid}" 2>/dev/null; then
+            say "error: dockerd (pid ${pid}) exited; last lines of ${LOG}:"
+            tail -n 20 "${LOG}" >&2 || true
+            exit 1
+        fi
+        if ((SECONDS >= deadline)); then
+            say "error: docker engine did not answer within ${TIMEOUT}s; last lines of ${LOG}:"
+            tail -n 20 "${LOG}" >&2 || true
+            exit 1
+        fi
+        sleep 0.5
+    done
+}
+
+main() {
+    install_packages
+    engine_answers && return 0
+    command -v docker >/dev/null 2>&1 || die "no docker client on PATH"
+    start_dockerd
+    wait_for_engine
+    local version
+    version="$(docker version --format '{{.Server.Version}}' 2>/dev/null)" || version='?'
+    say "docker engine is up: ${version}"
+}
+
+main "$@"
