@@ -75,5 +75,3 @@ def cell_name(short: str, minor: str, python: str, variant: str, cuda: str | Non
         parts.append(f"cuda{cuda}")
     parts.append(variant)
     return "-".join(parts)
-
-

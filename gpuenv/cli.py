@@ -31,13 +31,17 @@ app = typer.Typer(
 FileOption = Annotated[
     Path | None,
     typer.Option(
-        "-f", "--file", help="Matrix file [default: ./matrix.yaml, or $GPUENV_MATRIX]",
+        "-f",
+        "--file",
+        help="Matrix file [default: ./matrix.yaml, or $GPUENV_MATRIX]",
         show_default=False,
     ),
 ]
 Patterns = Annotated[
     list[str] | None,
-    typer.Argument(help="Shell-style globs over cell names, e.g. 'tf2.21-*-gpu'", show_default=False),
+    typer.Argument(
+        help="Shell-style globs over cell names, e.g. 'tf2.21-*-gpu'", show_default=False
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")]
 CaOption = Annotated[

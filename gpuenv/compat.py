@@ -69,7 +69,7 @@ class Catalog:
 
     def known_releases(self) -> str:
         minors = sorted(self.releases, key=Version)
-        return f"{minors[0]}–{minors[-1]}"
+        return f"{minors[0]} to {minors[-1]}"
 
 
 def _read(name: str) -> Any:
@@ -193,14 +193,13 @@ def _resolve_one(m: LoadedMatrix, cat: Catalog, combo: Combination) -> Cell:
     python = combo["python"]
     if python not in cat.pythons:
         raise m.error(
-            f"Python {python} is outside the supported range "
-            f"{cat.pythons[0]}–{cat.pythons[-1]}",
+            f"Python {python} is outside the supported range {cat.pythons[0]} to {cat.pythons[-1]}",
             (*where, "python") if inc is not None else ("matrix", "python"),
         )
     if python not in row.python:
         raise _Rejected(
             f"TensorFlow {row.version} has no wheels for Python {python} "
-            f"(it supports {row.python[0]}–{row.python[-1]})"
+            f"(it supports {row.python[0]} to {row.python[-1]})"
         )
     variant = combo["variant"]
     cuda = cudnn = release = None
@@ -241,7 +240,7 @@ def _base(m: LoadedMatrix, cat: Catalog, python: str) -> Base:
     spec = m.model.bases.get(python)
     if spec is None:
         suites = [s for s, p in cat.debian_python.items() if p == python]
-        hint = f'{{debian: {suites[0]}}}' if suites else '{image: "python:<ver>-slim@sha256:..."}'
+        hint = f"{{debian: {suites[0]}}}" if suites else '{image: "python:<ver>-slim@sha256:..."}'
         raise m.error(f'no base for Python {python}; add bases: "{python}": {hint}', ("bases",))
     if isinstance(spec, DebianBase):
         provides = cat.debian_python.get(spec.debian)

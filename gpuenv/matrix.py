@@ -52,7 +52,7 @@ _URL = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]+)?(?:/[A-Za-z0-9._~%+/-]*)?
 
 def _version(value: str) -> str:
     if not _VERSION.fullmatch(value):
-        raise ValueError(f"{value!r} is not a version like \"3.11\" or \"2.21\"")
+        raise ValueError(f'{value!r} is not a version like "3.11" or "2.21"')
     return value
 
 
@@ -250,8 +250,7 @@ def _schema_error(exc: ValidationError, doc: yamlfile.YamlDocument) -> MatrixErr
     elif kind == "string_type" and isinstance(value, (int, float)) and not isinstance(value, bool):
         written = getattr(node, "value", str(value))
         message = (
-            f"{where}: YAML reads {written} as the number {value!r}; "
-            f'quote versions: "{written}"'
+            f'{where}: YAML reads {written} as the number {value!r}; quote versions: "{written}"'
         )
     elif kind == "literal_error":
         message = f"{where}: {value!r} is not one of cpu, gpu"
@@ -286,9 +285,7 @@ def expand(m: LoadedMatrix) -> list[Combination]:
                 ("matrix", "exclude", i),
             )
         excluded.extend(c for c in product if _matches(c, keys))
-    combos: list[Combination] = [
-        {**c, "_include": None} for c in product if c not in excluded
-    ]
+    combos: list[Combination] = [{**c, "_include": None} for c in product if c not in excluded]
     if not combos and not axes.include:
         raise m.error(
             "exclude removes every combination; the matrix would build nothing",

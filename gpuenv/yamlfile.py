@@ -110,9 +110,7 @@ def _check_tree(root: yaml.Node, path: Path) -> None:
             for k, v in node.value:
                 if isinstance(k, yaml.ScalarNode):
                     if k.value in seen and k.value != "<<":
-                        raise MatrixError(
-                            path, f"duplicate key {k.value!r}", k.start_mark.line + 1
-                        )
+                        raise MatrixError(path, f"duplicate key {k.value!r}", k.start_mark.line + 1)
                     seen.add(k.value)
                 total += size(k) + size(v)
         elif isinstance(node, yaml.SequenceNode):
