@@ -1,12 +1,37 @@
-"""Building cells into labelled images (render, hash, skip or build, summarise)."""
+"""Building cells into labelled images: render, hash, skip or build, tag, summarise.
+
+A cell whose image already carries the same io.gpuenv.spec-hash is not rebuilt. The spec
+hash covers exactly what determines the image: the rendered context, the base image's ID and
+the cell's lock entry. Builds are untagged until they succeed, so a failed or interrupted
+build leaves no tag on a half-built image; GPU cells wait for their CPU sibling so they
+reuse its layers instead of building them twice.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import re
+import tarfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuenv.ca import find_bundle
+from gpuenv import base as bases
+from gpuenv.ca import CAServer, find_bundle
+from gpuenv.cell import Cell
+from gpuenv.engine import BuildFailed, Engine
+from gpuenv.errors import GpuenvError
 from gpuenv.matrix import LoadedMatrix
-from gpuenv.render import RenderOptions
+from gpuenv.render import BuildContext, RenderOptions, render
+
+SPEC_LABEL = "io.gpuenv.spec-hash"
+LOG_TAIL = 15
 
 
 def ca_bundle_for(m: LoadedMatrix, explicit: Path | None) -> Path | None:
@@ -20,3 +45,240 @@ def render_options(m: LoadedMatrix, explicit_ca: Path | None) -> RenderOptions:
         index_url=b.index_url,
         extra_index_urls=tuple(b.extra_index_urls),
     )
+
+
+def spec_hash(ctx: BuildContext, base_id: str, lock_entry: str = "") -> str:
+    doc = {"context": ctx.digest(), "base": base_id, "lock": lock_entry}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def context_tar(ctx: BuildContext) -> io.BytesIO:
+    """The build context as an uncompressed tar with fixed metadata (deterministic bytes)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(ctx.files):
+            data = ctx.files[name].encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    return buf
+
+
+@dataclass
+class CellResult:
+    cell: Cell
+    status: str = "pending"  # built | cached | failed | skipped
+    image_id: str | None = None
+    size: int | None = None
+    seconds: float = 0.0
+    error: str | None = None
+    step: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "cell": self.cell.name,
+            "image": self.cell.image,
+            "status": self.status,
+            "image_id": self.image_id,
+            "size": self.size,
+            "seconds": round(self.seconds, 2),
+            "error": self.error,
+            "failed_step": self.step,
+            "log_tail": self.log_tail if self.status == "failed" else [],
+        }
+
+
+class Reporter:
+    """What the build tells its user; the CLI supplies a console implementation."""
+
+    def info(self, message: str) -> None:
+        pass
+
+    def started(self, cell: Cell) -> None:
+        pass
+
+    def log(self, cell: Cell, line: str) -> None:
+        pass
+
+    def finished(self, result: CellResult) -> None:
+        pass
+
+
+@dataclass
+class BuildRequest:
+    matrix: LoadedMatrix
+    cells: list[Cell]
+    ca_bundle: Path | None = None
+    jobs: int = 1
+    keep_going: bool = False
+    no_cache: bool = False
+
+
+def sibling_cpu(cell: Cell, cells: list[Cell]) -> Cell | None:
+    """The CPU cell whose layers a GPU cell reuses (same framework, Python, base, packages)."""
+    if not cell.is_gpu:
+        return None
+    for other in cells:
+        if (
+            not other.is_gpu
+            and (other.framework_version, other.python, other.base) ==
+            (cell.framework_version, cell.python, cell.base)
+            and (other.pip, other.apt) == (cell.pip, cell.apt)
+        ):
+            return other
+    return None
+
+
+def build_cells(engine: Engine, req: BuildRequest, reporter: Reporter) -> list[CellResult]:
+    options = RenderOptions(
+        ca=req.ca_bundle is not None,
+        index_url=req.matrix.model.build.index_url,
+        extra_index_urls=tuple(req.matrix.model.build.extra_index_urls),
+    )
+    # Render everything first: a template error must stop the run before any build.
+    contexts = {c.name: render(c, options) for c in req.cells}
+    base_ids: dict[str, str] = {}
+    for cell in req.cells:
+        if cell.base.image not in base_ids:
+            base_ids[cell.base.image] = bases.ensure(engine, cell.base, reporter.info)
+    # CPU cells first, so GPU cells find the shared layers in the cache.
+    order = sorted(req.cells, key=lambda c: (c.is_gpu, req.cells.index(c)))
+    results = {c.name: CellResult(c) for c in order}
+    stop = threading.Event()
+
+    def run_one(cell: Cell, wait_for: Future[CellResult] | None) -> CellResult:
+        result = results[cell.name]
+        if wait_for is not None:
+            wait_for.result()
+        if stop.is_set():
+            result.status = "skipped"
+            result.error = "not built: an earlier cell failed (use --keep-going)"
+            return result
+        _build_one(engine, contexts[cell.name], base_ids[cell.base.image], req, reporter, result)
+        if result.status == "failed" and not req.keep_going:
+            stop.set()
+        reporter.finished(result)
+        return result
+
+    with ExitStack() as stack:
+        if req.ca_bundle is not None and any(
+            _needs_build(engine, contexts[c.name], base_ids[c.base.image], req.no_cache)
+            for c in order
+        ):
+            stack.enter_context(CAServer(req.ca_bundle))
+        if req.jobs <= 1:
+            for cell in order:
+                run_one(cell, None)
+        else:
+            futures: dict[str, Future[CellResult]] = {}
+            pool = stack.enter_context(ThreadPoolExecutor(max_workers=req.jobs))
+            for cell in order:
+                sibling = sibling_cpu(cell, order)
+                dep = futures.get(sibling.name) if sibling else None
+                futures[cell.name] = pool.submit(run_one, cell, dep)
+            for fut in futures.values():
+                fut.result()
+    return [results[c.name] for c in req.cells]
+
+
+def _needs_build(engine: Engine, ctx: BuildContext, base_id: str, no_cache: bool) -> bool:
+    if no_cache:
+        return True
+    labels = engine.labels(ctx.cell.image)
+    return labels is None or labels.get(SPEC_LABEL) != spec_hash(ctx, base_id)
+
+
+def _build_one(
+    engine: Engine,
+    ctx: BuildContext,
+    base_id: str,
+    req: BuildRequest,
+    reporter: Reporter,
+    result: CellResult,
+) -> None:
+    cell = ctx.cell
+    start = time.monotonic()
+    digest = spec_hash(ctx, base_id)
+    existing = engine.image(cell.image)
+    existing_labels = ((existing or {}).get("Config") or {}).get("Labels") or {}
+    if existing and not req.no_cache and existing_labels.get(SPEC_LABEL) == digest:
+        result.status, result.image_id = "cached", str(existing["Id"])
+        result.size = int(existing.get("Size") or 0)
+        result.seconds = time.monotonic() - start
+        return
+    reporter.started(cell)
+    tail: list[str] = []
+    step: list[str] = []
+
+    def on_log(line: str) -> None:
+        if re.match(r"Step \d+/\d+ :", line):
+            step[:] = [line]
+        tail.append(line)
+        del tail[:-LOG_TAIL]
+        reporter.log(cell, line)
+
+    try:
+        image_id = engine.build(
+            context_tar(ctx),
+            labels={SPEC_LABEL: digest},
+            nocache=req.no_cache,
+            on_log=on_log,
+        )
+    except BuildFailed as exc:
+        result.status, result.error = "failed", _explain(str(exc), tail)
+        result.step, result.log_tail = (step[0] if step else None), tail
+        result.seconds = time.monotonic() - start
+        return
+    engine.tag(image_id, cell.image)
+    if existing and existing["Id"] != image_id:
+        engine.remove_image(str(existing["Id"]))  # the superseded build; kept if still in use
+    info = engine.image(image_id) or {}
+    result.status, result.image_id = "built", image_id
+    result.size = int(info.get("Size") or 0)
+    result.seconds = time.monotonic() - start
+
+
+def _explain(error: str, tail: list[str]) -> str:
+    """The engine says 'returned a non-zero code: 1'; the log usually says which package."""
+    text = "\n".join(tail)
+    if "no space left on device" in text or "no space left on device" in error:
+        return "the disk filled up during the build; free space (docker image prune) and retry"
+    for pattern in (
+        r"Because (\S+) was not found in the package registry",
+        r"No solution found when resolving dependencies:.*",
+        r"(?:No matching distribution found for|Could not find a version that satisfies "
+        r"the requirement) (\S+)",
+    ):
+        m = re.search(pattern, text)
+        if m:
+            package = m.group(1) if m.groups() else None
+            what = f"package {package} cannot be installed" if package else m.group(0)
+            return f"{what} ({error})"
+    return error
+
+
+def failed(results: list[CellResult]) -> list[CellResult]:
+    return [r for r in results if r.status in ("failed", "skipped")]
+
+
+SizeFormatter = Callable[[int | None], str]
+
+
+def human_size(size: int | None) -> str:
+    if size is None:
+        return "-"
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
+        value /= 1000
+    return f"{value:.1f} GB"
+
+
+def ensure_no_failures(results: list[CellResult]) -> None:
+    bad = failed(results)
+    if bad:
+        names = ", ".join(r.cell.name for r in bad)
+        raise GpuenvError(f"{len(bad)} cell(s) did not build: {names}")

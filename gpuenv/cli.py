@@ -148,6 +148,76 @@ def render_cmd(
             print(target)
 
 
+@app.command("base")
+def base_cmd(patterns: Patterns = None, file: FileOption = None) -> None:
+    """Make the local Debian base images the selected cells need (mmdebstrap)."""
+    from gpuenv import base, engine
+    from gpuenv.selection import select
+
+    with user_errors():
+        m, res = load(file)
+        cells = select(res.cells, patterns, m.path)
+        eng = engine.connect()
+        done: set[str] = set()
+        for cell in cells:
+            if cell.base.image in done:
+                continue
+            done.add(cell.base.image)
+            image_id = base.ensure(eng, cell.base, lambda msg: print(f"gpuenv: {msg}"))
+            print(f"{cell.base.image}  {image_id[:19]}")
+
+
+@app.command("build")
+def build_cmd(
+    patterns: Patterns = None,
+    file: FileOption = None,
+    jobs: Annotated[int, typer.Option("-j", "--jobs", min=1, help="Cells built at once")] = 1,
+    keep_going: Annotated[
+        bool, typer.Option("--keep-going", help="Build the other cells when one fails")
+    ] = False,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Rebuild even up-to-date cells, without the cache")
+    ] = False,
+    validate: Annotated[
+        bool, typer.Option("--validate", help="Validate the images after building")
+    ] = False,
+    as_json: JsonOption = False,
+    ca_bundle: CaOption = None,
+) -> None:
+    """Build the selected cells (all by default) into labelled images."""
+    from gpuenv import build, engine
+    from gpuenv.progress import ConsoleReporter, summary
+    from gpuenv.selection import select
+
+    if validate:
+        raise fail("--validate needs `gpuenv validate`, which is not built yet", 2)
+    reporter = None
+    try:
+        with user_errors():
+            m, res = load(file)
+            cells = select(res.cells, patterns, m.path)
+            req = build.BuildRequest(
+                matrix=m,
+                cells=cells,
+                ca_bundle=build.ca_bundle_for(m, ca_bundle),
+                jobs=jobs,
+                keep_going=keep_going,
+                no_cache=no_cache,
+            )
+            eng = engine.connect()
+            reporter = ConsoleReporter()
+            results = build.build_cells(eng, req, reporter)
+            reporter.close()
+            if as_json:
+                print(json.dumps({"results": [r.to_json() for r in results]}, indent=2))
+            else:
+                summary(results)
+            build.ensure_no_failures(results)
+    finally:
+        if reporter is not None:
+            reporter.close()
+
+
 def main() -> None:
     app()
 

@@ -15,13 +15,16 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     StrictStr,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -174,6 +177,28 @@ class ImageBase(_Strict):
     image: ImageRef = Field(description="a Debian-family image providing the Python version")
 
 
+def _base_kind(value: Any) -> str | None:
+    """Which kind of base a mapping is, so errors come from that kind only (an invalid image
+    reference must not be reported as a missing ``debian`` key)."""
+    if isinstance(value, (DebianBase, ImageBase)):
+        return type(value).__name__
+    if isinstance(value, dict):
+        kinds = [k for k in ("debian", "image") if k in value]
+        if len(kinds) == 1:
+            return "DebianBase" if kinds == ["debian"] else "ImageBase"
+    return None
+
+
+BaseSpec = Annotated[
+    Annotated[DebianBase, Tag("DebianBase")] | Annotated[ImageBase, Tag("ImageBase")],
+    Discriminator(
+        _base_kind,
+        custom_error_type="base_kind",
+        custom_error_message="a base is exactly one of debian: <suite> or image: <reference>",
+    ),
+]
+
+
 class Packages(_Strict):
     pip: list[PipRequirement] = Field(default_factory=list)
     apt: list[AptPackage] = Field(default_factory=list)
@@ -195,7 +220,7 @@ class Matrix(_Strict):
     name: Repository = Field(description="image repository; tags are <name>:<cell>")
     matrix: Axes
     default: Default | None = None
-    bases: dict[Version, DebianBase | ImageBase] = Field(
+    bases: dict[Version, BaseSpec] = Field(
         description="per Python version: {debian: suite} or {image: ref}"
     )
     packages: Packages = Field(default_factory=Packages)
@@ -240,7 +265,7 @@ def _schema_error(exc: ValidationError, doc: yamlfile.YamlDocument) -> MatrixErr
     loc = tuple(p for p in loc if p not in ("DebianBase", "ImageBase"))
     where = ".".join(str(p) for p in loc) or "top level"
     node = doc.node_at(loc)
-    line = node.start_mark.line + 1 if node is not None else None
+    line = doc.line_of(loc)
     value = err.get("input")
     kind = err["type"]
     if kind == "extra_forbidden":
@@ -248,7 +273,7 @@ def _schema_error(exc: ValidationError, doc: yamlfile.YamlDocument) -> MatrixErr
     elif kind == "missing":
         message = f"missing required key {where!r}"
     elif kind == "string_type" and isinstance(value, (int, float)) and not isinstance(value, bool):
-        written = getattr(node, "value", str(value))
+        written = node.value if isinstance(node, yaml.ScalarNode) else str(value)
         message = (
             f'{where}: YAML reads {written} as the number {value!r}; quote versions: "{written}"'
         )
@@ -291,11 +316,14 @@ def expand(m: LoadedMatrix) -> list[Combination]:
             "exclude removes every combination; the matrix would build nothing",
             ("matrix", "exclude"),
         )
+    # As in GitHub Actions, an include extends only combinations of the product; one that
+    # an earlier include added is never extended by a later one (the later one adds its own).
+    product_combos = list(combos)
     for i, inc in enumerate(axes.include):
         values = inc.model_dump(exclude_none=True, exclude_defaults=True)
         values.update({k: getattr(inc, k) for k in ("pip", "apt") if getattr(inc, k)})
         extended = False
-        for combo in combos:
+        for combo in product_combos:
             original = {k: combo[k] for k in AXES if k in combo}
             # Add to a combination only when no original axis value would be overwritten.
             if all(values[k] == v for k, v in original.items() if k in values):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -119,7 +120,11 @@ def render(cell: Cell, options: RenderOptions | None = None) -> BuildContext:
     if cell.is_gpu:
         # ptxas, for XLA's and TensorFlow's own PTX compilation.
         path = f"{VENV}/bin:{sp}/nvidia/cuda_nvcc/bin:{SYSTEM_PATH}"
-    python_packages = [f"{cell.framework}=={cell.framework_version}", *cell.pip]
+    # Requirements such as pandas<3 hold shell metacharacters (a redirection, unquoted);
+    # plain pins like tensorflow==2.21.0 come out unchanged.
+    python_packages = [
+        shlex.quote(p) for p in (f"{cell.framework}=={cell.framework_version}", *cell.pip)
+    ]
     dockerfile = env.get_template("Dockerfile.j2").render(
         cell=cell,
         ca=options.ca,

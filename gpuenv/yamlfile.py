@@ -27,27 +27,41 @@ class YamlDocument:
     root: yaml.Node | None
 
     def node_at(self, loc: tuple[str | int, ...]) -> yaml.Node | None:
-        """The deepest node found along ``loc`` (mapping keys and sequence indices)."""
-        node = self.root
-        for part in loc:
-            child = _child(node, part)
-            if child is None:
-                break
-            node = child
-        return node
+        """The deepest node found along ``loc`` (mapping keys and sequence indices).
+
+        A ``"[key]"`` part (pydantic's location of a bad mapping key) gives the key's node.
+        """
+        return self._walk(loc)[1]
 
     def line_of(self, loc: tuple[str | int, ...]) -> int | None:
-        node = self.node_at(loc)
-        return node.start_mark.line + 1 if node is not None else None
+        """The line of the deepest key (or sequence item) found along ``loc``.
+
+        The key's line, not its value's: for ``tpyo:`` followed by an indented block, the
+        error belongs on the ``tpyo:`` line, where the block value's node does not start.
+        """
+        marker = self._walk(loc)[0]
+        return marker.start_mark.line + 1 if marker is not None else None
+
+    def _walk(self, loc: tuple[str | int, ...]) -> tuple[yaml.Node | None, yaml.Node | None]:
+        marker = node = self.root
+        for part in loc:
+            if part == "[key]":
+                return marker, marker
+            found = _child(node, part)
+            if found is None:
+                break
+            marker, node = found
+        return marker, node
 
 
-def _child(node: yaml.Node | None, part: str | int) -> yaml.Node | None:
+def _child(node: yaml.Node | None, part: str | int) -> tuple[yaml.Node, yaml.Node] | None:
+    """(key node, value node) of a mapping entry, or (item, item) of a sequence item."""
     if isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             if isinstance(key, yaml.ScalarNode) and key.value == str(part):
-                return value
+                return key, value
     if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-        return node.value[part]
+        return node.value[part], node.value[part]
     return None
 
 

@@ -88,11 +88,12 @@ start_dockerd() {
         || die "dockerd not found (is docker.io installed?)"
     as_root mkdir -p "$(dirname "${LOG}")" "$(dirname "${PIDFILE}")"
     say "starting ${dockerd} (log: ${LOG})"
+    # setsid: dockerd must outlive the shell (and process group) that started it.
     # The subshell runs as root so that the log redirection and the pid file
     # are written with root's rights; $! is the pid of dockerd itself.
     # shellcheck disable=SC2016  # expanded by the inner shell, on purpose
     as_root bash -c '
-        nohup "$1" --bridge=none --iptables=false --ip-masq=false \
+        setsid nohup "$1" --bridge=none --iptables=false --ip-masq=false \
             >>"$2" 2>&1 </dev/null &
         echo "$!" >"$3"
     ' _ "${dockerd}" "${LOG}" "${PIDFILE}"

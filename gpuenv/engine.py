@@ -1,0 +1,190 @@
+"""The Docker Engine, through the Docker SDK for Python. The only module that imports docker.
+
+Every engine failure a user can meet (engine down, socket permissions, missing image, a
+failed build) leaves here as a GpuenvError with one line saying what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import docker
+import docker.errors
+from docker.context import ContextAPI
+
+from gpuenv.errors import GpuenvError
+
+LogSink = Callable[[str], None]
+
+
+def _base_url() -> tuple[str | None, dict[str, Any]]:
+    """DOCKER_HOST if set, else the current Docker context's endpoint (as the CLI does)."""
+    if os.environ.get("DOCKER_HOST"):
+        return None, {}
+    try:
+        ctx = ContextAPI.get_current_context()
+    except Exception:  # a broken ~/.docker/config.json must not stop a local engine
+        return None, {}
+    if ctx is None or ctx.name == "default":
+        return None, {}
+    endpoint = ctx.endpoints.get("docker", {})
+    return endpoint.get("Host"), {"tls": ctx.TLSConfig} if ctx.TLSConfig else {}
+
+
+class Engine:
+    def __init__(self, client: docker.DockerClient) -> None:
+        self.client = client
+        self.api = client.api
+
+    @property
+    def url(self) -> str:
+        return str(self.api.base_url)
+
+    # ------------------------------------------------------------------ images
+
+    def image(self, ref: str) -> dict[str, Any] | None:
+        """`docker image inspect`, or None when there is no such image."""
+        try:
+            return dict(self.api.inspect_image(ref))
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            if exc.status_code == 404:
+                return None
+            raise engine_error(exc) from None
+
+    def labels(self, ref: str) -> dict[str, str] | None:
+        info = self.image(ref)
+        if info is None:
+            return None
+        return dict((info.get("Config") or {}).get("Labels") or {})
+
+    def tag(self, image_id: str, ref: str) -> None:
+        repo, _, tag = ref.rpartition(":")
+        self.api.tag(image_id, repo, tag)
+
+    def remove_image(self, ref: str, *, force: bool = False) -> bool:
+        try:
+            self.api.remove_image(ref, force=force, noprune=False)
+            return True
+        except docker.errors.APIError:
+            return False
+
+    def import_image(self, tar_path: str, ref: str, changes: list[str]) -> str:
+        """`docker import` of a root filesystem tar file, tagged ref."""
+        repo, _, tag = ref.rpartition(":")
+        try:
+            out = self.api.import_image(src=tar_path, repository=repo, tag=tag, changes=changes)
+        except docker.errors.APIError as exc:
+            raise engine_error(exc) from None
+        status = str(out)
+        match = re.search(r"sha256:[0-9a-f]{64}", status)
+        if match is None:
+            raise GpuenvError(f"docker import of {ref} failed: {status.strip()[:300]}")
+        return match.group(0)
+
+    # ------------------------------------------------------------------ builds
+
+    def build(
+        self,
+        context: Any,
+        *,
+        labels: dict[str, str],
+        nocache: bool,
+        on_log: LogSink,
+    ) -> str:
+        """Build an uploaded tar context without tagging it; returns the image ID.
+
+        The caller tags only after success, so a failed or interrupted build never leaves a
+        tag on a half-built image. forcerm removes intermediate containers either way.
+        """
+        stream: Iterator[dict[str, Any]] = self.api.build(
+            fileobj=context,
+            custom_context=True,
+            encoding="gzip" if getattr(context, "gzipped", False) else None,
+            labels=labels,
+            nocache=nocache,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            network_mode="host",
+            decode=True,
+        )
+        image_id = None
+        for chunk in stream:
+            if "stream" in chunk:
+                for line in str(chunk["stream"]).splitlines():
+                    on_log(line)
+                    m = re.match(r"Successfully built ([0-9a-f]{12,64})", line)
+                    if m:
+                        image_id = m.group(1)
+            if "aux" in chunk and isinstance(chunk["aux"], dict) and "ID" in chunk["aux"]:
+                image_id = chunk["aux"]["ID"]
+            if "error" in chunk or "errorDetail" in chunk:
+                detail = chunk.get("errorDetail") or {}
+                raise BuildFailed(str(detail.get("message") or chunk.get("error")).strip())
+        if image_id is None:
+            raise BuildFailed("the engine ended the build without an image")
+        return image_id
+
+
+class BuildFailed(Exception):
+    """A build step failed; the message is the engine's."""
+
+
+def engine_error(exc: Exception) -> GpuenvError:
+    text = str(exc)
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if "Permission denied" in text or "PermissionError" in text:
+        return GpuenvError(
+            f"permission denied on the Docker socket ({host}); add your user to the docker "
+            "group (sudo usermod -aG docker $USER, then log in again) or run as root",
+            exit_code=125,
+        )
+    if any(
+        s in text
+        for s in (
+            "No such file",
+            "Connection refused",
+            "Connection aborted",
+            "Failed to establish",
+            "timed out",
+            "FileNotFoundError",
+        )
+    ):
+        return GpuenvError(
+            f"cannot reach the Docker Engine at {host}: is dockerd running? "
+            "(on Debian: sudo scripts/engine.sh starts one)",
+            exit_code=125,
+        )
+    if "no space left on device" in text:
+        return GpuenvError("the engine's disk is full; free space (docker image prune) and retry")
+    return GpuenvError(f"Docker Engine error: {text.splitlines()[0][:300]}", exit_code=125)
+
+
+@dataclass
+class _Connection:
+    engine: Engine | None = None
+
+
+_conn = _Connection()
+
+
+def connect() -> Engine:
+    """A client for DOCKER_HOST / the current context / the local socket, checked by a ping."""
+    if _conn.engine is not None:
+        return _conn.engine
+    base_url, extra = _base_url()
+    try:
+        client = docker.DockerClient(base_url=base_url, **extra) if base_url else docker.from_env()
+        client.api.ping()
+    except docker.errors.DockerException as exc:
+        raise engine_error(exc) from None
+    except OSError as exc:
+        raise engine_error(exc) from None
+    _conn.engine = Engine(client)
+    return _conn.engine

@@ -1,0 +1,63 @@
+"""Shared fixtures for the unit tests: matrix files written to a temporary directory.
+
+Tests take what they share from fixtures, not by importing this module (``import conftest``
+would pick whichever conftest.py comes first on sys.path once tests/integration has one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED_MATRIX = REPO / "matrix.yaml"
+
+# The smallest matrix that resolves: one TensorFlow, one Python, both variants.
+MINIMAL_MATRIX = """\
+name: acme/gpuenv
+matrix:
+  tensorflow: ["2.21"]
+  python: ["3.11"]
+  variant: [cpu, gpu]
+bases:
+  "3.11": {debian: bookworm}
+"""
+
+WriteMatrix = Callable[..., Path]
+
+
+@pytest.fixture
+def write_matrix(tmp_path: Path) -> WriteMatrix:
+    """write_matrix(text, name="matrix.yaml") -> path of a matrix file holding ``text``."""
+    counter = iter(range(1_000_000))
+
+    def write(text: str = MINIMAL_MATRIX, name: str | None = None) -> Path:
+        path = tmp_path / (name or f"matrix-{next(counter)}.yaml")
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    return write
+
+
+@pytest.fixture
+def minimal_matrix() -> str:
+    return MINIMAL_MATRIX
+
+
+@pytest.fixture
+def shipped_matrix() -> Path:
+    return SHIPPED_MATRIX
+
+
+def _line_of(text: str, needle: str) -> int:
+    hits = [i for i, line in enumerate(text.splitlines(), start=1) if needle in line]
+    assert len(hits) == 1, f"{needle!r} is on lines {hits}"
+    return hits[0]
+
+
+@pytest.fixture
+def line_of() -> Callable[[str, str], int]:
+    """line_of(text, needle) -> the 1-based number of the only line holding ``needle``."""
+    return _line_of
