@@ -96,7 +96,14 @@ def matrix_cmd(
         m, res = load(file)
         cells = select(res.cells, patterns, m.path)
     if as_json:
-        doc = {"cells": [c.to_json() for c in cells], "rejected": res.rejected}
+        doc = {
+            "cells": [c.to_json() for c in cells],
+            "rejected": res.rejected,
+            "defaults": {
+                "cpu": res.default_cpu.name if res.default_cpu else None,
+                "gpu": res.default_gpu.name if res.default_gpu else None,
+            },
+        }
         print(json.dumps(doc, indent=2))
         return
     rows = [("CELL", "IMAGE", "PYTHON", "TENSORFLOW", "CUDA", "CUDNN", "BASE")]
