@@ -225,8 +225,124 @@ def build_cmd(
             reporter.close()
 
 
+@app.command(
+    "run",
+    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+)
+def run_cmd(
+    command: Annotated[list[str], typer.Argument(help="SCRIPT.py [ARGS...] or CMD [ARGS...]")],
+    image: Annotated[
+        str | None,
+        typer.Option("-i", "--image", help="Cell name (or glob matching one) or image reference"),
+    ] = None,
+    gpus: Annotated[
+        str | None, typer.Option("--gpus", help="all, N, device=0,2 or device=GPU-<uuid>")
+    ] = None,
+    env: Annotated[list[str] | None, typer.Option("-e", "--env", help="KEY=VALUE")] = None,
+    volume: Annotated[list[str] | None, typer.Option("-v", "--volume", help="SRC:DST[:ro]")] = None,
+    publish: Annotated[
+        list[str] | None, typer.Option("-p", "--publish", help="[IP:]HOST:CONTAINER")
+    ] = None,
+    network: Annotated[
+        str | None, typer.Option("--network", help="Network mode [default: the engine's]")
+    ] = None,
+    workdir: Annotated[str | None, typer.Option("--workdir", help="Working directory")] = None,
+    ipc: Annotated[str | None, typer.Option("--ipc", help="IPC mode, e.g. host")] = None,
+    interactive: Annotated[
+        bool, typer.Option("--interactive", "-t", help="Interactive terminal (also: -it)")
+    ] = False,
+    file: FileOption = None,
+) -> None:
+    """Run a script or command in a cell's image, with the current directory mounted."""
+    from gpuenv import engine as engines
+    from gpuenv import run
+    from gpuenv.gpus import parse_gpus
+
+    with user_errors(exit_code=125):
+        request = parse_gpus(gpus) if gpus is not None else None
+        cwd = Path.cwd()
+        argv = run.command_for(command, cwd)
+        eng = engines.connect()
+        target = _run_target(eng, image, request is not None, file)
+        run.gpu_preflight(eng, target, request)
+        opts = run.RunOptions(
+            image=target.image,
+            command=argv,
+            gpus=request,
+            env=env or [],
+            volumes=volume or [],
+            ports=publish or [],
+            network=network,
+            workdir=workdir,
+            ipc=ipc,
+            interactive=interactive,
+            cwd=cwd,
+        )
+        code = run.run(eng, opts)
+    raise typer.Exit(code)
+
+
+def _run_target(eng: object, image: str | None, want_gpu: bool, file: Path | None) -> object:
+    """The image `gpuenv run` uses: -i IMAGE as is, else a cell (built first if missing)."""
+    from gpuenv import run
+    from gpuenv.errors import GpuenvError
+
+    if image is not None and run.looks_like_image(image):
+        labels = eng.labels(image)  # type: ignore[attr-defined]
+        if labels is None:
+            raise GpuenvError(f"image {image} not found in the engine", exit_code=125)
+        return run.Target(image, labels)
+    m, res = load(file)
+    if image is None:
+        cell = res.default_gpu if want_gpu else res.default_cpu
+        if cell is None:
+            kind = "GPU" if want_gpu else "CPU"
+            raise GpuenvError(f"{m.path}: the matrix has no default {kind} cell; pass -i CELL")
+    else:
+        from gpuenv.selection import select
+
+        matches = select(res.cells, [image], m.path)
+        if len(matches) > 1:
+            names = ", ".join(c.name for c in matches)
+            raise GpuenvError(f"-i {image!r} matches {len(matches)} cells ({names}); pick one")
+        cell = matches[0]
+    labels = eng.labels(cell.image)  # type: ignore[attr-defined]
+    if labels is None:
+        _build_for_run(eng, m, cell)
+        labels = eng.labels(cell.image) or {}  # type: ignore[attr-defined]
+    return run.Target(cell.image, labels, cell)
+
+
+def _build_for_run(eng: object, m: LoadedMatrix, cell: object) -> None:
+    from gpuenv import build
+    from gpuenv.errors import GpuenvError
+    from gpuenv.progress import ConsoleReporter
+
+    print(f"gpuenv: {cell.image} is not built yet; building it first", file=sys.stderr)  # type: ignore[attr-defined]
+    reporter = ConsoleReporter()
+    try:
+        req = build.BuildRequest(matrix=m, cells=[cell], ca_bundle=build.ca_bundle_for(m, None))  # type: ignore[list-item]
+        results = build.build_cells(eng, req, reporter)  # type: ignore[arg-type]
+    finally:
+        reporter.close()
+    if results[0].status == "failed":
+        raise GpuenvError(f"building {cell.image} failed: {results[0].error}", exit_code=125)  # type: ignore[attr-defined]
+
+
 def main() -> None:
-    app()
+    # `-it` (docker's spelling) would parse as `-i t` because -i takes the image.
+    args = sys.argv[1:]
+    if args[:1] == ["run"]:
+        for i, arg in enumerate(args):
+            if arg == "--" or (i > 0 and not arg.startswith("-") and args[i - 1] not in _VALUED):
+                break
+            if arg in ("-it", "-ti"):
+                args[i] = "--interactive"
+    app(args)
+
+
+_VALUED = {"-i", "--image", "--gpus", "-e", "--env", "-v", "--volume", "-p", "--publish",
+           "--network", "--workdir", "--ipc", "-f", "--file"}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -44,6 +44,12 @@ class Engine:
     def url(self) -> str:
         return str(self.api.base_url)
 
+    def info(self) -> dict[str, Any]:
+        try:
+            return dict(self.api.info())
+        except docker.errors.DockerException as exc:
+            raise engine_error(exc) from None
+
     # ------------------------------------------------------------------ images
 
     def image(self, ref: str) -> dict[str, Any] | None:
@@ -188,3 +194,60 @@ def connect() -> Engine:
         raise engine_error(exc) from None
     _conn.engine = Engine(client)
     return _conn.engine
+
+
+# ---------------------------------------------------------------------- containers
+# Thin wrappers so that run.py and doctor.py never touch the SDK themselves.
+
+
+def device_request(body: dict[str, Any]) -> Any:
+    return docker.types.DeviceRequest(
+        driver=body["Driver"],
+        count=body["Count"],
+        device_ids=body["DeviceIDs"],
+        capabilities=body["Capabilities"],
+        options=body["Options"],
+    )
+
+
+def create_container(engine: Engine, spec: dict[str, Any]) -> str:
+    """Create (not start) a container from a plain spec dict; returns its ID."""
+    api = engine.api
+    host = api.create_host_config(
+        binds=spec.get("binds") or None,
+        port_bindings=spec.get("ports") or None,
+        device_requests=[device_request(d) for d in spec.get("device_requests", [])] or None,
+        init=spec.get("init", True),
+        shm_size=spec.get("shm_size"),
+        ipc_mode=spec.get("ipc"),
+        network_mode=spec.get("network"),
+        tmpfs=spec.get("tmpfs") or None,
+        auto_remove=False,
+    )
+    created = api.create_container(
+        image=spec["image"],
+        command=spec["command"],
+        user=spec.get("user"),
+        working_dir=spec.get("workdir"),
+        environment=spec.get("env") or None,
+        host_config=host,
+        labels=spec.get("labels") or None,
+        tty=spec.get("tty", False),
+        stdin_open=spec.get("stdin", False),
+        ports=list(spec.get("ports", {}).keys()) or None,
+    )
+    return str(created["Id"])
+
+
+def remove_container(engine: Engine, cid: str) -> None:
+    try:
+        engine.api.remove_container(cid, force=True, v=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if exc.status_code not in (404, 409):  # 409: removal already in progress
+            raise
+
+
+APIError = docker.errors.APIError
+DockerException = docker.errors.DockerException

@@ -1,0 +1,367 @@
+"""`gpuenv run`: a workload in a cell's image, as if it ran locally.
+
+The current directory is mounted at the same path and is the working directory; the
+container runs as the caller's uid:gid with a writable HOME; output streams live; the exit
+code is the container's. Every path (success, failure, engine error, interrupt) removes the
+container. gpuenv's own failures exit 125 (engine, preflight, image), 126 or 127, as
+`docker run` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuenv import engine as engines
+from gpuenv.errors import GpuenvError
+from gpuenv.gpus import GpuRequest, explain_start_error
+
+GRACE_SECONDS = 10
+SHM_SIZE = "2g"  # TensorFlow input pipelines and NCCL want more than Docker's 64 MB
+HOME = "/home/gpuenv-run"
+
+
+@dataclass
+class RunOptions:
+    image: str
+    command: list[str]
+    gpus: GpuRequest | None = None
+    env: list[str] = field(default_factory=list)
+    volumes: list[str] = field(default_factory=list)
+    ports: list[str] = field(default_factory=list)
+    network: str | None = None
+    workdir: str | None = None
+    ipc: str | None = None
+    interactive: bool = False
+    cwd: Path = field(default_factory=Path.cwd)
+    uid: int = field(default_factory=os.getuid)
+    gid: int = field(default_factory=os.getgid)
+
+
+def fail(message: str, code: int = 125) -> GpuenvError:
+    return GpuenvError(message, exit_code=code)
+
+
+def command_for(args: list[str], cwd: Path) -> list[str]:
+    """A .py script runs with the image's Python; anything else runs as a command."""
+    if not args:
+        raise fail("nothing to run: give a script (train.py) or a command", 125)
+    first = args[0]
+    if first.endswith(".py"):
+        if not (cwd / first).is_file():
+            raise fail(
+                f"{first}: no such file in {cwd} (gpuenv mounts the current directory; "
+                "run from the directory that holds the script)",
+                127,
+            )
+        return ["python", *args]
+    return list(args)
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not key or "\n" in item:
+            raise fail(f"-e {item!r}: expected KEY=VALUE or KEY", 125)
+        if not sep:
+            if key not in os.environ:
+                continue  # as docker run: -e KEY with KEY unset passes nothing
+            value = os.environ[key]
+        env[key] = value
+    return env
+
+
+def parse_volume(item: str, cwd: Path) -> str:
+    parts = item.split(":")
+    if len(parts) not in (2, 3) or not parts[0] or not parts[1].startswith("/"):
+        raise fail(f"-v {item!r}: expected SRC:DST[:ro] with an absolute DST", 125)
+    src = parts[0]
+    if src.startswith((".", "/", "~")):
+        src = str((cwd / Path(src).expanduser()).resolve())
+    return ":".join([src, *parts[1:]])
+
+
+def parse_ports(items: list[str]) -> dict[str, Any]:
+    ports: dict[str, Any] = {}
+    for item in items:
+        host, _, container = item.rpartition(":")
+        if not container.split("/")[0].isdigit() or (host and not host.split(":")[-1].isdigit()):
+            raise fail(f"-p {item!r}: expected [IP:]HOST_PORT:CONTAINER_PORT", 125)
+        ip, _, hport = host.rpartition(":")
+        key = container if "/" in container else f"{container}/tcp"
+        ports[key] = (ip, int(hport)) if ip else int(hport) if hport else None
+    return ports
+
+
+def container_spec(opts: RunOptions) -> dict[str, Any]:
+    cwd = str(opts.cwd)
+    if cwd == "/":
+        raise fail("run gpuenv from your project directory: it mounts the current directory")
+    env = {"HOME": HOME, **parse_env(opts.env)}
+    return {
+        "image": opts.image,
+        "command": opts.command,
+        "user": f"{opts.uid}:{opts.gid}",
+        "workdir": opts.workdir or cwd,
+        "env": env,
+        "binds": [f"{cwd}:{cwd}", *(parse_volume(v, opts.cwd) for v in opts.volumes)],
+        "ports": parse_ports(opts.ports),
+        # A writable HOME owned by the caller, even for a uid with no passwd entry.
+        "tmpfs": {HOME: f"rw,exec,uid={opts.uid},gid={opts.gid},mode=0755"},
+        "device_requests": [opts.gpus.as_api()] if opts.gpus else [],
+        "init": True,
+        "shm_size": None if opts.ipc else SHM_SIZE,
+        "ipc": opts.ipc,
+        "network": opts.network,
+        "labels": {"io.gpuenv.run": "1"},
+        "tty": opts.interactive,
+        "stdin": opts.interactive,
+    }
+
+
+class _Stopper:
+    """First SIGINT/SIGTERM: stop the container (SIGTERM, grace period, SIGKILL).
+    A second one: kill it at once."""
+
+    def __init__(self, engine: engines.Engine, cid: str) -> None:
+        self.engine, self.cid = engine, cid
+        self.signals = 0
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Stopper:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.signals += 1
+        timeout = GRACE_SECONDS if self.signals == 1 else 0
+        threading.Thread(target=self._stop, args=(timeout,), daemon=True).start()
+
+    def _stop(self, timeout: int) -> None:
+        # The container may already be gone; removal happens in run() either way.
+        with contextlib.suppress(Exception):
+            self.engine.api.stop(self.cid, timeout=timeout)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def run(engine: engines.Engine, opts: RunOptions) -> int:
+    spec = container_spec(opts)
+    try:
+        cid = engines.create_container(engine, spec)
+    except engines.APIError as exc:
+        raise _start_error(exc, opts) from None
+    try:
+        with _Stopper(engine, cid):
+            if opts.interactive and sys.stdin.isatty():
+                return _run_tty(engine, cid)
+            return _run_streaming(engine, cid)
+    except engines.APIError as exc:
+        raise _start_error(exc, opts) from None
+    except engines.DockerException as exc:
+        raise engines.engine_error(exc) from None
+    finally:
+        with contextlib.suppress(engines.DockerException):
+            engines.remove_container(engine, cid)
+
+
+def _start_error(exc: Exception, opts: RunOptions) -> GpuenvError:
+    text = str(exc)
+    explained = explain_start_error(text, opts.image)
+    if explained:
+        return fail(explained)
+    if "executable file not found" in text or "no such file or directory" in text:
+        return fail(f"{opts.command[0]}: command not found in {opts.image}", 127)
+    if "permission denied" in text.lower() and "exec" in text:
+        return fail(f"{opts.command[0]}: cannot be executed in {opts.image}", 126)
+    return engines.engine_error(exc)
+
+
+def _run_streaming(engine: engines.Engine, cid: str) -> int:
+    api = engine.api
+    stream = api.attach(cid, stdout=True, stderr=True, stream=True, logs=True, demux=True)
+    api.start(cid)
+    out, err = sys.stdout.buffer, sys.stderr.buffer
+    for stdout, stderr in stream:
+        if stdout:
+            out.write(stdout)
+            out.flush()
+        if stderr:
+            err.write(stderr)
+            err.flush()
+    return int(api.wait(cid)["StatusCode"])
+
+
+def _run_tty(engine: engines.Engine, cid: str) -> int:
+    """Relay a raw terminal to the container's TTY (REPL, pdb, a shell)."""
+    import select
+    import termios
+    import tty
+
+    api = engine.api
+    sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+    raw = getattr(sock, "_sock", sock)
+    api.start(cid)
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+
+    def resize(*_: object) -> None:
+        try:
+            size = os.get_terminal_size(fd)
+            api.resize(cid, height=size.lines, width=size.columns)
+        except Exception:
+            pass
+
+    previous = signal.signal(signal.SIGWINCH, resize)
+    try:
+        tty.setraw(fd)
+        resize()
+        while True:
+            ready, _, _ = select.select([fd, raw], [], [])
+            if raw in ready:
+                data = raw.recv(65536)
+                if not data:
+                    break
+                os.write(sys.stdout.fileno(), data)
+            if fd in ready:
+                data = os.read(fd, 65536)
+                if not data:
+                    break
+                raw.sendall(data)
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        signal.signal(signal.SIGWINCH, previous)
+    return int(api.wait(cid)["StatusCode"])
+
+
+# ---------------------------------------------------------------------- preflight
+
+
+@dataclass
+class Target:
+    image: str
+    labels: dict[str, str]
+    cell: Any = None  # gpuenv.cell.Cell when chosen from the matrix
+
+
+def looks_like_image(ref: str) -> bool:
+    """Cell names never hold ':', '/' or '@'; image references usually do."""
+    return any(c in ref for c in ":/@") and not any(c in ref for c in "*?[")
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def gpu_preflight(engine: engines.Engine, target: Target, gpus: GpuRequest | None) -> None:
+    """Refuse or warn before the workload starts, never after it trained on the CPU."""
+    variant = target.labels.get("io.gpuenv.variant")
+    if gpus is None:
+        if variant == "gpu":
+            warn(
+                f"{target.image} is a GPU image but no --gpus was given: TensorFlow will "
+                "fall back to the CPU (add --gpus all)"
+            )
+        return
+    if variant == "cpu":
+        warn(
+            f"{target.image} is a CPU image: TensorFlow in it cannot use the GPUs; the devices "
+            "are passed anyway (for nvidia-smi and the like). Use a GPU cell to train on them"
+        )
+    cuda = target.labels.get("io.gpuenv.cuda")
+    driver = probe_driver(engine, target.image, gpus)
+    if driver is None or not cuda:
+        return
+    from gpuenv import compat
+    from gpuenv.gpus import judge_driver
+
+    cat = compat.catalog()
+    toolkit = cat.toolkits.get(cuda)
+    verdict = judge_driver(
+        driver,
+        cuda,
+        toolkit.release if toolkit else None,
+        cat.driver_floor.get(cuda.split(".")[0], "0"),
+        toolkit.min_driver if toolkit else cat.ga_min_driver.get(cuda),
+    )
+    if verdict.level == "error":
+        raise fail(verdict.message)
+    if verdict.level == "warning":
+        warn(verdict.message)
+
+
+def _cache_file() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "gpuenv" / "drivers.json"
+
+
+def probe_driver(engine: engines.Engine, image: str, gpus: GpuRequest) -> str | None:
+    """The host driver version, learnt once per engine by a probe container.
+
+    The Docker API reports neither the driver nor the runtime hook, and a remote engine's
+    host is not this machine, so the only honest source is nvidia-smi inside a container
+    that got GPUs. The probe also surfaces the toolkit's own errors before the workload.
+    """
+    import json
+
+    from gpuenv.gpus import parse_nvidia_smi_query
+
+    engine_id = engine.info().get("ID", engine.url)
+    cache = _cache_file()
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if engine_id in known:
+        return str(known[engine_id])
+    spec = {
+        "image": image,
+        "command": ["nvidia-smi", "--query-gpu=driver_version,name,compute_cap",
+                    "--format=csv,noheader"],
+        "device_requests": [gpus.as_api()],
+        "network": "none",
+        "labels": {"io.gpuenv.probe": "1"},
+        "init": False,
+    }  # fmt: skip
+    try:
+        cid = engines.create_container(engine, spec)
+    except engines.APIError as exc:
+        raise _start_error(exc, RunOptions(image=image, command=spec["command"])) from None
+    try:
+        engine.api.start(cid)
+        code = int(engine.api.wait(cid, timeout=60)["StatusCode"])
+        output = engine.api.logs(cid, stdout=True, stderr=True).decode(errors="replace")
+    except engines.APIError as exc:
+        explained = explain_start_error(str(exc), image)
+        if explained:
+            raise fail(explained) from None
+        warn(f"could not learn the host's NVIDIA driver: {str(exc).splitlines()[0][:200]}")
+        return None
+    finally:
+        engines.remove_container(engine, cid)
+    gpus_found = parse_nvidia_smi_query(output) if code == 0 else []
+    if not gpus_found:
+        warn(
+            "could not learn the host's NVIDIA driver (nvidia-smi in a probe container "
+            f"exited {code}); the driver check is skipped"
+        )
+        return None
+    driver = gpus_found[0].driver
+    known[engine_id] = driver
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(known))
+    except OSError:
+        pass
+    return driver
