@@ -35,7 +35,12 @@ LOG_TAIL = 15
 
 
 def ca_bundle_for(m: LoadedMatrix, explicit: Path | None) -> Path | None:
-    return find_bundle(explicit, m.model.build.ca_bundle, m.dir)
+    try:
+        return find_bundle(explicit, m.model.build.ca_bundle, m.dir)
+    except GpuenvError as exc:
+        if explicit is None and m.model.build.ca_bundle:
+            raise m.error(exc.message, ("build", "ca_bundle")) from None
+        raise
 
 
 def render_options(m: LoadedMatrix, explicit_ca: Path | None) -> RenderOptions:

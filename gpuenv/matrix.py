@@ -87,6 +87,12 @@ def _image(value: str) -> str:
 
 
 def _repository(value: str) -> str:
+    first, _, rest = value.partition("/")
+    # As Docker reads it: the first component is a registry host only when it has a '.'
+    # or ':' or is localhost; anything else must be lowercase.
+    host_like = rest and ("." in first or ":" in first or first == "localhost")
+    if not host_like and first != first.lower():
+        raise ValueError(f"{value!r}: image repositories are lowercase (e.g. acme/gpuenv)")
     if not _REPOSITORY.fullmatch(value) or len(value) > 200:
         raise ValueError(
             f"{value!r} is not an image repository (lowercase letters, digits, '.', '_', '-' "

