@@ -329,6 +329,40 @@ def _build_for_run(eng: object, m: LoadedMatrix, cell: object) -> None:
         raise GpuenvError(f"building {cell.image} failed: {results[0].error}", exit_code=125)  # type: ignore[attr-defined]
 
 
+@app.command("doctor")
+def doctor_cmd(file: FileOption = None, as_json: JsonOption = False) -> None:
+    """Check the engine, GPU support, the host's driver, and which built images can run here."""
+    from gpuenv import doctor, matrix
+    from gpuenv.errors import GpuenvError
+
+    facts = doctor.gather()
+    findings = doctor.evaluate(facts)
+    path = matrix.matrix_path(file)
+    if path.exists() and not facts.engine_error:
+        try:
+            _, res = load(file)
+        except GpuenvError as exc:
+            findings.append(doctor.Finding("matrix", "error", exc.message))
+        else:
+            built = {labels.get("org.opencontainers.image.title") for labels in facts.images}
+            missing = [c.name for c in res.cells if c.image not in built]
+            if missing:
+                findings.append(doctor.Finding(
+                    "matrix", "info", f"{path}: not built yet: {', '.join(missing)}",
+                    "gpuenv build",
+                ))  # fmt: skip
+    if as_json:
+        print(json.dumps({"findings": doctor.as_json(findings)}, indent=2))
+    else:
+        marks = {"ok": "✓", "info": "·", "warning": "!", "error": "✗"}
+        for f in findings:
+            print(f"{marks[f.level]} {f.topic}: {f.message}")
+            if f.fix and f.level != "ok":
+                print(f"    fix: {f.fix}")
+    if any(f.level == "error" for f in findings):
+        raise typer.Exit(1)
+
+
 def main() -> None:
     # `-it` (docker's spelling) would parse as `-i t` because -i takes the image.
     args = sys.argv[1:]

@@ -69,6 +69,14 @@ class Engine:
             return None
         return dict((info.get("Config") or {}).get("Labels") or {})
 
+    def gpuenv_images(self) -> list[dict[str, str]]:
+        """Labels of every tagged image gpuenv built (they carry io.gpuenv.cell)."""
+        try:
+            images = self.api.images(filters={"label": "io.gpuenv.cell", "dangling": False})
+        except docker.errors.DockerException as exc:
+            raise engine_error(exc) from None
+        return [dict(i.get("Labels") or {}) for i in images if i.get("RepoTags")]
+
     def tag(self, image_id: str, ref: str) -> None:
         repo, _, tag = ref.rpartition(":")
         self.api.tag(image_id, repo, tag)

@@ -1,0 +1,220 @@
+"""`gpuenv doctor`: can this engine run gpuenv's images, and on the GPU?
+
+`evaluate` is pure: it takes what was gathered (`docker info`, the host's driver and GPUs,
+the runtime hook's presence, the built images' labels) and returns findings, each with a
+fix, so it is unit-tested on outputs recorded from real hosts. `gather` does the I/O.
+"""
+
+from __future__ import annotations
+
+import glob
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gpuenv.gpus import GpuInfo, judge_driver, parse_nvidia_smi_query
+
+
+@dataclass(frozen=True)
+class Finding:
+    topic: str
+    level: str  # ok | info | warning | error
+    message: str
+    fix: str | None = None
+
+
+@dataclass
+class Facts:
+    engine_error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    local: bool = True
+    hook_on_host: bool | None = None  # None: unknown (remote engine)
+    cdi_specs: list[str] = field(default_factory=list)  # CDI spec files naming nvidia.com/gpu
+    gpus: list[GpuInfo] = field(default_factory=list)
+    driver_source: str = "none"
+    images: list[dict[str, str]] = field(default_factory=list)  # labels of gpuenv images
+
+
+def gpu_support(facts: Facts) -> Finding:
+    runtimes = facts.info.get("Runtimes") or {}
+    if "nvidia" in runtimes:
+        default = facts.info.get("DefaultRuntime")
+        note = " (and it is the default runtime)" if default == "nvidia" else ""
+        return Finding("gpu support", "ok", f"the nvidia runtime is registered{note}")
+    cdi_dirs = facts.info.get("CDISpecDirs") or []
+    if facts.cdi_specs:
+        if cdi_dirs:
+            return Finding(
+                "gpu support", "ok", f"CDI specs for nvidia.com/gpu: {', '.join(facts.cdi_specs)}"
+            )
+        return Finding(
+            "gpu support",
+            "warning",
+            "CDI specs for nvidia.com/gpu exist but this engine does not read CDI specs",
+            'enable CDI in /etc/docker/daemon.json ({"features": {"cdi": true}}, Docker '
+            ">= 25) or register the runtime: nvidia-ctk runtime configure --runtime=docker; "
+            "then restart dockerd",
+        )
+    if facts.hook_on_host:
+        return Finding(
+            "gpu support",
+            "ok",
+            "nvidia-container-runtime-hook is installed: dockerd takes --gpus requests if it "
+            "was on dockerd's PATH when dockerd started",
+            "if --gpus fails with 'could not select device driver', restart dockerd",
+        )
+    if facts.hook_on_host is None and not facts.local:
+        return Finding(
+            "gpu support",
+            "info",
+            "remote engine without the nvidia runtime or CDI: whether it takes --gpus depends "
+            "on its host's hook, which the API does not report; `gpuenv run --gpus all` probes it",
+        )
+    level = "error" if facts.gpus else "info"
+    return Finding(
+        "gpu support",
+        level,
+        "the engine cannot give containers GPUs (no nvidia runtime, no CDI spec, no hook)",
+        "install the NVIDIA Container Toolkit (apt-get install nvidia-container-toolkit), run "
+        "nvidia-ctk runtime configure --runtime=docker and restart dockerd",
+    )
+
+
+def image_verdict(labels: dict[str, str], facts: Facts, gpu_ok: bool) -> Finding:
+    from gpuenv import compat
+
+    name = labels.get("org.opencontainers.image.title") or labels.get("io.gpuenv.cell", "?")
+    if labels.get("io.gpuenv.variant") != "gpu":
+        return Finding(name, "ok", "CPU image: runs here")
+    cuda = labels.get("io.gpuenv.cuda") or ""
+    if not facts.gpus:
+        return Finding(
+            name, "warning", "GPU image, but no NVIDIA GPU/driver found: TensorFlow runs on CPU"
+        )
+    if not gpu_ok:
+        return Finding(name, "error", "GPU image, but the engine cannot pass GPUs (see above)")
+    cat = compat.catalog()
+    toolkit = cat.toolkits.get(cuda)
+    floor = cat.driver_floor.get(cuda.split(".")[0]) if cuda else None
+    if floor is None:
+        return Finding(name, "warning", f"unknown CUDA {cuda!r} in its labels; rebuild it")
+    verdict = judge_driver(
+        facts.gpus[0].driver,
+        cuda,
+        toolkit.release if toolkit else None,
+        floor,
+        toolkit.min_driver if toolkit else cat.ga_min_driver.get(cuda),
+    )
+    return Finding(name, verdict.level, verdict.message)
+
+
+def evaluate(facts: Facts) -> list[Finding]:
+    if facts.engine_error:
+        return [
+            Finding("engine", "error", facts.engine_error, "start dockerd (sudo scripts/engine.sh)")
+        ]
+    info = facts.info
+    findings = [
+        Finding(
+            "engine",
+            "ok",
+            f"Docker Engine {info.get('ServerVersion', '?')} on {info.get('OperatingSystem', '?')}"
+            + ("" if facts.local else " (remote)"),
+        )
+    ]
+    support = gpu_support(facts)
+    findings.append(support)
+    if facts.gpus:
+        names = "; ".join(f"{g.name} (compute {g.compute_cap})" for g in facts.gpus)
+        findings.append(
+            Finding(
+                "driver",
+                "ok",
+                f"NVIDIA driver {facts.gpus[0].driver} via {facts.driver_source}: {names}",
+            )
+        )
+    else:
+        where = "this machine" if facts.local else "this machine (the engine is remote)"
+        findings.append(Finding("driver", "info", f"no NVIDIA driver or GPU found on {where}"))
+    gpu_ok = support.level in ("ok", "info")
+    findings.extend(image_verdict(labels, facts, gpu_ok) for labels in facts.images)
+    return findings
+
+
+# ---------------------------------------------------------------------------- I/O
+
+
+def _nvml() -> list[GpuInfo] | None:
+    try:
+        import pynvml  # nvidia-ml-py, optional
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            gpus.append(GpuInfo(str(driver), str(pynvml.nvmlDeviceGetName(handle)),
+                                f"{major}.{minor}"))  # fmt: skip
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _nvidia_smi() -> list[GpuInfo] | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,name,compute_cap", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_nvidia_smi_query(out.stdout) if out.returncode == 0 else None
+
+
+def _cdi_specs() -> list[str]:
+    found = []
+    for path in sorted(glob.glob("/etc/cdi/*") + glob.glob("/var/run/cdi/*")):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                if "nvidia.com/gpu" in fh.read(65536):
+                    found.append(path)
+        except OSError:
+            continue
+    return found
+
+
+def gather() -> Facts:
+    from gpuenv import engine as engines
+    from gpuenv.errors import GpuenvError
+
+    facts = Facts()
+    try:
+        eng = engines.connect()
+        facts.info = eng.info()
+        facts.local = eng.url.startswith(("http+docker://localhost", "unix:"))
+        facts.images = eng.gpuenv_images()
+    except GpuenvError as exc:
+        facts.engine_error = exc.message
+        return facts
+    if facts.local:
+        facts.hook_on_host = shutil.which("nvidia-container-runtime-hook") is not None
+        facts.cdi_specs = _cdi_specs()
+        for source, probe in (("NVML", _nvml), ("nvidia-smi", _nvidia_smi)):
+            gpus = probe()
+            if gpus:
+                facts.gpus, facts.driver_source = gpus, source
+                break
+    return facts
+
+
+def as_json(findings: list[Finding]) -> list[dict[str, Any]]:
+    return [asdict(f) for f in findings]
