@@ -183,8 +183,16 @@ def build_cells(engine: Engine, req: BuildRequest, reporter: Reporter) -> list[C
                 sibling = sibling_cpu(cell, order)
                 dep = futures.get(sibling.name) if sibling else None
                 futures[cell.name] = pool.submit(run_one, cell, dep)
-            for fut in futures.values():
-                fut.result()
+            try:
+                for fut in futures.values():
+                    fut.result()
+            except KeyboardInterrupt:
+                # Closing the client's connections ends the build streams; the engine then
+                # cancels those builds, and nothing was tagged.
+                stop.set()
+                pool.shutdown(wait=False, cancel_futures=True)
+                engine.api.close()
+                raise
     return [results[c.name] for c in req.cells]
 
 
