@@ -177,7 +177,25 @@ def _nvidia_smi() -> list[GpuInfo] | None:
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return parse_nvidia_smi_query(out.stdout) if out.returncode == 0 else None
+    if out.returncode == 0:
+        return parse_nvidia_smi_query(out.stdout)
+    # nvidia-smi before R510 (470.x) has no compute_cap field and fails the whole query with
+    # 'Field "compute_cap" is not a valid field to query.': those are the hosts whose driver
+    # matters most, so ask again without it rather than report "no driver".
+    if "compute_cap" not in out.stdout + out.stderr:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return parse_nvidia_smi_query(
+        "\n".join(f"{line.strip()}, ?" for line in out.stdout.splitlines() if line.strip())
+    )
 
 
 def _cdi_specs() -> list[str]:

@@ -139,14 +139,15 @@ def parse_nvidia_smi_query(text: str) -> list[GpuInfo]:
     gpus = []
     for line in text.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 3 and re.fullmatch(r"\d+(\.\d+)+", parts[0]):
+        if len(parts) >= 3 and re.fullmatch(r"\d{3,}(\.\d+)+", parts[0]):
             gpus.append(GpuInfo(parts[0], ",".join(parts[1:-1]), parts[-1]))
     return gpus
 
 
 def parse_nvidia_smi_banner(text: str) -> str | None:
-    """The driver version from plain `nvidia-smi` output ("Driver Version: 535.104.05")."""
-    m = re.search(r"Driver Version:\s*([\d.]+)", text)
+    """The driver version from plain `nvidia-smi` output ("Driver Version: 535.104.05") or
+    `nvidia-smi -q` ("Driver Version                            : 535.183.01")."""
+    m = re.search(r"Driver Version\s*:\s*([\d.]+)", text)
     return m.group(1) if m else None
 
 

@@ -1,0 +1,411 @@
+"""`gpuenv doctor`'s pure evaluation on outputs recorded from real hosts.
+
+Every fixture under tests/unit/recorded/ is verbatim text from a public GitHub issue; the
+README there cites each one. No engine is used: `docker info` text becomes the Engine API's
+`/info` dict through `info_from_text`, a test helper.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuenv import doctor
+from gpuenv.doctor import Facts, Finding, evaluate, gpu_support, image_verdict
+from gpuenv.gpus import (
+    GpuInfo,
+    explain_start_error,
+    parse_nvidia_smi_banner,
+    parse_nvidia_smi_query,
+)
+
+RECORDED = Path(__file__).parent / "recorded"
+TOOLKIT_MISSING = "install the NVIDIA Container Toolkit"
+
+GPU_IMAGE = {
+    "io.gpuenv.variant": "gpu",
+    "io.gpuenv.cuda": "12.5",
+    "org.opencontainers.image.title": "x",
+}
+CPU_IMAGE = {"io.gpuenv.variant": "cpu", "org.opencontainers.image.title": "x-cpu"}
+
+
+def recorded(name: str) -> str:
+    return (RECORDED / name).read_text(encoding="utf-8")
+
+
+def info_from_text(text: str) -> dict:
+    """The fields of `docker info` text that doctor reads, shaped as GET /info returns them:
+    Runtimes is a dict keyed by name, DefaultRuntime and ServerVersion strings, CDISpecDirs a
+    list. Only the lines doctor needs are read; the rest of the text is ignored."""
+    info: dict = {}
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        key, sep, value = line.strip().partition(":")
+        if not sep:
+            continue
+        value = value.strip()
+        if key == "Runtimes":
+            info["Runtimes"] = {name: {"path": name} for name in value.split()}
+        elif key == "Default Runtime":
+            info["DefaultRuntime"] = value
+        elif key == "Server Version":
+            info["ServerVersion"] = value
+        elif key == "CDI spec directories":
+            indent = len(line) - len(line.lstrip())
+            dirs = []
+            for nxt in lines[i + 1 :]:
+                if len(nxt) - len(nxt.lstrip()) <= indent or ":" in nxt:
+                    break
+                dirs.append(nxt.strip())
+            info["CDISpecDirs"] = dirs
+    return info
+
+
+def gpus_from_driver(driver: str) -> list[GpuInfo]:
+    return [GpuInfo(driver, "recorded host", "?")]
+
+
+def text_of(f: Finding) -> str:
+    return f"{f.message} {f.fix or ''}"
+
+
+# ---------------------------------------------------------------------------- the parser
+
+
+def test_info_from_text_reads_the_recorded_nvidia_runtime_host() -> None:
+    info = info_from_text(recorded("docker-info-nvidia-runtime.txt"))
+    assert info == {
+        "ServerVersion": "29.7.2",
+        "CDISpecDirs": ["/etc/cdi", "/var/run/cdi"],
+        "Runtimes": {
+            "io.containerd.runc.v2": {"path": "io.containerd.runc.v2"},
+            "nvidia": {"path": "nvidia"},
+            "runc": {"path": "runc"},
+        },
+        "DefaultRuntime": "runc",
+    }
+
+
+def test_info_from_text_reads_the_recorded_hook_only_host() -> None:
+    info = info_from_text(recorded("docker-info-hook-only.txt"))
+    assert set(info["Runtimes"]) == {"io.containerd.runc.v2", "runc"}
+    assert info["DefaultRuntime"] == "runc"
+    assert "CDISpecDirs" not in info
+
+
+# ---------------------------------------------------------------------------- gpu support
+
+
+@pytest.fixture
+def nvidia_runtime_facts() -> Facts:
+    # NVIDIA/nvidia-container-toolkit#1967: nvidia runtime registered (CDI dirs too).
+    return Facts(
+        info=info_from_text(recorded("docker-info-nvidia-runtime.txt")),
+        hook_on_host=True,
+        gpus=gpus_from_driver("535.183.01"),
+        driver_source="nvidia-smi",
+    )
+
+
+@pytest.fixture
+def hook_only_facts() -> Facts:
+    # NVIDIA/nvidia-container-toolkit#653: toolkit installed, runtimes "io.containerd.runc.v2
+    # runc", driver 535.183.01 (nvidia-smi -a from the same issue).
+    driver = parse_nvidia_smi_banner(recorded("nvidia-smi-q-535.txt"))
+    assert driver is not None
+    return Facts(
+        info=info_from_text(recorded("docker-info-hook-only.txt")),
+        hook_on_host=True,
+        gpus=gpus_from_driver(driver),
+        driver_source="nvidia-smi",
+    )
+
+
+@pytest.fixture
+def cdi_only_facts() -> Facts:
+    # Derived, not verbatim: #1967's docker info (CDI spec directories /etc/cdi, /var/run/cdi)
+    # with "nvidia" dropped from its Runtimes line, as on a CDI-only Docker >= 25 host; no
+    # full public CDI-only `docker info` was found (see recorded/README.md).
+    text = recorded("docker-info-nvidia-runtime.txt").replace(
+        "Runtimes: io.containerd.runc.v2 nvidia runc", "Runtimes: io.containerd.runc.v2 runc"
+    )
+    info = info_from_text(text)
+    assert "nvidia" not in info["Runtimes"]
+    return Facts(
+        info=info,
+        hook_on_host=False,
+        cdi_specs=["/var/run/cdi/nvidia.yaml"],
+        gpus=gpus_from_driver("535.183.01"),
+        driver_source="NVML",
+    )
+
+
+@pytest.fixture
+def nothing_facts() -> Facts:
+    # NixOS/nixpkgs#337873's engine: no nvidia runtime, no hook for dockerd, no CDI; GPUs there.
+    return Facts(
+        info=info_from_text(recorded("docker-info-hook-only.txt")),
+        hook_on_host=False,
+        gpus=gpus_from_driver("560.35.03"),
+        driver_source="nvidia-smi",
+    )
+
+
+def test_nvidia_runtime_host_is_ok(nvidia_runtime_facts: Facts) -> None:
+    f = gpu_support(nvidia_runtime_facts)
+    assert f.level == "ok"
+    assert "nvidia runtime is registered" in f.message
+    assert "default runtime" not in f.message  # recorded Default Runtime: runc
+    assert f.fix is None
+
+
+def test_nvidia_runtime_as_default_is_said() -> None:
+    text = recorded("docker-info-nvidia-runtime.txt").replace(
+        "Default Runtime: runc", "Default Runtime: nvidia"
+    )
+    f = gpu_support(Facts(info=info_from_text(text)))
+    assert f.level == "ok" and "default runtime" in f.message
+
+
+def test_hook_only_host_is_ok_with_a_restart_hint(hook_only_facts: Facts) -> None:
+    f = gpu_support(hook_only_facts)
+    assert f.level == "ok"
+    assert "nvidia-container-runtime-hook" in f.message
+    assert f.fix is not None and "restart dockerd" in f.fix
+
+
+def test_cdi_only_host_is_ok(cdi_only_facts: Facts) -> None:
+    f = gpu_support(cdi_only_facts)
+    assert f.level == "ok"
+    assert "CDI" in f.message and "/var/run/cdi/nvidia.yaml" in f.message
+
+
+def test_cdi_specs_on_an_engine_that_reads_none_is_a_warning(cdi_only_facts: Facts) -> None:
+    # The same specs with the hook-only host's info (no "CDI spec directories" line).
+    cdi_only_facts.info = info_from_text(recorded("docker-info-hook-only.txt"))
+    f = gpu_support(cdi_only_facts)
+    assert f.level == "warning"
+    assert f.fix is not None and '"cdi": true' in f.fix
+
+
+def test_nothing_with_gpus_present_is_an_error_naming_the_toolkit(nothing_facts: Facts) -> None:
+    f = gpu_support(nothing_facts)
+    assert f.level == "error"
+    assert f.fix is not None and "NVIDIA Container Toolkit" in f.fix
+    assert "nvidia-ctk runtime configure --runtime=docker" in f.fix
+
+
+def test_nothing_without_gpus_is_only_info(nothing_facts: Facts) -> None:
+    nothing_facts.gpus = []
+    assert gpu_support(nothing_facts).level == "info"
+
+
+def test_remote_engine_without_runtime_is_info_not_missing() -> None:
+    facts = Facts(
+        info=info_from_text(recorded("docker-info-hook-only.txt")), local=False, hook_on_host=None
+    )
+    f = gpu_support(facts)
+    assert f.level == "info" and TOOLKIT_MISSING not in text_of(f)
+
+
+def test_each_host_gets_its_own_finding_and_none_says_toolkit_missing(
+    nvidia_runtime_facts: Facts, hook_only_facts: Facts, cdi_only_facts: Facts
+) -> None:
+    findings = [gpu_support(f) for f in (nvidia_runtime_facts, hook_only_facts, cdi_only_facts)]
+    assert len({(f.message, f.fix) for f in findings}) == 3
+    for f in findings:
+        assert f.level == "ok"
+        assert TOOLKIT_MISSING not in text_of(f)
+
+
+# ---------------------------------------------------------------------------- evaluate
+
+
+def test_evaluate_reports_engine_support_driver_and_images(hook_only_facts: Facts) -> None:
+    hook_only_facts.images = [GPU_IMAGE, CPU_IMAGE]
+    findings = evaluate(hook_only_facts)
+    assert [f.topic for f in findings] == ["engine", "gpu support", "driver", "x", "x-cpu"]
+    assert findings[0].level == "ok"  # the grep'd info has no version: "?" is said, not invented
+    assert "Docker Engine ?" in findings[0].message
+    assert findings[2].message.startswith("NVIDIA driver 535.183.01 via nvidia-smi")
+    assert [f.level for f in findings[3:]] == ["warning", "ok"]
+
+
+def test_evaluate_names_the_recorded_server_version(nvidia_runtime_facts: Facts) -> None:
+    findings = evaluate(nvidia_runtime_facts)
+    assert "Docker Engine 29.7.2" in findings[0].message
+
+
+def test_evaluate_engine_error_stops_there() -> None:
+    findings = evaluate(Facts(engine_error="Cannot connect to the Docker daemon"))
+    assert [(f.topic, f.level) for f in findings] == [("engine", "error")]
+
+
+def test_evaluate_gpu_image_on_an_engine_without_gpu_support_is_an_error(
+    nothing_facts: Facts,
+) -> None:
+    nothing_facts.images = [GPU_IMAGE]
+    findings = evaluate(nothing_facts)
+    assert findings[1].level == "error"
+    assert findings[-1].level == "error" and "cannot pass GPUs" in findings[-1].message
+
+
+# ---------------------------------------------------------------------------- image verdicts
+
+
+def driver_535() -> str:
+    driver = parse_nvidia_smi_banner(recorded("nvidia-smi-banner-535-fragment.txt"))
+    assert driver == "535.104.05"
+    return driver
+
+
+def driver_470() -> str:
+    m = re.search(r"v(\d+(?:\.\d+)+)", recorded("nvidia-smi-version-470.txt"))
+    assert m is not None
+    return m.group(1)
+
+
+def test_gpu_image_on_recorded_535_is_a_warning_giving_the_toolkit_minimum() -> None:
+    facts = Facts(gpus=gpus_from_driver(driver_535()))
+    f = image_verdict(GPU_IMAGE, facts, gpu_ok=True)
+    assert f.level == "warning"
+    assert "535.104.05" in f.message and "555.42.06" in f.message
+
+
+def test_gpu_image_on_recorded_525_105_is_a_warning_above_the_floor() -> None:
+    driver = parse_nvidia_smi_banner(recorded("nvidia-smi-banner-525.txt"))
+    assert driver == "525.105.17"
+    f = image_verdict(GPU_IMAGE, Facts(gpus=gpus_from_driver(driver)), gpu_ok=True)
+    assert f.level == "warning"
+
+
+def test_gpu_image_on_recorded_470_is_an_error_giving_both_versions() -> None:
+    assert driver_470() == "470.182.03"
+    f = image_verdict(GPU_IMAGE, Facts(gpus=gpus_from_driver(driver_470())), gpu_ok=True)
+    assert f.level == "error"
+    assert "470.182.03" in f.message and "525.60.13" in f.message
+    assert "CUDA driver version is insufficient" in f.message
+
+
+def test_gpu_image_on_a_current_driver_is_ok() -> None:
+    driver = parse_nvidia_smi_banner(recorded("nvidia-smi-banner-mismatch.txt"))
+    assert driver == "580.95.05"
+    f = image_verdict(GPU_IMAGE, Facts(gpus=gpus_from_driver(driver)), gpu_ok=True)
+    assert f.level == "ok"
+
+
+def test_cpu_image_is_ok_whatever_the_driver() -> None:
+    for gpus in ([], gpus_from_driver(driver_470())):
+        f = image_verdict(CPU_IMAGE, Facts(gpus=gpus), gpu_ok=False)
+        assert f.level == "ok" and f.topic == "x-cpu"
+
+
+def test_gpu_image_without_a_driver_warns_of_the_cpu_fallback() -> None:
+    f = image_verdict(GPU_IMAGE, Facts(), gpu_ok=True)
+    assert f.level == "warning" and "CPU" in f.message
+
+
+def test_gpu_image_with_unknown_cuda_asks_for_a_rebuild() -> None:
+    labels = {**GPU_IMAGE, "io.gpuenv.cuda": "9.9"}
+    f = image_verdict(labels, Facts(gpus=gpus_from_driver(driver_535())), gpu_ok=True)
+    assert f.level == "warning" and "rebuild" in f.message
+
+
+# ---------------------------------------------------------------------------- nvidia-smi
+
+
+def test_banner_driver_is_the_driver_not_the_smi_version() -> None:
+    # canonical/inference-snaps#89: "NVIDIA-SMI 470.256.02   Driver Version: 580.95.05"
+    assert parse_nvidia_smi_banner(recorded("nvidia-smi-banner-mismatch.txt")) == "580.95.05"
+
+
+def test_banner_parser_reads_nvidia_smi_q() -> None:
+    assert parse_nvidia_smi_banner(recorded("nvidia-smi-q-535.txt")) == "535.183.01"
+
+
+def test_query_parser_rejects_rows_in_another_column_order() -> None:
+    # triton-inference-server/server#8070: header, then compute_cap first. "7.0" is no driver
+    # version (those have a 3-digit branch), so nothing is misread as one.
+    assert parse_nvidia_smi_query(recorded("nvidia-smi-query-foreign-order.csv")) == []
+
+
+def test_query_parser_rejects_the_old_smi_error() -> None:
+    assert parse_nvidia_smi_query(recorded("nvidia-smi-no-compute-cap.txt")) == []
+
+
+def test_nvidia_smi_probe_falls_back_when_compute_cap_is_unknown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 470 host's nvidia-smi refuses compute_cap (recorded message, exit status 2 as in
+    canonical/inference-snaps#128); the probe asks again without it. The second answer is
+    synthetic: no public 470 `--query-gpu=driver_version,name` output was found."""
+    calls: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        calls.append(cmd)
+        if "compute_cap" in cmd[1]:
+            return subprocess.CompletedProcess(
+                cmd, 2, recorded("nvidia-smi-no-compute-cap.txt"), ""
+            )
+        return subprocess.CompletedProcess(cmd, 0, f"{driver_470()}, Tesla T4\n", "")
+
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(doctor.subprocess, "run", fake_run)
+    assert doctor._nvidia_smi() == [GpuInfo("470.182.03", "Tesla T4", "?")]
+    assert len(calls) == 2
+
+
+def test_nvidia_smi_probe_gives_up_on_other_failures(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_run(cmd: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(
+            cmd, 9, "NVIDIA-SMI has failed because it couldn't communicate with the driver", ""
+        )
+
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(doctor.subprocess, "run", fake_run)
+    assert doctor._nvidia_smi() is None
+
+
+# ---------------------------------------------------------------------------- toolkit errors
+
+
+@pytest.mark.parametrize(
+    ("fixture", "expect"),
+    [
+        ("docker-could-not-select-device-driver.txt", "install the NVIDIA Container Toolkit"),
+        ("toolkit-require-cuda12.5.txt", "cuda>=12.5"),
+        ("toolkit-legacy-hook-require.txt", "cuda>=12.8"),
+        ("toolkit-old-require-spaces.txt", "cuda >= 9.0"),
+        ("toolkit-legacy-hook-no-driver.txt", "finds no NVIDIA driver"),
+    ],
+)
+def test_explain_start_error_on_recorded_errors(fixture: str, expect: str) -> None:
+    msg = explain_start_error(recorded(fixture), "x")
+    assert msg is not None and expect in msg
+    assert "\n" not in msg
+
+
+def test_recorded_toolkit_errors_get_distinct_fixes() -> None:
+    unavailable = explain_start_error(recorded("docker-could-not-select-device-driver.txt"), "x")
+    too_old = explain_start_error(recorded("toolkit-require-cuda12.5.txt"), "x")
+    hook_too_old = explain_start_error(recorded("toolkit-legacy-hook-require.txt"), "x")
+    no_driver = explain_start_error(recorded("toolkit-legacy-hook-no-driver.txt"), "x")
+    assert None not in (unavailable, too_old, hook_too_old, no_driver)
+    assert len({unavailable, too_old, no_driver}) == 3
+    # Only the engine that cannot take --gpus at all is told to install the toolkit.
+    assert TOOLKIT_MISSING in str(unavailable)
+    for msg in (too_old, hook_too_old, no_driver):
+        assert TOOLKIT_MISSING not in str(msg)
+    assert "upgrade the driver" in str(too_old) and "for x" in str(too_old)
+    assert "install the driver" in str(no_driver)
+
+
+def test_unrelated_start_errors_are_left_alone() -> None:
+    # The first error in NixOS/nixpkgs#337873's paste is about --runtime=nvidia, not --gpus.
+    first = recorded("docker-could-not-select-device-driver.txt").split("\n\n")[1]
+    assert "unknown or invalid runtime name: nvidia" in first
+    assert explain_start_error(first, "x") is None
