@@ -68,7 +68,9 @@ def user_errors(exit_code: int | None = None) -> Iterator[None]:
     try:
         yield
     except GpuenvError as exc:
-        raise fail(exc.message, exit_code or exc.exit_code) from None
+        # `run` fails with 125 unless the error knows better (126: cannot invoke, 127: not found).
+        code = exc.exit_code if exc.exit_code in (126, 127) else exit_code or exc.exit_code
+        raise fail(exc.message, code) from None
     except KeyboardInterrupt:
         raise fail("interrupted", 130) from None
 
@@ -196,8 +198,6 @@ def build_cmd(
     from gpuenv.progress import ConsoleReporter, summary
     from gpuenv.selection import select
 
-    if validate:
-        raise fail("--validate needs `gpuenv validate`, which is not built yet", 2)
     reporter = None
     try:
         with user_errors():
@@ -220,6 +220,8 @@ def build_cmd(
             else:
                 summary(results)
             build.ensure_no_failures(results)
+            if validate:
+                _validate([c.name for c in cells], file, [], None, None, False, False)
     finally:
         if reporter is not None:
             reporter.close()
@@ -327,6 +329,86 @@ def _build_for_run(eng: object, m: LoadedMatrix, cell: object) -> None:
         reporter.close()
     if results[0].status == "failed":
         raise GpuenvError(f"building {cell.image} failed: {results[0].error}", exit_code=125)  # type: ignore[attr-defined]
+
+
+@app.command("validate")
+def validate_cmd(
+    patterns: Patterns = None,
+    file: FileOption = None,
+    image: Annotated[
+        list[str] | None, typer.Option("-i", "--image", help="Validate this image (repeatable)")
+    ] = None,
+    gpus: Annotated[
+        str | None, typer.Option("--gpus", help="Also check the devices: all, N, device=...")
+    ] = None,
+    junitxml: Annotated[
+        Path | None, typer.Option("--junitxml", help="Write JUnit XML results here")
+    ] = None,
+    record_sizes: Annotated[
+        bool, typer.Option("--record-sizes", help="Record the images' sizes as the baseline")
+    ] = False,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Show pytest's output")] = False,
+) -> None:
+    """Prove what images hold (pytest-testinfra suites against a container of each)."""
+    with user_errors():
+        _validate(patterns, file, image or [], gpus, junitxml, record_sizes, verbose)
+
+
+def _validate(
+    patterns: list[str] | None,
+    file: Path | None,
+    images: list[str],
+    gpus: str | None,
+    junitxml: Path | None,
+    record_sizes: bool,
+    verbose: bool,
+) -> None:
+    from gpuenv import engine as engines
+    from gpuenv import sizes
+    from gpuenv.gpus import parse_gpus
+    from gpuenv.validate import expected, runner
+
+    request = parse_gpus(gpus) if gpus is not None else None
+    eng = engines.connect()
+    targets: list[runner.Target] = []
+    baseline_path = None
+    if patterns or not images:
+        from gpuenv.selection import select
+
+        m, res = load(file)
+        baseline_path = sizes.baseline_path(m.path)
+        baseline = sizes.load(baseline_path)
+        for cell in select(res.cells, patterns, m.path):
+            targets.append(
+                runner.Target(
+                    cell.name, cell.image, expected.from_cell(cell), baseline.get(cell.name)
+                )
+            )
+    for ref in images:
+        labels = eng.labels(ref)
+        if labels is None:
+            raise fail(f"image {ref} not found in the engine")
+        exp = expected.from_labels(ref, labels)
+        targets.append(runner.Target(ref, ref, exp))
+    summaries = runner.validate(eng, targets, request, junitxml, verbose)
+    bad = 0
+    for s in summaries:
+        mark = "✓" if not s.failed else "✗"
+        print(f"{mark} {s.id}: {s.passed} passed, {s.failed} failed, {s.skipped} skipped")
+        for line in s.failures:
+            print(f"    FAILED {line}")
+        for line in sorted(set(s.skips)):
+            print(f"    skipped {line}")
+        bad += s.failed
+    if junitxml:
+        print(f"JUnit XML: {junitxml}")
+    if record_sizes and baseline_path is not None:
+        recorded = {t.id: int(t.info.get("Size") or 0) for t in targets if t.id in
+                    {s.id for s in summaries if not s.failed}}  # fmt: skip
+        sizes.record(baseline_path, recorded)
+        print(f"recorded {len(recorded)} size(s) in {baseline_path}")
+    if bad:
+        raise fail(f"{bad} check(s) failed")
 
 
 @app.command("doctor")

@@ -19,6 +19,7 @@ from docker.context import ContextAPI
 from gpuenv.errors import GpuenvError
 
 LogSink = Callable[[str], None]
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def _base_url() -> tuple[str | None, dict[str, Any]]:
@@ -111,7 +112,8 @@ class Engine:
         nocache: bool,
         on_log: LogSink,
     ) -> str:
-        """Build an uploaded tar context without tagging it; returns the image ID.
+        """Build an uploaded tar context without tagging it; returns the full image ID
+        (sha256:...), the form `image inspect` gives, so callers can compare the two.
 
         The caller tags only after success, so a failed or interrupted build never leaves a
         tag on a half-built image. forcerm removes intermediate containers either way.
@@ -128,19 +130,24 @@ class Engine:
             network_mode="host",
             decode=True,
         )
-        image_id = None
+        image_id = None  # the full sha256:... ID from the aux message
+        short_id = None  # the "Successfully built <12 hex>" line, when no aux message came
         for chunk in stream:
             if "stream" in chunk:
-                for line in str(chunk["stream"]).splitlines():
+                # The engine passes the step's colour codes through; logs get plain text.
+                for line in _ANSI.sub("", str(chunk["stream"])).splitlines():
                     on_log(line)
                     m = re.match(r"Successfully built ([0-9a-f]{12,64})", line)
                     if m:
-                        image_id = m.group(1)
+                        short_id = m.group(1)
             if "aux" in chunk and isinstance(chunk["aux"], dict) and "ID" in chunk["aux"]:
-                image_id = chunk["aux"]["ID"]
+                image_id = str(chunk["aux"]["ID"])
             if "error" in chunk or "errorDetail" in chunk:
                 detail = chunk.get("errorDetail") or {}
                 raise BuildFailed(str(detail.get("message") or chunk.get("error")).strip())
+        if image_id is None and short_id is not None:
+            info = self.image(short_id)
+            image_id = str(info["Id"]) if info else None
         if image_id is None:
             raise BuildFailed("the engine ended the build without an image")
         return image_id
@@ -194,8 +201,9 @@ def connect() -> Engine:
         return _conn.engine
     base_url, extra = _base_url()
     try:
+        # With the default version="auto" the client asks the engine for its API version
+        # first, which already proves the engine answers: no separate ping.
         client = docker.DockerClient(base_url=base_url, **extra) if base_url else docker.from_env()
-        client.api.ping()
     except docker.errors.DockerException as exc:
         raise engine_error(exc) from None
     except OSError as exc:

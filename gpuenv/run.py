@@ -5,6 +5,10 @@ container runs as the caller's uid:gid with a writable HOME; output streams live
 code is the container's. Every path (success, failure, engine error, interrupt) removes the
 container. gpuenv's own failures exit 125 (engine, preflight, image), 126 or 127, as
 `docker run` does.
+
+Ctrl-C or SIGTERM stops the container as `docker stop` does: SIGTERM, then SIGKILL after a
+grace period of GRACE_SECONDS (10 s), or `$GPUENV_STOP_GRACE` seconds when that is set to a
+whole number (0 kills at once); a second signal kills at once.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from gpuenv.errors import GpuenvError
 from gpuenv.gpus import GpuRequest, explain_start_error
 
 GRACE_SECONDS = 10
+GRACE_ENV = "GPUENV_STOP_GRACE"
 SHM_SIZE = "2g"  # TensorFlow input pipelines and NCCL want more than Docker's 64 MB
 HOME = "/home/gpuenv-run"
 
@@ -42,6 +47,12 @@ class RunOptions:
     cwd: Path = field(default_factory=Path.cwd)
     uid: int = field(default_factory=os.getuid)
     gid: int = field(default_factory=os.getgid)
+
+
+def grace_seconds() -> int:
+    """The stop grace period: $GPUENV_STOP_GRACE when it is a whole number, else 10 s."""
+    value = os.environ.get(GRACE_ENV, "").strip()
+    return int(value) if value.isdigit() else GRACE_SECONDS
 
 
 def fail(message: str, code: int = 125) -> GpuenvError:
@@ -143,7 +154,7 @@ class _Stopper:
 
     def _handle(self, signum: int, frame: object) -> None:
         self.signals += 1
-        timeout = GRACE_SECONDS if self.signals == 1 else 0
+        timeout = grace_seconds() if self.signals == 1 else 0
         threading.Thread(target=self._stop, args=(timeout,), daemon=True).start()
 
     def _stop(self, timeout: int) -> None:
@@ -225,7 +236,7 @@ def _run_tty(engine: engines.Engine, cid: str) -> int:
 
     previous = signal.signal(signal.SIGWINCH, resize)
     try:
-        tty.setraw(fd)
+        tty.setraw(fd, termios.TCSANOW)  # not TCSAFLUSH: keep what was typed ahead
         resize()
         while True:
             ready, _, _ = select.select([fd, raw], [], [])
@@ -301,8 +312,15 @@ def gpu_preflight(engine: engines.Engine, target: Target, gpus: GpuRequest | Non
         warn(verdict.message)
 
 
-def _cache_file() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+def _cache_file() -> Path | None:
+    """~/.cache/gpuenv/drivers.json, or None for a uid with neither HOME nor a passwd entry
+    (Path.home() would then be "~", a directory created in the current one)."""
+    root = os.environ.get("XDG_CACHE_HOME")
+    if not root:
+        home = os.path.expanduser("~")
+        if not os.path.isabs(home):
+            return None
+        root = os.path.join(home, ".cache")
     return Path(root) / "gpuenv" / "drivers.json"
 
 
@@ -320,8 +338,10 @@ def probe_driver(engine: engines.Engine, image: str, gpus: GpuRequest) -> str | 
     engine_id = engine.info().get("ID", engine.url)
     cache = _cache_file()
     try:
-        known = json.loads(cache.read_text())
+        known = json.loads(cache.read_text()) if cache else {}
     except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
         known = {}
     if engine_id in known:
         return str(known[engine_id])
@@ -359,9 +379,8 @@ def probe_driver(engine: engines.Engine, image: str, gpus: GpuRequest) -> str | 
         return None
     driver = gpus_found[0].driver
     known[engine_id] = driver
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(known))
-    except OSError:
-        pass
+    if cache is not None:
+        with contextlib.suppress(OSError):
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(known))
     return driver

@@ -1,0 +1,87 @@
+"""What an image must hold: from the resolved cell, or for `-i IMAGE` from its labels
+cross-checked against the catalog. Labels alone are never the reference: a label naming a
+framework version the catalog does not pin, or CUDA wheels it does not know, is a finding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuenv import compat
+from gpuenv.cell import Cell
+from gpuenv.errors import GpuenvError
+from gpuenv.render import NVIDIA_LIB_DIRS, UID, VENV, labels, site_packages
+
+
+def from_cell(cell: Cell) -> dict[str, Any]:
+    data = cell.to_json()
+    data.update(
+        uid=UID,
+        venv=VENV,
+        site_packages=site_packages(cell),
+        nvidia_lib_dirs=list(NVIDIA_LIB_DIRS),
+        labels=labels(cell),
+        pip_pins=_pins(cell.pip),
+        source="matrix",
+    )
+    return data
+
+
+def _pins(requirements: tuple[str, ...] | list[str]) -> dict[str, str]:
+    pins = {}
+    for req in requirements:
+        name, sep, version = req.partition("==")
+        if sep and version and not any(c in version for c in ",;<>!~*"):
+            pins[name.split("[")[0].strip().lower()] = version.strip()
+    return pins
+
+
+def from_labels(image: str, found: dict[str, str]) -> dict[str, Any]:
+    """Rebuild the cell an image claims to be from the catalog, using only the labels'
+    framework minor, Python, variant and CUDA/cuDNN; exact versions come from the catalog."""
+    if "io.gpuenv.cell" not in found:
+        raise GpuenvError(f"{image} has no io.gpuenv.* labels: it was not built by gpuenv")
+    cat = compat.catalog()
+    claimed = found.get("io.gpuenv.framework-version", "")
+    minor = ".".join(claimed.split(".")[:2])
+    row = cat.releases.get(minor)
+    if row is None:
+        raise GpuenvError(
+            f"{image}: its label io.gpuenv.framework-version={claimed!r} is no TensorFlow "
+            "release the catalog knows"
+        )
+    variant = found.get("io.gpuenv.variant", "cpu")
+    cuda = found.get("io.gpuenv.cuda") or None
+    cudnn = found.get("io.gpuenv.cudnn") or None
+    wheels: dict[str, str] = {}
+    release = None
+    if variant == "gpu":
+        if not (cuda and cudnn):
+            raise GpuenvError(f"{image}: a GPU image without io.gpuenv.cuda/cudnn labels")
+        try:
+            wheels = compat.gpu_wheels(row, cuda, cudnn)
+        except ValueError as exc:
+            raise GpuenvError(f"{image}: its CUDA labels contradict the catalog: {exc}") from None
+        release = cat.toolkits[cuda].release
+    python = found.get("io.gpuenv.python", "")
+    return {
+        "name": found["io.gpuenv.cell"],
+        "image": image,
+        "variant": variant,
+        "python": python,
+        "framework": found.get("io.gpuenv.framework", cat.framework),
+        # The catalog's exact release, not the label's: a wrong label must not pass.
+        "framework_version": row.version,
+        "cuda": cuda,
+        "cudnn": cudnn,
+        "cuda_release": release,
+        "wheels": wheels,
+        "pip": [],
+        "pip_pins": {},
+        "apt": [],
+        "uid": UID,
+        "venv": VENV,
+        "site_packages": f"{VENV}/lib/python{python}/site-packages",
+        "nvidia_lib_dirs": list(NVIDIA_LIB_DIRS),
+        "labels": {},  # nothing to compare the labels with but themselves
+        "source": "labels+catalog",
+    }

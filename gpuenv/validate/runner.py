@@ -1,0 +1,167 @@
+"""Start one container per image, run the shipped suites against them, always clean up.
+
+pytest runs in a subprocess (its own process state, Ctrl-C ends it cleanly) and always
+writes JUnit XML, which is also where the per-image summary comes from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuenv import engine as engines
+from gpuenv.errors import GpuenvError
+from gpuenv.gpus import GpuRequest
+
+SUITES = Path(__file__).parent / "suites"
+TARGETS_ENV = "GPUENV_VALIDATE_TARGETS"
+
+
+@dataclass
+class Target:
+    id: str  # the cell name (or image reference), used as the pytest parameter id
+    image: str
+    expected: dict[str, Any]
+    baseline_size: int | None = None
+    container: str | None = None
+    gpu_container: str | None = None
+    gpu_error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self, gpus: GpuRequest | None) -> dict[str, Any]:
+        config = self.info.get("Config") or {}
+        return {
+            "id": self.id,
+            "image": self.image,
+            "expected": self.expected,
+            "container": self.container,
+            "gpu_container": self.gpu_container,
+            "gpu_error": self.gpu_error,
+            "gpus": gpus.as_api() if gpus else None,
+            "config": {
+                "User": config.get("User") or "",
+                "Env": config.get("Env") or [],
+                "Labels": config.get("Labels") or {},
+            },
+            "size": int(self.info.get("Size") or 0),
+            "baseline_size": self.baseline_size,
+        }
+
+
+@dataclass
+class ImageSummary:
+    id: str
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    failures: list[str] = field(default_factory=list)
+    skips: list[str] = field(default_factory=list)
+
+
+def _start(engine: engines.Engine, image: str, gpus: GpuRequest | None) -> str:
+    spec: dict[str, Any] = {
+        "image": image,
+        # Idle until the suites are done; the image's default user, as users get it.
+        "command": ["sleep", "infinity"],
+        "network": "none",
+        "labels": {"io.gpuenv.validate": "1"},
+        "init": True,
+        "device_requests": [gpus.as_api()] if gpus else [],
+    }
+    cid = engines.create_container(engine, spec)
+    try:
+        engine.api.start(cid)
+    except engines.APIError:
+        engines.remove_container(engine, cid)
+        raise
+    return cid
+
+
+def validate(
+    engine: engines.Engine,
+    targets: list[Target],
+    gpus: GpuRequest | None,
+    junitxml: Path | None,
+    verbose: bool = False,
+) -> list[ImageSummary]:
+    started: list[str] = []
+    try:
+        for target in targets:
+            target.info = engine.image(target.image) or {}
+            if not target.info:
+                raise GpuenvError(f"image {target.image} not found; gpuenv build it first")
+            try:
+                target.container = _start(engine, target.image, None)
+            except engines.APIError as exc:
+                raise engines.engine_error(exc) from None
+            started.append(target.container)
+            if gpus is not None and target.expected.get("variant") == "gpu":
+                try:
+                    target.gpu_container = _start(engine, target.image, gpus)
+                    started.append(target.gpu_container)
+                except engines.APIError as exc:
+                    from gpuenv.gpus import explain_start_error
+
+                    text = str(exc)
+                    target.gpu_error = explain_start_error(text, target.image) or text[:300]
+        return _run_pytest(targets, gpus, junitxml, verbose)
+    finally:
+        for cid in started:
+            engines.remove_container(engine, cid)
+
+
+def _run_pytest(
+    targets: list[Target], gpus: GpuRequest | None, junitxml: Path | None, verbose: bool
+) -> list[ImageSummary]:
+    with tempfile.TemporaryDirectory(prefix="gpuenv-validate-") as tmp:
+        targets_file = Path(tmp) / "targets.json"
+        targets_file.write_text(json.dumps([t.to_json(gpus) for t in targets]))
+        xml = junitxml or Path(tmp) / "junit.xml"
+        command = [
+            sys.executable, "-m", "pytest", str(SUITES),
+            "-c", str(SUITES / "pytest.ini"), "--rootdir", str(SUITES),
+            "-p", "no:cacheprovider", f"--junitxml={xml}", "-o", "junit_family=xunit2",
+            "-q" if not verbose else "-v", "-rfs", "--tb=line", "--color=no",
+        ]  # fmt: skip
+        env = {**os.environ, TARGETS_ENV: str(targets_file)}
+        proc = subprocess.run(command, env=env, capture_output=not verbose, text=True, check=False)
+        if proc.returncode not in (0, 1) or not xml.exists():
+            detail = (proc.stdout or "") + (proc.stderr or "")
+            raise GpuenvError(f"the validation suites could not run: {detail.strip()[-500:]}")
+        return summarise(xml, [t.id for t in targets])
+
+
+def summarise(xml: Path, ids: list[str]) -> list[ImageSummary]:
+    """Per-image counts from JUnit XML; a test's id is the bracketed parameter."""
+    summaries = {i: ImageSummary(i) for i in ids}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        name = case.get("name", "")
+        param = name[name.find("[") + 1 : name.rfind("]")] if "[" in name else ""
+        summary = summaries.get(param) or next(
+            (s for i, s in summaries.items() if param.startswith(i)), None
+        )
+        if summary is None:
+            continue
+        test = name.split("[")[0].removeprefix("test_").replace("_", " ")
+        failure = case.find("failure")
+        if failure is None:
+            failure = case.find("error")
+        skipped = case.find("skipped")
+        if failure is not None:
+            summary.failed += 1
+            message = (failure.get("message") or "").strip().splitlines()
+            summary.failures.append(f"{test}: {message[0] if message else 'failed'}")
+        elif skipped is not None:
+            summary.skipped += 1
+            reason = (skipped.get("message") or "").removeprefix("Skipped: ")
+            summary.skips.append(f"{test}: {reason}")
+        else:
+            summary.passed += 1
+    return list(summaries.values())

@@ -1,0 +1,50 @@
+"""Checks that need a GPU: run with `gpuenv validate --gpus all` on a GPU host. Elsewhere
+they are skipped with the reason (never faked)."""
+
+from __future__ import annotations
+
+from conftest import Box
+
+GPU_ONLY = True
+QUIET = "import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
+
+
+def _requested(gpu_box: Box) -> int:
+    request = gpu_box.target["gpus"]
+    if request["DeviceIDs"]:
+        return len(request["DeviceIDs"])
+    if request["Count"] == -1:
+        return len(gpu_box.sh("nvidia-smi -L").stdout.strip().splitlines())
+    return int(request["Count"])
+
+
+def test_nvidia_smi_works(gpu_box: Box) -> None:
+    result = gpu_box.sh("nvidia-smi -L")
+    assert result.rc == 0 and "GPU 0" in result.stdout, result.stderr
+
+
+def test_tensorflow_sees_the_requested_gpus(gpu_box: Box) -> None:
+    code = QUIET + "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"
+    assert int(gpu_box.python(code).strip().splitlines()[-1]) == _requested(gpu_box)
+
+
+def test_matmul_runs_on_gpu0(gpu_box: Box) -> None:
+    code = QUIET + (
+        "import tensorflow as tf\n"
+        "with tf.device('/GPU:0'):\n"
+        "    x = tf.linalg.matmul(tf.ones([64, 64]), tf.ones([64, 64]))\n"
+        "print(x.device)"
+    )
+    assert "GPU:0" in gpu_box.python(code).strip().splitlines()[-1]
+
+
+def test_cudnn_lstm_runs(gpu_box: Box) -> None:
+    code = QUIET + (
+        "import numpy as np, tensorflow as tf\n"
+        "layer = tf.keras.layers.LSTM(16)\n"
+        "with tf.device('/GPU:0'):\n"
+        "    y = layer(np.ones((4, 10, 8), 'float32'))\n"
+        "print(y.shape, y.device)"
+    )
+    last = gpu_box.python(code).strip().splitlines()[-1]
+    assert "(4, 16)" in last and "GPU:0" in last

@@ -1,0 +1,114 @@
+"""Checks for GPU images that need no GPU: the CUDA libraries are the cell's, they load
+without a driver, and the environment lets TensorFlow find them."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import Box
+
+GPU_ONLY = True
+
+# The libraries TensorFlow's dso_loader opens at start (nvidia/<dir>/lib/<soname>).
+TF_LOADS = {
+    "cuda_runtime": "libcudart.so.12",
+    "cublas": "libcublas.so.12",
+    "cufft": "libcufft.so.11",
+    "curand": "libcurand.so.10",
+    "cusolver": "libcusolver.so.11",
+    "cusparse": "libcusparse.so.12",
+    "nccl": "libnccl.so.2",
+    "nvjitlink": "libnvJitLink.so.12",
+}
+
+
+def _major_minor(encoded: int, major_div: int, minor_div: int) -> str:
+    return f"{encoded // major_div}.{(encoded % major_div) // minor_div}"
+
+
+def test_cuda_runtime_version(box: Box) -> None:
+    code = (
+        "import ctypes; v = ctypes.c_int()\n"
+        "lib = ctypes.CDLL('libcudart.so.12')\n"
+        "assert lib.cudaRuntimeGetVersion(ctypes.byref(v)) == 0\n"
+        "print(v.value)"
+    )
+    version = int(box.python(code).strip())
+    assert _major_minor(version, 1000, 10) == box.expected["cuda"]
+
+
+def test_cudnn_version(box: Box) -> None:
+    major = box.expected["cudnn"].split(".")[0]
+    code = f"import ctypes; print(ctypes.CDLL('libcudnn.so.{major}').cudnnGetVersion())"
+    version = int(box.python(code).strip())
+    # cuDNN 9 encodes major*10000 + minor*100 + patch; cuDNN 8 major*1000 + minor*100 + patch.
+    divisor = 10000 if version >= 90000 else 1000
+    assert _major_minor(version, divisor, 100) == box.expected["cudnn"]
+
+
+def test_cuda_libraries_load_without_a_driver(box: Box) -> None:
+    exp = box.expected
+    cudnn = f"libcudnn.so.{exp['cudnn'].split('.')[0]}"
+    libs = {**TF_LOADS, "cudnn": cudnn}
+    code = (
+        "import ctypes, json\nout = {}\n"
+        f"for name in {sorted(libs.values())!r}:\n"
+        "    try: ctypes.CDLL(name); out[name] = 'ok'\n"
+        "    except OSError as e: out[name] = str(e)\n"
+        "print(json.dumps(out))"
+    )
+    failed = {k: v for k, v in box.python_json(code).items() if v != "ok"}
+    assert not failed, f"cannot load as the default user: {failed}"
+
+
+def test_ldd_finds_everything_but_libcuda(box: Box) -> None:
+    sp = box.expected["site_packages"]
+    out = box.sh(
+        f"for f in {sp}/nvidia/*/lib/*.so*; do ldd $f | grep 'not found' | sed \"s|^|$f: |\"; done"
+    ).stdout
+    missing = [
+        line.strip() for line in out.splitlines() if line.strip() and "libcuda.so.1" not in line
+    ]
+    assert not missing, "unresolved libraries: " + "; ".join(missing[:10])
+
+
+def test_ptxas_is_found(box: Box) -> None:
+    result = box.sh("ptxas --version")
+    assert result.rc == 0, "ptxas not on the PATH"
+    release = box.expected["cuda_release"] or box.expected["cuda"]
+    assert f"release {box.expected['cuda']}" in result.stdout or release in result.stdout
+
+
+def test_tensorflow_build_info_agrees(box: Box) -> None:
+    code = (
+        "import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
+        "import json, tensorflow as tf\n"
+        "info = tf.sysconfig.get_build_info()\n"
+        "print(json.dumps({k: str(v) for k, v in info.items()}))"
+    )
+    info = box.python_json(code)
+    assert info.get("is_cuda_build") == "True", "TensorFlow is not a CUDA build"
+    built_cuda = info["cuda_version"].split(".")[0]
+    built_cudnn = info["cudnn_version"].split(".")[0]
+    assert built_cuda == box.expected["cuda"].split(".")[0], info
+    assert built_cudnn == box.expected["cudnn"].split(".")[0], info
+
+
+def test_nvidia_environment(box: Box) -> None:
+    env = dict(e.split("=", 1) for e in box.target["config"]["Env"])
+    assert env.get("NVIDIA_DRIVER_CAPABILITIES") == "compute,utility"
+    major = box.expected["cuda"].split(".")[0]
+    assert env.get("NVIDIA_REQUIRE_CUDA") == f"cuda>={major}.0"
+    assert "NVIDIA_VISIBLE_DEVICES" not in env, "GPUs must be asked for, never baked in"
+
+
+def test_library_path_reaches_the_wheels(box: Box) -> None:
+    env = dict(e.split("=", 1) for e in box.target["config"]["Env"])
+    paths = env.get("LD_LIBRARY_PATH", "").split(":")
+    sp = box.expected["site_packages"]
+    wanted = [f"{sp}/nvidia/{d}/lib" for d in box.expected["nvidia_lib_dirs"]]
+    absent = [p for p in wanted if p not in paths]
+    assert not absent, f"LD_LIBRARY_PATH misses {absent}"
+    code = f"import json, os; print(json.dumps([os.path.isdir(p) for p in {wanted!r}]))"
+    exists = json.loads(box.python(code).strip())
+    assert all(exists), [p for p, ok in zip(wanted, exists, strict=True) if not ok]

@@ -1,0 +1,141 @@
+"""Checks every image must pass: it holds exactly what its cell promises, and nothing the
+build used is left in it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import Box
+
+QUIET_TF = "import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'; "
+
+
+def test_python_version(box: Box) -> None:
+    found = box.python("import sys; print('%d.%d' % sys.version_info[:2])").strip()
+    assert found == box.expected["python"]
+
+
+def test_framework_version(box: Box) -> None:
+    code = "import importlib.metadata as m; print(m.version('tensorflow'))"
+    assert box.python(code).strip() == box.expected["framework_version"]
+
+
+def test_pinned_packages_are_installed(box: Box) -> None:
+    wanted = {**box.expected["pip_pins"], **box.expected["wheels"]}
+    if not wanted:
+        return
+    code = (
+        "import json, importlib.metadata as m\n"
+        "out = {}\n"
+        f"for name in {sorted(wanted)!r}:\n"
+        "    try: out[name] = m.version(name)\n"
+        "    except m.PackageNotFoundError: out[name] = None\n"
+        "print(json.dumps(out))"
+    )
+    found = box.python_json(code)
+    wrong = {k: (v, found.get(k)) for k, v in wanted.items() if found.get(k) != v}
+    assert not wrong, f"pinned vs installed: {wrong}"
+
+
+def test_no_installer_cache_or_compiler(box: Box) -> None:
+    leftovers = box.sh(
+        "ls -d /root/.cache /home/*/.cache /tmp/gpuenv-* /opt/venv/bin/uv /opt/venv/bin/pip "
+        "2>/dev/null; for c in gcc cc g++ c++ clang x86_64-linux-gnu-gcc; do "
+        "command -v $c; done; true"
+    ).stdout.split()
+    assert not leftovers, f"left over from the build: {leftovers}"
+
+
+def test_no_ca_beyond_the_distribution_trust_store(box: Box) -> None:
+    # Every certificate the system trusts must come from the ca-certificates package, no
+    # extra certificate may sit in the local store, and certifi's bundle must be the one
+    # its wheel shipped (checked against the wheel's RECORD hash).
+    code = r"""
+import base64, glob, hashlib, json, os, re
+def bodies(text):
+    return {''.join(b.split()) for b in re.findall(
+        r'-----BEGIN CERTIFICATE-----(.*?)-----END CERTIFICATE-----', text, re.S)}
+shipped = set()
+for path in glob.glob('/usr/share/ca-certificates/**/*.crt', recursive=True):
+    shipped |= bodies(open(path, errors='replace').read())
+bundle = '/etc/ssl/certs/ca-certificates.crt'
+trusted = bodies(open(bundle, errors='replace').read()) if os.path.exists(bundle) else set()
+local = [p for p in glob.glob('/usr/local/share/ca-certificates/**', recursive=True)
+         if os.path.isfile(p)]
+stray = [p for p in ('/tmp/gpuenv-ca.pem',) if os.path.exists(p)]
+certifi = None
+try:
+    import certifi as c
+    pem = c.where()
+    digest = 'sha256=' + base64.urlsafe_b64encode(
+        hashlib.sha256(open(pem, 'rb').read()).digest()).rstrip(b'=').decode()
+    record = [l for p in glob.glob(os.path.dirname(os.path.dirname(pem)) +
+              '/certifi-*.dist-info/RECORD') for l in open(p)]
+    ok = any(l.startswith('certifi/cacert.pem,' + digest) for l in record)
+    certifi = {'path': pem, 'matches_record': ok}
+except ImportError:
+    pass
+print(json.dumps({'extra': len(trusted - shipped), 'local': local, 'stray': stray,
+                  'certifi': certifi}))
+"""
+    found: dict[str, Any] = box.python_json(code)
+    assert found["extra"] == 0, f"{found['extra']} trusted certificate(s) not from Debian"
+    assert not found["local"], f"local CA certificates: {found['local']}"
+    assert not found["stray"], f"CA bundle left by the build: {found['stray']}"
+    if found["certifi"] is not None:
+        assert found["certifi"]["matches_record"], "certifi's cacert.pem was modified"
+
+
+def test_default_user_is_not_root(box: Box) -> None:
+    user = box.target["config"]["User"]
+    assert user and user.split(":")[0] not in ("0", "root"), f"image USER is {user!r}"
+    assert box.sh("id -u").stdout.strip() != "0"
+
+
+def test_labels_agree_with_the_contents(box: Box) -> None:
+    labels = box.target["config"]["Labels"]
+    exp = box.expected
+    for key, value in exp["labels"].items():
+        assert labels.get(key) == value, f"label {key}={labels.get(key)!r}, expected {value!r}"
+    assert labels.get("io.gpuenv.framework-version") == exp["framework_version"]
+    assert labels.get("io.gpuenv.python") == exp["python"]
+    assert labels.get("io.gpuenv.variant") == exp["variant"]
+    assert labels.get("io.gpuenv.cuda", "") == (exp["cuda"] or "")
+    assert labels.get("io.gpuenv.cudnn", "") == (exp["cudnn"] or "")
+    assert len(labels.get("io.gpuenv.spec-hash", "")) == 64, "no io.gpuenv.spec-hash label"
+
+
+def test_no_driver_files(box: Box) -> None:
+    found = box.sh(
+        "find / -xdev \\( -name 'libcuda.so*' -o -name 'libnvidia-*' -o -name 'nvidia-smi' "
+        "-o -name 'libnvcuvid.so*' \\) 2>/dev/null"
+    ).stdout.split()
+    assert not found, f"driver files in the image: {found}"
+
+
+def test_tensorflow_computes_on_the_cpu(box: Box) -> None:
+    code = QUIET_TF + (
+        "import tensorflow as tf\n"
+        "with tf.device('/CPU:0'):\n"
+        "    x = tf.linalg.matmul(tf.ones([8, 8]), tf.ones([8, 8]))\n"
+        "print(float(tf.reduce_sum(x)))"
+    )
+    assert box.python(code).strip().splitlines()[-1] == "512.0"
+
+
+def test_size_within_baseline(box: Box) -> None:
+    import pytest
+
+    baseline = box.target["baseline_size"]
+    size = box.target["size"]
+    if not baseline:
+        pytest.skip("no size baseline recorded (gpuenv validate --record-sizes)")
+    if size > baseline * 1.2:
+        largest = box.sh(
+            f"du -sk {box.expected['site_packages']}/* 2>/dev/null | sort -n | tail -5"
+        ).stdout.strip()
+        raise AssertionError(
+            f"image is {size / 1e6:.0f} MB, {size / baseline:.2f}x its baseline "
+            f"{baseline / 1e6:.0f} MB (limit 1.2x); largest packages (kB): "
+            + "; ".join(" ".join(line.split()) for line in largest.splitlines())
+        )

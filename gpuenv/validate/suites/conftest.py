@@ -1,0 +1,67 @@
+"""Fixtures for the validation suites: one parameter per image, a testinfra host for its
+container (the docker:// backend, as the image's default user), and what it must hold."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import testinfra
+
+
+def _targets() -> list[dict[str, Any]]:
+    path = os.environ.get("GPUENV_VALIDATE_TARGETS")
+    if not path:
+        return []
+    with open(path, encoding="utf-8") as fh:
+        return list(json.load(fh))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "target" not in metafunc.fixturenames:
+        return
+    targets = _targets()
+    if getattr(metafunc.module, "GPU_ONLY", False):
+        targets = [t for t in targets if t["expected"]["variant"] == "gpu"]
+    metafunc.parametrize("target", targets, ids=[t["id"] for t in targets])
+
+
+@dataclass
+class Box:
+    """The running container of one image."""
+
+    host: Any
+    target: dict[str, Any]
+
+    @property
+    def expected(self) -> dict[str, Any]:
+        return dict(self.target["expected"])
+
+    def sh(self, command: str) -> Any:
+        return self.host.run(command)
+
+    def python(self, code: str) -> str:
+        """Run Python in the image (its `python` on the PATH); fail with its stderr."""
+        result = self.host.run("python -c %s", code)
+        assert result.rc == 0, f"python exited {result.rc}: {result.stderr.strip()[-800:]}"
+        return str(result.stdout)
+
+    def python_json(self, code: str) -> Any:
+        return json.loads(self.python(code).strip().splitlines()[-1])
+
+
+@pytest.fixture
+def box(target: dict[str, Any]) -> Box:
+    return Box(testinfra.get_host(f"docker://{target['container']}"), target)
+
+
+@pytest.fixture
+def gpu_box(target: dict[str, Any]) -> Box:
+    if target["gpus"] is None:
+        pytest.skip("no --gpus given: device checks need `gpuenv validate --gpus all`")
+    if target["gpu_error"]:
+        pytest.skip(f"no GPU here: {target['gpu_error']}")
+    return Box(testinfra.get_host(f"docker://{target['gpu_container']}"), target)

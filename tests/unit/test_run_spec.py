@@ -1,0 +1,329 @@
+"""gpuenv.run's pure parts: the container spec, the command, -e/-v/-p, grace period,
+preflight verdict wiring and the driver cache (no engine needed).
+
+(Named test_run_spec.py, not test_run.py: tests/integration/test_run.py exists and the
+test directories are not packages, so two test_run modules cannot be collected together.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuenv import run
+from gpuenv.errors import GpuenvError
+from gpuenv.gpus import parse_gpus
+
+
+def opts(tmp: Path | str = "/home/ana/proj", **kw) -> run.RunOptions:
+    base = {"image": "acme/tf:cpu", "command": ["python", "train.py"], "uid": 1234, "gid": 5678}
+    return run.RunOptions(cwd=Path(tmp), **{**base, **kw})
+
+
+# --------------------------------------------------------------------------- container_spec
+
+
+def test_container_spec_runs_as_the_caller_in_the_current_directory():
+    spec = run.container_spec(opts())
+    assert spec["image"] == "acme/tf:cpu"
+    assert spec["command"] == ["python", "train.py"]
+    assert spec["user"] == "1234:5678"
+    assert spec["workdir"] == "/home/ana/proj"
+    assert spec["binds"] == ["/home/ana/proj:/home/ana/proj"]  # same path inside
+    assert spec["env"] == {"HOME": "/home/gpuenv-run"}
+    # HOME is a tmpfs owned by the caller: writable even for a uid with no passwd entry.
+    assert spec["tmpfs"] == {"/home/gpuenv-run": "rw,exec,uid=1234,gid=5678,mode=0755"}
+    assert spec["init"] is True  # an init process delivers signals
+    assert spec["shm_size"] == "2g"  # not Docker's 64 MB
+    assert spec["ipc"] is None
+    assert spec["network"] is None  # the engine's default network unless --network
+    assert spec["device_requests"] == []
+    assert spec["labels"] == {"io.gpuenv.run": "1"}
+    assert (spec["tty"], spec["stdin"]) == (False, False)
+    assert spec["ports"] == {}
+
+
+def test_container_spec_options():
+    spec = run.container_spec(
+        opts(
+            gpus=parse_gpus("device=0,2"),
+            env=["A=1", "HOME=/data/home"],
+            volumes=["/data:/data:ro"],
+            ports=["6006:6006"],
+            network="none",
+            workdir="/work",
+            ipc="host",
+            interactive=True,
+        )
+    )
+    assert spec["device_requests"] == [parse_gpus("device=0,2").as_api()]
+    assert spec["env"] == {"HOME": "/data/home", "A": "1"}  # the user's -e wins
+    assert spec["binds"] == ["/home/ana/proj:/home/ana/proj", "/data:/data:ro"]
+    assert spec["ports"] == {"6006/tcp": 6006}
+    assert spec["network"] == "none"
+    assert spec["workdir"] == "/work"
+    assert (spec["ipc"], spec["shm_size"]) == ("host", None)  # --ipc replaces the shm size
+    assert (spec["tty"], spec["stdin"]) == (True, True)
+
+
+def test_container_spec_refuses_the_root_directory():
+    with pytest.raises(GpuenvError) as err:
+        run.container_spec(opts("/"))
+    assert err.value.exit_code == 125
+    assert "mounts the current directory" in err.value.message
+
+
+def test_options_default_to_the_calling_process(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    o = run.RunOptions(image="x", command=["true"])
+    assert (o.uid, o.gid, o.cwd) == (os.getuid(), os.getgid(), tmp_path)
+
+
+# --------------------------------------------------------------------------- command_for
+
+
+def test_py_script_runs_with_the_images_python(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "eval.py").write_text("")
+    assert run.command_for(["train.py", "--epochs", "3"], tmp_path) == [
+        "python",
+        "train.py",
+        "--epochs",
+        "3",
+    ]
+    assert run.command_for(["sub/eval.py"], tmp_path) == ["python", "sub/eval.py"]
+
+
+@pytest.mark.parametrize(
+    "args", [["nvidia-smi"], ["python", "-c", "pass"], ["bash", "-lc", "x.py"], ["jupyter"]]
+)
+def test_anything_else_runs_as_a_command(tmp_path, args):
+    assert run.command_for(args, tmp_path) == args
+
+
+def test_missing_script_is_127(tmp_path):
+    with pytest.raises(GpuenvError) as err:
+        run.command_for(["train.py"], tmp_path)
+    assert err.value.exit_code == 127
+    assert f"train.py: no such file in {tmp_path}" in err.value.message
+
+
+def test_nothing_to_run_is_125(tmp_path):
+    with pytest.raises(GpuenvError) as err:
+        run.command_for([], tmp_path)
+    assert err.value.exit_code == 125
+
+
+# --------------------------------------------------------------------------- -e
+
+
+def test_parse_env(monkeypatch):
+    monkeypatch.setenv("FROM_HOST", "host value")
+    monkeypatch.delenv("NOT_SET", raising=False)
+    assert run.parse_env(["A=1", "B=", "C=x=y", "FROM_HOST", "NOT_SET", "D=a b"]) == {
+        "A": "1",
+        "B": "",
+        "C": "x=y",
+        "FROM_HOST": "host value",  # -e KEY passes the caller's value
+        "D": "a b",
+    }  # NOT_SET: as docker run, an unset KEY passes nothing
+
+
+@pytest.mark.parametrize("item", ["=1", "", "A=1\nB=2"])
+def test_parse_env_errors(item):
+    with pytest.raises(GpuenvError) as err:
+        run.parse_env([item])
+    assert err.value.exit_code == 125
+    assert "expected KEY=VALUE or KEY" in err.value.message
+
+
+# --------------------------------------------------------------------------- -v
+
+
+def test_parse_volume(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cwd = tmp_path / "proj"
+    assert run.parse_volume("./data:/data", cwd) == f"{cwd}/data:/data"
+    assert run.parse_volume("../shared:/shared:ro", cwd) == f"{tmp_path}/shared:/shared:ro"
+    assert run.parse_volume("/abs/path:/x:rw", cwd) == "/abs/path:/x:rw"
+    assert run.parse_volume("~/datasets:/datasets", cwd) == f"{tmp_path}/home/datasets:/datasets"
+    assert run.parse_volume("cache:/root/.cache", cwd) == "cache:/root/.cache"  # named volume
+
+
+@pytest.mark.parametrize("item", ["data", "./data:relative", ":/x", "a:/b:ro:extra", "./d:"])
+def test_parse_volume_errors(item):
+    with pytest.raises(GpuenvError) as err:
+        run.parse_volume(item, Path("/proj"))
+    assert err.value.exit_code == 125
+    assert "expected SRC:DST[:ro] with an absolute DST" in err.value.message
+
+
+# --------------------------------------------------------------------------- -p
+
+
+def test_parse_ports():
+    assert run.parse_ports(["8888:8888"]) == {"8888/tcp": 8888}
+    assert run.parse_ports(["127.0.0.1:6006:6006"]) == {"6006/tcp": ("127.0.0.1", 6006)}
+    assert run.parse_ports(["5000:5000/udp"]) == {"5000/udp": 5000}
+    assert run.parse_ports(["9000"]) == {"9000/tcp": None}  # a port the engine picks
+    assert run.parse_ports(["1:2", "3:4"]) == {"2/tcp": 1, "4/tcp": 3}
+
+
+@pytest.mark.parametrize("item", ["", "8888:", "x:8888", "8888:y", "a:b:c", "8888:http"])
+def test_parse_ports_errors(item):
+    with pytest.raises(GpuenvError) as err:
+        run.parse_ports([item])
+    assert err.value.exit_code == 125
+    assert "expected [IP:]HOST_PORT:CONTAINER_PORT" in err.value.message
+
+
+# --------------------------------------------------------------------------- grace period
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"), [(None, 10), ("3", 3), ("0", 0), (" 25 ", 25), ("x", 10), ("-1", 10)]
+)
+def test_grace_seconds(monkeypatch, value, seconds):
+    if value is None:
+        monkeypatch.delenv("GPUENV_STOP_GRACE", raising=False)
+    else:
+        monkeypatch.setenv("GPUENV_STOP_GRACE", value)
+    assert run.grace_seconds() == seconds
+
+
+# --------------------------------------------------------------------------- images and errors
+
+
+@pytest.mark.parametrize(
+    ("ref", "image"),
+    [
+        ("gpuenv/tensorflow:tf2.21-py3.11-cpu", True),
+        ("ubuntu:22.04", True),
+        ("registry.local:5000/acme/tf", True),
+        ("acme/tf@sha256:" + "0" * 64, True),
+        ("tf2.21-py3.11-cpu", False),  # a cell name
+        ("tf2.21-*-gpu", False),  # a glob over cells
+        ("localhost:5000/tf2.21-*", False),
+    ],
+)
+def test_looks_like_image(ref, image):
+    assert run.looks_like_image(ref) is image
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "needle"),
+    [
+        (
+            'exec: "nvcc": executable file not found in $PATH: unknown',
+            127,
+            "nvcc: command not found in acme/tf:cpu",
+        ),
+        ('exec: "./x.sh": permission denied: unknown', 126, "cannot be executed in acme/tf:cpu"),
+        (
+            'could not select device driver "" with capabilities: [[gpu]]',
+            125,
+            "NVIDIA Container Toolkit",
+        ),
+        ("500 Server Error: something else entirely", 125, "Docker Engine error: 500"),
+    ],
+)
+def test_start_errors(text, code, needle):
+    err = run._start_error(Exception(text), opts(command=["nvcc"] if code == 127 else ["x"]))
+    assert err.exit_code == code
+    assert needle in err.message
+
+
+# --------------------------------------------------------------------------- preflight
+
+
+class FakeEngine:
+    """Stands for gpuenv.engine.Engine where preflight never reaches the engine."""
+
+    url = "unix:///var/run/docker.sock"
+
+    def info(self):
+        return {"ID": "ENGINE-1"}
+
+
+GPU_LABELS = {"io.gpuenv.variant": "gpu", "io.gpuenv.cuda": "12.5"}
+
+
+def test_gpu_image_without_gpus_warns(capsys):
+    run.gpu_preflight(FakeEngine(), run.Target("acme/tf:gpu", GPU_LABELS), None)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: acme/tf:gpu is a GPU image but no --gpus")
+    assert "fall back to the CPU" in err
+
+
+def test_cpu_image_without_gpus_is_quiet(capsys):
+    run.gpu_preflight(FakeEngine(), run.Target("acme/tf:cpu", {"io.gpuenv.variant": "cpu"}), None)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("driver", "outcome"),
+    [("470.256.02", "error"), ("535.104.05", "warning"), ("560.35.03", "ok"), (None, "ok")],
+)
+def test_gpu_preflight_applies_the_driver_verdicts(monkeypatch, capsys, driver, outcome):
+    monkeypatch.setattr(run, "probe_driver", lambda engine, image, gpus: driver)
+    target = run.Target("acme/tf:gpu", GPU_LABELS)
+    if outcome == "error":
+        with pytest.raises(GpuenvError) as err:
+            run.gpu_preflight(FakeEngine(), target, parse_gpus("all"))
+        assert err.value.exit_code == 125
+        assert "470.256.02" in err.value.message and "525.60.13" in err.value.message
+        return
+    run.gpu_preflight(FakeEngine(), target, parse_gpus("all"))
+    err = capsys.readouterr().err
+    if outcome == "warning":
+        assert err.startswith("warning: the host's NVIDIA driver 535.104.05")
+        assert "555.42.06" in err
+    else:
+        assert err == ""
+
+
+def test_cpu_image_with_gpus_warns_and_goes_on(monkeypatch, capsys):
+    monkeypatch.setattr(run, "probe_driver", lambda engine, image, gpus: "560.35.03")
+    target = run.Target("acme/tf:cpu", {"io.gpuenv.variant": "cpu"})
+    run.gpu_preflight(FakeEngine(), target, parse_gpus("all"))
+    assert "is a CPU image: TensorFlow in it cannot use the GPUs" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- driver cache
+
+
+def test_probe_uses_the_per_engine_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache = tmp_path / "gpuenv" / "drivers.json"
+    cache.parent.mkdir()
+    cache.write_text(json.dumps({"ENGINE-1": "550.54.14", "OTHER": "470.1"}))
+    # FakeEngine has no api: any container would fail, so the answer is the cache's.
+    assert run.probe_driver(FakeEngine(), "acme/tf:gpu", parse_gpus("all")) == "550.54.14"
+
+
+@pytest.mark.parametrize("content", ["not json", "[1, 2]"])
+def test_probe_cache_that_is_not_a_mapping_is_ignored(tmp_path, monkeypatch, content):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    (tmp_path / "gpuenv").mkdir()
+    (tmp_path / "gpuenv" / "drivers.json").write_text(content)
+    with pytest.raises(AttributeError, match="api"):  # it went on to probe
+        run.probe_driver(FakeEngine(), "acme/tf:gpu", parse_gpus("all"))
+
+
+def test_cache_file_location(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert run._cache_file() == tmp_path / "gpuenv" / "drivers.json"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", "/home/ana")
+    assert run._cache_file() == Path("/home/ana/.cache/gpuenv/drivers.json")
+
+
+def test_no_cache_for_a_uid_without_home(monkeypatch):
+    """uid 4242 in CI: no HOME, no passwd entry; expanduser gives "~" back unchanged."""
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(run.os.path, "expanduser", lambda path: path)
+    assert run._cache_file() is None
