@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuenv import base as bases
+from gpuenv import lock as locks
 from gpuenv.ca import CAServer, find_bundle
 from gpuenv.cell import Cell
 from gpuenv.engine import BuildFailed, Engine
 from gpuenv.errors import GpuenvError
+from gpuenv.lock import CellLock
 from gpuenv.matrix import LoadedMatrix
 from gpuenv.render import BuildContext, RenderOptions, render
 
@@ -50,6 +52,19 @@ def render_options(m: LoadedMatrix, explicit_ca: Path | None) -> RenderOptions:
         index_url=b.index_url,
         extra_index_urls=tuple(b.extra_index_urls),
     )
+
+
+def lock_entries(m: LoadedMatrix, cells: list[Cell]) -> dict[str, CellLock]:
+    """The cells' entries of matrix.lock, when there is one; a stale lock is an error."""
+    path = locks.lock_path(m.path)
+    lock = locks.load(path)
+    if lock is None:
+        return {}
+    drifted = locks.drift(lock, cells)
+    if drifted:
+        why = "; ".join(f"{name}: {reason}" for name, reason in drifted.items())
+        raise GpuenvError(f"{path} does not match the matrix ({why}); re-lock: gpuenv lock")
+    return {c.name: lock.cells[c.name] for c in cells}
 
 
 def spec_hash(ctx: BuildContext, base_id: str, lock_entry: str = "") -> str:
@@ -143,7 +158,8 @@ def build_cells(engine: Engine, req: BuildRequest, reporter: Reporter) -> list[C
         extra_index_urls=tuple(req.matrix.model.build.extra_index_urls),
     )
     # Render everything first: a template error must stop the run before any build.
-    contexts = {c.name: render(c, options) for c in req.cells}
+    locked = lock_entries(req.matrix, req.cells)
+    contexts = {c.name: render(c, options, locked.get(c.name)) for c in req.cells}
     base_ids: dict[str, str] = {}
     for cell in req.cells:
         if cell.base.image not in base_ids:
@@ -172,7 +188,7 @@ def build_cells(engine: Engine, req: BuildRequest, reporter: Reporter) -> list[C
             _needs_build(engine, contexts[c.name], base_ids[c.base.image], req.no_cache)
             for c in order
         ):
-            stack.enter_context(CAServer(req.ca_bundle))
+            stack.enter_context(CAServer(req.ca_bundle, say=reporter.info))
         if req.jobs <= 1:
             for cell in order:
                 run_one(cell, None)
@@ -258,6 +274,12 @@ def _explain(error: str, tail: list[str]) -> str:
     text = "\n".join(tail)
     if "no space left on device" in text or "no space left on device" in error:
         return "the disk filled up during the build; free space (docker image prune) and retry"
+    mismatch = re.search(r"[Hh]ash mismatch for `?([^`\s]+?)`?(?:\s|$)", text)
+    if mismatch:
+        return (
+            f"hash mismatch for {mismatch.group(1)}: the download does not match matrix.lock "
+            f"({error}); if the lock is right, the index served another file"
+        )
     for pattern in (
         r"Because (\S+) was not found in the package registry",
         r"No solution found when resolving dependencies:.*",

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import threading
-import urllib.request
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from gpuenv.errors import GpuenvError
-from gpuenv.render import CA_PORT, CA_URL
+from gpuenv.render import CA_PORT
 
 
 def find_bundle(explicit: Path | None, matrix_value: str | None, matrix_dir: Path) -> Path | None:
@@ -43,12 +44,15 @@ def find_bundle(explicit: Path | None, matrix_value: str | None, matrix_dir: Pat
 class CAServer:
     """Serves one file at CA_URL while the context is open.
 
-    Two gpuenv builds may run at once; the second finds the port taken and reuses the
-    first's server when it serves the same bundle.
+    The port is fixed (the RUN line must stay byte-identical for the cache), so two gpuenv
+    builds on one machine take turns: the second waits until the first releases the port.
+    Borrowing the first one's server would break when that build ends mid-way through ours.
     """
 
-    def __init__(self, bundle: Path) -> None:
+    def __init__(self, bundle: Path, wait_seconds: float = 1800, say: Any = None) -> None:
         self.data = bundle.read_bytes()
+        self.wait_seconds = wait_seconds
+        self.say = say or (lambda message: None)
         self._server: ThreadingHTTPServer | None = None
 
     def __enter__(self) -> CAServer:
@@ -67,24 +71,24 @@ class CAServer:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-        try:
-            self._server = ThreadingHTTPServer(("127.0.0.1", CA_PORT), Handler)
-        except OSError:
-            if self._serving_same():
-                return self
-            raise GpuenvError(
-                f"port {CA_PORT} on 127.0.0.1 is taken by something else; gpuenv serves the "
-                "build's CA bundle there. Stop that process and build again"
-            ) from None
+        deadline = time.monotonic() + self.wait_seconds
+        waited = False
+        while True:
+            try:
+                self._server = ThreadingHTTPServer(("127.0.0.1", CA_PORT), Handler)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise GpuenvError(
+                        f"port {CA_PORT} on 127.0.0.1 stayed taken; gpuenv serves the build's "
+                        "CA bundle there. Stop what holds it (another gpuenv build?) and retry"
+                    ) from None
+                if not waited:
+                    self.say(f"waiting for 127.0.0.1:{CA_PORT} (another gpuenv build holds it)")
+                    waited = True
+                time.sleep(0.5)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
-
-    def _serving_same(self) -> bool:
-        try:
-            with urllib.request.urlopen(CA_URL, timeout=2) as reply:
-                return bool(reply.read() == self.data)
-        except OSError:
-            return False
 
     def __exit__(
         self,

@@ -411,6 +411,65 @@ def _validate(
         raise fail(f"{bad} check(s) failed")
 
 
+@app.command("lock")
+def lock_cmd(
+    patterns: Patterns = None,
+    file: FileOption = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Exit 1 if the lock no longer matches the matrix")
+    ] = False,
+    exclude_newer: Annotated[
+        str | None,
+        typer.Option(
+            "--exclude-newer",
+            help="Resolve as of this date (YYYY-MM-DD) [default: the lock's, else today]",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Write (or --check) matrix.lock: every cell's complete pip resolution, with hashes."""
+    from gpuenv import lock as locks
+    from gpuenv.selection import select
+
+    with user_errors():
+        m, res = load(file)
+        cells = select(res.cells, patterns, m.path)
+        path = locks.lock_path(m.path)
+        current = locks.load(path)
+        if check:
+            if current is None:
+                raise fail(f"{path}: no lock; write one with: gpuenv lock")
+            drifted = locks.drift(current, cells)
+            for name, why in drifted.items():
+                print(f"drift: {name}: {why}")
+            if drifted:
+                raise fail(f"{path}: {len(drifted)} cell(s) drifted; re-lock: gpuenv lock")
+            print(f"{path}: {len(cells)} cell(s) match the matrix")
+            return
+        date = _exclude_newer(exclude_newer, current)
+        entries = dict(current.cells) if current and current.exclude_newer == date else {}
+        for cell in cells:
+            entries[cell.name] = locks.lock_cell(cell, date, m.model.build.index_url)
+            print(f"locked {cell.name}", file=sys.stderr)
+        # Cells no longer in the matrix leave the lock.
+        names = {c.name for c in res.cells}
+        entries = {k: v for k, v in entries.items() if k in names}
+        locks.write(locks.Lock(path, date, entries))
+        print(path)
+
+
+def _exclude_newer(given: str | None, current: object) -> str:
+    import re
+
+    from gpuenv import lock as locks
+
+    if given is None:
+        return current.exclude_newer if current is not None else locks.today()  # type: ignore[attr-defined]
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", given):
+        raise fail(f"--exclude-newer {given!r}: expected YYYY-MM-DD", 2)
+    return f"{given}T00:00:00Z"
+
+
 @app.command("doctor")
 def doctor_cmd(file: FileOption = None, as_json: JsonOption = False) -> None:
     """Check the engine, GPU support, the host's driver, and which built images can run here."""

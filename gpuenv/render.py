@@ -17,11 +17,13 @@ import jinja2
 
 from gpuenv.cell import Cell
 from gpuenv.compat import driver_floor
+from gpuenv.lock import CellLock
 
 # The uv release bootstrapped (and removed) inside each install step. Part of the rendered
 # line, so changing it rebuilds, as it should.
 UV_VERSION = "0.13.9"
 VENV = "/opt/venv"
+LOCK_DIR = "/opt/gpuenv"  # the locked requirements the image was installed from
 USER = "gpuenv"
 UID = 1000
 # The CA bundle is served to the build on this fixed loopback address (see ca_server.py).
@@ -66,6 +68,7 @@ class BuildContext:
         target = root / self.cell.name
         target.mkdir(parents=True, exist_ok=True)
         for name, text in self.files.items():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
             (target / name).write_text(text, encoding="utf-8")
         return target
 
@@ -112,7 +115,9 @@ def labels(cell: Cell) -> dict[str, str]:
     }
 
 
-def render(cell: Cell, options: RenderOptions | None = None) -> BuildContext:
+def render(
+    cell: Cell, options: RenderOptions | None = None, lock: CellLock | None = None
+) -> BuildContext:
     options = options or RenderOptions()
     env = _environment(templates_dir())
     sp = site_packages(cell)
@@ -138,13 +143,20 @@ def render(cell: Cell, options: RenderOptions | None = None) -> BuildContext:
         uid=UID,
         path=path,
         python_packages=python_packages,
+        locked=lock is not None,
+        lock_dir=LOCK_DIR,
         cuda_packages=[f"{name}=={version}" for name, version in cell.wheels.items()],
         require_cuda=driver_cuda_floor(cell) if cell.is_gpu else None,
         ld_library_path=":".join(f"{sp}/nvidia/{d}/lib" for d in NVIDIA_LIB_DIRS),
         labels=labels(cell),
     )
     cell_json = json.dumps(cell.to_json(), indent=2, sort_keys=True) + "\n"
-    return BuildContext(cell, {"Dockerfile": dockerfile, "cell.json": cell_json})
+    files = {"Dockerfile": dockerfile, "cell.json": cell_json}
+    if lock is not None:
+        files["requirements/python-env.txt"] = lock.python_env
+        if cell.is_gpu:
+            files["requirements/cuda.txt"] = lock.cuda
+    return BuildContext(cell, files)
 
 
 def driver_cuda_floor(cell: Cell) -> str:

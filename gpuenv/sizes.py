@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gpuenv.errors import GpuenvError
+
 GROWTH_LIMIT = 1.2
 
 
@@ -18,11 +20,21 @@ def baseline_path(matrix: Path) -> Path:
 
 
 def load(path: Path) -> dict[str, int]:
+    """The recorded sizes; {} when there is no baseline file. A file that is not a JSON
+    object is an error: ignoring it would switch the gate off without a word."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
         return {}
-    return {str(k): int(v) for k, v in data.items() if isinstance(v, int)}
+    except OSError as exc:
+        raise GpuenvError(f"cannot read the size baseline {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise GpuenvError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise GpuenvError(f"{path}: expected a JSON object of cell name -> size in bytes")
+    return {str(k): v for k, v in data.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
 def record(path: Path, sizes: dict[str, int]) -> None:

@@ -49,12 +49,30 @@ def from_labels(image: str, found: dict[str, str]) -> dict[str, Any]:
             f"{image}: its label io.gpuenv.framework-version={claimed!r} is no TensorFlow "
             "release the catalog knows"
         )
+    framework = found.get("io.gpuenv.framework", cat.framework)
+    if framework != cat.framework:
+        raise GpuenvError(
+            f"{image}: its label io.gpuenv.framework={framework!r} is not {cat.framework}"
+        )
     variant = found.get("io.gpuenv.variant", "cpu")
+    if variant not in ("cpu", "gpu"):
+        raise GpuenvError(f"{image}: its label io.gpuenv.variant={variant!r} is not cpu or gpu")
+    python = found.get("io.gpuenv.python", "")
+    if python not in row.python:
+        raise GpuenvError(
+            f"{image}: its label io.gpuenv.python={python!r} contradicts the catalog: "
+            f"TensorFlow {row.version} has wheels for Python {', '.join(row.python)}"
+        )
     cuda = found.get("io.gpuenv.cuda") or None
     cudnn = found.get("io.gpuenv.cudnn") or None
     wheels: dict[str, str] = {}
     release = None
     if variant == "gpu":
+        if row.gpu_unsupported or row.nccl is None:
+            raise GpuenvError(
+                f"{image}: a GPU image of TensorFlow {row.version}, which the catalog has as "
+                f"CPU-only: {row.gpu_unsupported or 'no GPU wheel set'}"
+            )
         if not (cuda and cudnn):
             raise GpuenvError(f"{image}: a GPU image without io.gpuenv.cuda/cudnn labels")
         try:
@@ -62,13 +80,14 @@ def from_labels(image: str, found: dict[str, str]) -> dict[str, Any]:
         except ValueError as exc:
             raise GpuenvError(f"{image}: its CUDA labels contradict the catalog: {exc}") from None
         release = cat.toolkits[cuda].release
-    python = found.get("io.gpuenv.python", "")
+    elif cuda or cudnn:
+        raise GpuenvError(f"{image}: a CPU image with io.gpuenv.cuda/cudnn labels")
     return {
         "name": found["io.gpuenv.cell"],
         "image": image,
         "variant": variant,
         "python": python,
-        "framework": found.get("io.gpuenv.framework", cat.framework),
+        "framework": framework,
         # The catalog's exact release, not the label's: a wrong label must not pass.
         "framework_version": row.version,
         "cuda": cuda,

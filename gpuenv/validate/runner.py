@@ -34,6 +34,7 @@ class Target:
     gpu_container: str | None = None
     gpu_error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    layers: list[dict[str, Any]] = field(default_factory=list)  # the largest, for the size gate
 
     def to_json(self, gpus: GpuRequest | None) -> dict[str, Any]:
         config = self.info.get("Config") or {}
@@ -52,6 +53,7 @@ class Target:
             },
             "size": int(self.info.get("Size") or 0),
             "baseline_size": self.baseline_size,
+            "layers": self.layers,
         }
 
 
@@ -84,6 +86,22 @@ def _start(engine: engines.Engine, image: str, gpus: GpuRequest | None) -> str:
     return cid
 
 
+def _largest_layers(engine: engines.Engine, image: str, count: int = 5) -> list[dict[str, Any]]:
+    """The image's largest layers (size and the step that made them), for the size gate."""
+    try:
+        history = engine.api.history(image)
+    except engines.APIError:
+        return []
+    layers = [
+        {
+            "size": int(h.get("Size") or 0),
+            "created_by": " ".join(str(h.get("CreatedBy") or "(imported)").split()),
+        }
+        for h in history
+    ]
+    return sorted(layers, key=lambda layer: -layer["size"])[:count]
+
+
 def validate(
     engine: engines.Engine,
     targets: list[Target],
@@ -97,6 +115,7 @@ def validate(
             target.info = engine.image(target.image) or {}
             if not target.info:
                 raise GpuenvError(f"image {target.image} not found; gpuenv build it first")
+            target.layers = _largest_layers(engine, target.image)
             try:
                 target.container = _start(engine, target.image, None)
             except engines.APIError as exc:

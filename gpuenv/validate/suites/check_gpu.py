@@ -33,8 +33,9 @@ def test_cuda_runtime_version(box: Box) -> None:
         "assert lib.cudaRuntimeGetVersion(ctypes.byref(v)) == 0\n"
         "print(v.value)"
     )
-    version = int(box.python(code).strip())
-    assert _major_minor(version, 1000, 10) == box.expected["cuda"]
+    found = _major_minor(int(box.python(code).strip()), 1000, 10)
+    wanted = box.expected["cuda"]
+    assert found == wanted, f"cudaRuntimeGetVersion reports CUDA {found}, expected {wanted}"
 
 
 def test_cudnn_version(box: Box) -> None:
@@ -43,7 +44,8 @@ def test_cudnn_version(box: Box) -> None:
     version = int(box.python(code).strip())
     # cuDNN 9 encodes major*10000 + minor*100 + patch; cuDNN 8 major*1000 + minor*100 + patch.
     divisor = 10000 if version >= 90000 else 1000
-    assert _major_minor(version, divisor, 100) == box.expected["cudnn"]
+    found, wanted = _major_minor(version, divisor, 100), box.expected["cudnn"]
+    assert found == wanted, f"cudnnGetVersion reports cuDNN {found} ({version}), expected {wanted}"
 
 
 def test_cuda_libraries_load_without_a_driver(box: Box) -> None:

@@ -7,17 +7,22 @@ from typing import Any
 
 from conftest import Box
 
+from gpuenv.sizes import GROWTH_LIMIT
+
 QUIET_TF = "import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'; "
+INSTALLED_TF = "import importlib.metadata as m; print(m.version('tensorflow'))"
+INSTALLED_PYTHON = "import sys; print('%d.%d' % sys.version_info[:2])"
 
 
 def test_python_version(box: Box) -> None:
-    found = box.python("import sys; print('%d.%d' % sys.version_info[:2])").strip()
-    assert found == box.expected["python"]
+    found = box.python(INSTALLED_PYTHON).strip()
+    assert found == box.expected["python"], f"Python {found}, expected {box.expected['python']}"
 
 
 def test_framework_version(box: Box) -> None:
-    code = "import importlib.metadata as m; print(m.version('tensorflow'))"
-    assert box.python(code).strip() == box.expected["framework_version"]
+    found = box.python(INSTALLED_TF).strip()
+    wanted = box.expected["framework_version"]
+    assert found == wanted, f"tensorflow {found} is installed, expected {wanted}"
 
 
 def test_pinned_packages_are_installed(box: Box) -> None:
@@ -79,8 +84,10 @@ print(json.dumps({'extra': len(trusted - shipped), 'local': local, 'stray': stra
                   'certifi': certifi}))
 """
     found: dict[str, Any] = box.python_json(code)
-    assert found["extra"] == 0, f"{found['extra']} trusted certificate(s) not from Debian"
-    assert not found["local"], f"local CA certificates: {found['local']}"
+    assert found["extra"] == 0 and not found["local"], (
+        f"{found['extra']} trusted certificate(s) not from Debian; "
+        f"local CA certificates: {found['local']}"
+    )
     assert not found["stray"], f"CA bundle left by the build: {found['stray']}"
     if found["certifi"] is not None:
         assert found["certifi"]["matches_record"], "certifi's cacert.pem was modified"
@@ -103,6 +110,14 @@ def test_labels_agree_with_the_contents(box: Box) -> None:
     assert labels.get("io.gpuenv.cuda", "") == (exp["cuda"] or "")
     assert labels.get("io.gpuenv.cudnn", "") == (exp["cudnn"] or "")
     assert len(labels.get("io.gpuenv.spec-hash", "")) == 64, "no io.gpuenv.spec-hash label"
+    # Against the contents themselves too: for `-i IMAGE` the expectations come from the
+    # labels, so comparing with them alone would let a wrong label agree with itself.
+    installed = {
+        "io.gpuenv.framework-version": box.python(INSTALLED_TF).strip(),
+        "io.gpuenv.python": box.python(INSTALLED_PYTHON).strip(),
+    }
+    for key, value in installed.items():
+        assert labels.get(key) == value, f"label {key}={labels.get(key)!r}, the image has {value!r}"
 
 
 def test_no_driver_files(box: Box) -> None:
@@ -130,12 +145,17 @@ def test_size_within_baseline(box: Box) -> None:
     size = box.target["size"]
     if not baseline:
         pytest.skip("no size baseline recorded (gpuenv validate --record-sizes)")
-    if size > baseline * 1.2:
+    if size > baseline * GROWTH_LIMIT:
         largest = box.sh(
-            f"du -sk {box.expected['site_packages']}/* 2>/dev/null | sort -n | tail -5"
+            f"du -sk {box.expected['site_packages']}/* 2>/dev/null | sort -rn | head -5"
         ).stdout.strip()
         raise AssertionError(
             f"image is {size / 1e6:.0f} MB, {size / baseline:.2f}x its baseline "
-            f"{baseline / 1e6:.0f} MB (limit 1.2x); largest packages (kB): "
+            f"{baseline / 1e6:.0f} MB (limit {GROWTH_LIMIT}x); largest packages (kB): "
             + "; ".join(" ".join(line.split()) for line in largest.splitlines())
+            + "; largest layers: "
+            + "; ".join(
+                f"{layer['size'] / 1e6:.0f} MB {layer['created_by'][:80]}"
+                for layer in box.target.get("layers") or []
+            )
         )

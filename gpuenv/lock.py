@@ -1,0 +1,172 @@
+"""matrix.lock: the complete, hashed pip resolution of every cell, and its base.
+
+`pip install tensorflow[and-cuda]==2.21.0` floats every transitive package month to month;
+the lock pins them all, with hashes, resolved by `uv pip compile` for the cell's Python and
+platform with an exclude-newer date (so re-locking the same matrix gives the same lock).
+Builds then install exactly the lock (--require-hashes --no-deps).
+
+Per cell the lock keeps an `inputs` digest of what was resolved; a matrix edited after
+locking no longer matches it, which `gpuenv lock --check` and `gpuenv build` report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuenv.cell import Cell
+from gpuenv.errors import GpuenvError
+
+PLATFORM = "x86_64-manylinux_2_28"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class CellLock:
+    inputs: str
+    python_env: str  # requirements.txt text with hashes: the framework + matrix packages
+    cuda: str  # the nvidia-* wheels, with hashes ("" for CPU cells)
+
+    def entry(self) -> str:
+        """What the spec hash takes from the lock."""
+        return hashlib.sha256(f"{self.inputs}\0{self.python_env}\0{self.cuda}".encode()).hexdigest()
+
+
+@dataclass
+class Lock:
+    path: Path
+    exclude_newer: str
+    cells: dict[str, CellLock]
+
+
+def lock_path(matrix: Path) -> Path:
+    return matrix.with_suffix(".lock")
+
+
+def env_requirements(cell: Cell) -> list[str]:
+    return [f"{cell.framework}=={cell.framework_version}", *cell.pip]
+
+
+def cuda_requirements(cell: Cell) -> list[str]:
+    return [f"{name}=={version}" for name, version in sorted(cell.wheels.items())]
+
+
+def inputs_digest(cell: Cell, exclude_newer: str) -> str:
+    doc = {
+        "python": cell.python,
+        "platform": PLATFORM,
+        "env": env_requirements(cell),
+        "cuda": cuda_requirements(cell),
+        "exclude_newer": exclude_newer,
+    }
+    return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _uv() -> str:
+    exe = Path(sys.executable).parent / "uv"
+    if exe.exists():
+        return str(exe)
+    from shutil import which
+
+    found = which("uv")
+    if not found:
+        raise GpuenvError("uv is not installed; pip install uv (gpuenv lock resolves with it)")
+    return found
+
+
+def compile_requirements(
+    requirements: list[str], python: str, exclude_newer: str, index_url: str | None
+) -> str:
+    """`uv pip compile --generate-hashes` for the cell's interpreter and platform."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "requirements.in"
+        source.write_text("\n".join(requirements) + "\n")
+        command = [
+            _uv(), "pip", "compile", str(source), "--generate-hashes", "--no-header",
+            "--no-annotate", "--quiet", "--python-version", python, "--python-platform",
+            PLATFORM, "--exclude-newer", exclude_newer,
+        ]  # fmt: skip
+        if index_url:
+            command += ["--index-url", index_url]
+        proc = subprocess.run(command, capture_output=True, text=True, check=False,
+                              env={**os.environ, "UV_NO_PROGRESS": "1"})  # fmt: skip
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+        reason = " ".join(line.strip() for line in lines[-3:]) or f"exit {proc.returncode}"
+        raise GpuenvError(f"cannot resolve {', '.join(requirements)} for Python {python}: {reason}")
+    return proc.stdout
+
+
+def lock_cell(cell: Cell, exclude_newer: str, index_url: str | None) -> CellLock:
+    env = compile_requirements(env_requirements(cell), cell.python, exclude_newer, index_url)
+    cuda = ""
+    if cell.is_gpu:
+        cuda = compile_requirements(cuda_requirements(cell), cell.python, exclude_newer, index_url)
+    return CellLock(inputs_digest(cell, exclude_newer), env, cuda)
+
+
+def today() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT00:00:00Z")
+
+
+def load(path: Path) -> Lock | None:
+    if not path.exists():
+        return None
+    try:
+        data: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
+        cells = {
+            name: CellLock(str(c["inputs"]), str(c["python_env"]), str(c.get("cuda") or ""))
+            for name, c in (data.get("cells") or {}).items()
+        }
+        return Lock(path, str(data["exclude_newer"]), cells)
+    except (yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
+        raise GpuenvError(f"{path}: not a gpuenv lock ({exc}); rewrite it: gpuenv lock") from None
+
+
+class _Literal(str):
+    pass
+
+
+def _literal(dumper: yaml.SafeDumper, value: _Literal) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
+
+
+def write(lock: Lock) -> None:
+    dumper = type("LockDumper", (yaml.SafeDumper,), {})
+    dumper.add_representer(_Literal, _literal)
+    cells = {}
+    for name in sorted(lock.cells):
+        c = lock.cells[name]
+        entry: dict[str, Any] = {"inputs": c.inputs, "python_env": _Literal(c.python_env)}
+        if c.cuda:
+            entry["cuda"] = _Literal(c.cuda)
+        cells[name] = entry
+    doc = {"version": VERSION, "exclude_newer": lock.exclude_newer, "cells": cells}
+    header = (
+        "# matrix.lock: written by `gpuenv lock`; commit it. Builds install exactly these\n"
+        "# packages (--require-hashes --no-deps). Re-lock after editing the matrix.\n"
+    )
+    text = yaml.dump(doc, Dumper=dumper, sort_keys=False, width=120)
+    lock.path.write_text(header + text, encoding="utf-8")
+
+
+def drift(lock: Lock, cells: list[Cell]) -> dict[str, str]:
+    """Cells whose lock entry is missing or no longer matches the matrix, with why."""
+    out = {}
+    for cell in cells:
+        entry = lock.cells.get(cell.name)
+        if entry is None:
+            out[cell.name] = "not in the lock"
+        elif entry.inputs != inputs_digest(cell, lock.exclude_newer):
+            out[cell.name] = "the matrix changed since it was locked"
+    return out
