@@ -470,6 +470,47 @@ def _exclude_newer(given: str | None, current: object) -> str:
     return f"{given}T00:00:00Z"
 
 
+@app.command("diff")
+def diff_cmd(
+    a: Annotated[str, typer.Argument(help="Image reference or cell name")],
+    b: Annotated[str, typer.Argument(help="Image reference or cell name")],
+    file: FileOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show what differs between two environments; exit 1 when they differ (like diff)."""
+    from gpuenv import diff
+    from gpuenv import engine as engines
+
+    with user_errors():
+        refs = [_image_for(x, file) for x in (a, b)]
+        eng = engines.connect()
+        left, right = (diff.inventory(eng, ref) for ref in refs)
+        result = diff.compare(left, right)
+    if as_json:
+        print(
+            json.dumps({"a": left.ref, "b": right.ref, "identical": not result, **result}, indent=2)
+        )
+    else:
+        print(diff.render_text(left, right, result))
+    raise typer.Exit(1 if result else 0)
+
+
+def _image_for(name: str, file: Path | None) -> str:
+    """A cell name (or glob matching one) becomes its image; anything else is an image."""
+    from gpuenv import matrix
+    from gpuenv.run import looks_like_image
+
+    if looks_like_image(name) or not matrix.matrix_path(file).exists():
+        return name
+    from gpuenv.selection import select
+
+    m, res = load(file)
+    matches = select(res.cells, [name], m.path)
+    if len(matches) != 1:
+        raise fail(f"{name!r} matches {len(matches)} cells; name exactly one")
+    return matches[0].image
+
+
 @app.command("doctor")
 def doctor_cmd(file: FileOption = None, as_json: JsonOption = False) -> None:
     """Check the engine, GPU support, the host's driver, and which built images can run here."""

@@ -267,3 +267,13 @@ def remove_container(engine: Engine, cid: str) -> None:
 
 APIError = docker.errors.APIError
 DockerException = docker.errors.DockerException
+
+
+def exec_output(engine: Engine, cid: str, command: list[str], user: str = "") -> tuple[int, str]:
+    """Run a command in a running container; (exit code, stdout)."""
+    api = engine.api
+    exec_id = api.exec_create(cid, command, stdout=True, stderr=False, user=user)["Id"]
+    out = api.exec_start(exec_id, demux=True)
+    stdout = (out[0] if isinstance(out, tuple) else out) or b""
+    code = api.exec_inspect(exec_id).get("ExitCode") or 0
+    return int(code), stdout.decode(errors="replace")
