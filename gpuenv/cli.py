@@ -378,12 +378,15 @@ def _validate(
         m, res = load(file)
         baseline_path = sizes.baseline_path(m.path)
         baseline = sizes.load(baseline_path)
+        from gpuenv import lock as locks
+
+        lock = locks.load(locks.lock_path(m.path))
         for cell in select(res.cells, patterns, m.path):
-            targets.append(
-                runner.Target(
-                    cell.name, cell.image, expected.from_cell(cell), baseline.get(cell.name)
-                )
-            )
+            entry = lock.cells.get(cell.name) if lock else None
+            if lock is not None and entry is not None and locks.drift(lock, [cell]):
+                entry = None  # a stale entry is no reference; `gpuenv lock --check` says so
+            exp = expected.from_cell(cell, entry)
+            targets.append(runner.Target(cell.name, cell.image, exp, baseline.get(cell.name)))
     for ref in images:
         labels = eng.labels(ref)
         if labels is None:

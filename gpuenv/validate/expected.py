@@ -4,15 +4,17 @@ framework version the catalog does not pin, or CUDA wheels it does not know, is 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from gpuenv import compat
 from gpuenv.cell import Cell
 from gpuenv.errors import GpuenvError
+from gpuenv.lock import CellLock
 from gpuenv.render import NVIDIA_LIB_DIRS, UID, VENV, labels, site_packages
 
 
-def from_cell(cell: Cell) -> dict[str, Any]:
+def from_cell(cell: Cell, lock: CellLock | None = None) -> dict[str, Any]:
     data = cell.to_json()
     data.update(
         uid=UID,
@@ -21,9 +23,22 @@ def from_cell(cell: Cell) -> dict[str, Any]:
         nvidia_lib_dirs=list(NVIDIA_LIB_DIRS),
         labels=labels(cell),
         pip_pins=_pins(cell.pip),
-        source="matrix",
+        # With a lock, the environment must hold exactly the locked packages.
+        locked=locked_versions(lock, cell.is_gpu) if lock else None,
+        source="matrix+lock" if lock else "matrix",
     )
     return data
+
+
+def locked_versions(lock: CellLock, gpu: bool) -> dict[str, str]:
+    """name -> version of every package the lock installs (names normalised as pip does)."""
+    found = {}
+    for text in (lock.python_env, lock.cuda if gpu else ""):
+        for line in text.splitlines():
+            m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)", line)
+            if m:
+                found[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(2)
+    return found
 
 
 def _pins(requirements: tuple[str, ...] | list[str]) -> dict[str, str]:

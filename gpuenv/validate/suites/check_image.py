@@ -42,6 +42,27 @@ def test_pinned_packages_are_installed(box: Box) -> None:
     assert not wrong, f"pinned vs installed: {wrong}"
 
 
+def test_packages_match_the_lock(box: Box) -> None:
+    import pytest
+
+    locked = box.expected.get("locked")
+    if locked is None:
+        pytest.skip("no matrix.lock for this cell (gpuenv lock writes one)")
+    code = (
+        "import json, re, importlib.metadata as m\n"
+        "print(json.dumps({re.sub(r'[-_.]+', '-', d.metadata['Name']).lower(): d.version "
+        "for d in m.distributions()}))"
+    )
+    installed = box.python_json(code)
+    extra = sorted(set(installed) - set(locked))
+    missing = sorted(set(locked) - set(installed))
+    wrong = sorted(f"{k} {installed[k]} (locked {v})" for k, v in locked.items()
+                   if k in installed and installed[k] != v)  # fmt: skip
+    assert not (extra or missing or wrong), (
+        f"not as locked: extra {extra}, missing {missing}, other versions {wrong}"
+    )
+
+
 def test_no_installer_cache_or_compiler(box: Box) -> None:
     leftovers = box.sh(
         "ls -d /root/.cache /home/*/.cache /tmp/gpuenv-* /opt/venv/bin/uv /opt/venv/bin/pip "
