@@ -99,3 +99,13 @@ def bootstrap(engine: Engine, suite: str, progress: Callable[[str], None]) -> st
         image_id = engine.import_image(tar.name, ref, changes)
     progress(f"made {ref} (rootfs sha256:{digest[:12]})")
     return image_id
+
+
+def package_list(engine: Engine, image: str) -> list[str]:
+    """The Debian packages of a base, name=version, sorted (what the lock records)."""
+    from gpuenv.engine import run_capture
+
+    code, out = run_capture(engine, image, ["dpkg-query", "-W", "-f", "${Package}=${Version}\n"])
+    if code != 0:
+        return []
+    return sorted(line for line in out.splitlines() if "=" in line)

@@ -161,9 +161,17 @@ def build_cells(engine: Engine, req: BuildRequest, reporter: Reporter) -> list[C
     locked = lock_entries(req.matrix, req.cells)
     contexts = {c.name: render(c, options, locked.get(c.name)) for c in req.cells}
     base_ids: dict[str, str] = {}
+    lock = locks.load(locks.lock_path(req.matrix.path)) if locked else None
     for cell in req.cells:
         if cell.base.image not in base_ids:
             base_ids[cell.base.image] = bases.ensure(engine, cell.base, reporter.info)
+            info = engine.image(cell.base.image) or {"Id": base_ids[cell.base.image]}
+            why = locks.base_drift(lock, cell.base.image, info) if lock else None
+            if why:
+                raise GpuenvError(
+                    f"base {cell.base.image} differs from {lock.path} ({why}): load the saved "
+                    "base (gpuenv base --load FILE) or re-lock (gpuenv lock)"
+                )
     # CPU cells first, so GPU cells find the shared layers in the cache.
     order = sorted(req.cells, key=lambda c: (c.is_gpu, req.cells.index(c)))
     results = {c.name: CellResult(c) for c in order}

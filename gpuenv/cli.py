@@ -158,11 +158,29 @@ def render_cmd(
 
 
 @app.command("base")
-def base_cmd(patterns: Patterns = None, file: FileOption = None) -> None:
-    """Make the local Debian base images the selected cells need (mmdebstrap)."""
+def base_cmd(
+    patterns: Patterns = None,
+    file: FileOption = None,
+    save: Annotated[
+        Path | None, typer.Option("--save", help="Also save each base as DIR/<name>.tar")
+    ] = None,
+    load_tar: Annotated[
+        Path | None,
+        typer.Option("--load", help="Load a saved base tarball into the engine, then exit"),
+    ] = None,
+) -> None:
+    """Make the local Debian base images the selected cells need (mmdebstrap).
+
+    Debian's archive moves on, so keep the base a lock names: --save writes it to a
+    tarball, --load brings it back into any engine."""
     from gpuenv import base, engine
     from gpuenv.selection import select
 
+    if load_tar is not None:
+        with user_errors():
+            for line in engine.load_image(engine.connect(), str(load_tar)):
+                print(line)
+        return
     with user_errors():
         m, res = load(file)
         cells = select(res.cells, patterns, m.path)
@@ -174,6 +192,11 @@ def base_cmd(patterns: Patterns = None, file: FileOption = None) -> None:
             done.add(cell.base.image)
             image_id = base.ensure(eng, cell.base, lambda msg: print(f"gpuenv: {msg}"))
             print(f"{cell.base.image}  {image_id[:19]}")
+            if save is not None:
+                save.mkdir(parents=True, exist_ok=True)
+                target = save / (cell.base.image.replace("/", "-").replace(":", "-") + ".tar")
+                engine.save_image(eng, cell.base.image, str(target))
+                print(f"saved {target}")
 
 
 @app.command("build")
@@ -443,6 +466,16 @@ def lock_cmd(
             if current is None:
                 raise fail(f"{path}: no lock; write one with: gpuenv lock")
             drifted = locks.drift(current, cells)
+            from gpuenv import engine as engines
+
+            eng = engines.connect()
+            for image in sorted({c.base.image for c in cells}):
+                info = eng.image(image)
+                why = locks.base_drift(current, image, info) if info else "not in the engine"
+                if why:
+                    for c in cells:
+                        if c.base.image == image and c.name not in drifted:
+                            drifted[c.name] = f"base {image}: {why}"
             for name, why in drifted.items():
                 print(f"drift: {name}: {why}")
             if drifted:
@@ -451,13 +484,25 @@ def lock_cmd(
             return
         date = _exclude_newer(exclude_newer, current)
         entries = dict(current.cells) if current and current.exclude_newer == date else {}
+        from gpuenv import base as bases
+        from gpuenv import engine as engines
+
+        eng = engines.connect()
+        locked_bases = dict(current.bases) if current else {}
+        for image in sorted({c.base.image for c in cells}):
+            cell = next(c for c in cells if c.base.image == image)
+            bases.ensure(eng, cell.base, lambda msg: print(f"gpuenv: {msg}", file=sys.stderr))
+            info = eng.image(image) or {}
+            locked_bases[image] = locks.base_identity(info, bases.package_list(eng, image))
         for cell in cells:
             entries[cell.name] = locks.lock_cell(cell, date, m.model.build.index_url)
             print(f"locked {cell.name}", file=sys.stderr)
         # Cells no longer in the matrix leave the lock.
         names = {c.name for c in res.cells}
         entries = {k: v for k, v in entries.items() if k in names}
-        locks.write(locks.Lock(path, date, entries))
+        used = {c.base.image for c in res.cells}
+        locked_bases = {k: v for k, v in locked_bases.items() if k in used}
+        locks.write(locks.Lock(path, date, entries, locked_bases))
         print(path)
 
 

@@ -277,3 +277,43 @@ def exec_output(engine: Engine, cid: str, command: list[str], user: str = "") ->
     stdout = (out[0] if isinstance(out, tuple) else out) or b""
     code = api.exec_inspect(exec_id).get("ExitCode") or 0
     return int(code), stdout.decode(errors="replace")
+
+
+def run_capture(engine: Engine, image: str, command: list[str]) -> tuple[int, str]:
+    """Run a short command in a throwaway container (no network); (exit code, stdout)."""
+    spec = {"image": image, "command": command, "network": "none", "init": False,
+            "labels": {"io.gpuenv.probe": "1"}}  # fmt: skip
+    cid = create_container(engine, spec)
+    try:
+        engine.api.start(cid)
+        code = int(engine.api.wait(cid, timeout=120)["StatusCode"])
+        out = engine.api.logs(cid, stdout=True, stderr=False).decode(errors="replace")
+    finally:
+        remove_container(engine, cid)
+    return code, out
+
+
+def save_image(engine: Engine, ref: str, path: str) -> None:
+    """`docker save` to a tar file."""
+    try:
+        with open(path, "wb") as fh:
+            for chunk in engine.api.get_image(ref):
+                fh.write(chunk)
+    except docker.errors.DockerException as exc:
+        raise engine_error(exc) from None
+
+
+def load_image(engine: Engine, path: str) -> list[str]:
+    """`docker load` of a tar file; returns what the engine said it loaded."""
+    try:
+        with open(path, "rb") as fh:
+            out = engine.api.load_image(fh)
+    except docker.errors.DockerException as exc:
+        raise engine_error(exc) from None
+    messages = []
+    for item in out if isinstance(out, list) else [out]:
+        if isinstance(item, dict) and item.get("error"):
+            raise GpuenvError(f"docker load {path}: {item['error']}")
+        if isinstance(item, dict) and item.get("stream"):
+            messages.append(str(item["stream"]).strip())
+    return messages

@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,11 @@ class Lock:
     path: Path
     exclude_newer: str
     cells: dict[str, CellLock]
+    # Per base image: {"id": image ID, "rootfs": sha256 of a bootstrapped base's tar (or
+    # null), "packages": ["name=version", ...]}. Debian replaces versions at point
+    # releases, so a base re-bootstrapped later differs; builds refuse it until re-locked
+    # (or until the saved base is loaded: gpuenv base --load).
+    bases: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def lock_path(matrix: Path) -> Path:
@@ -128,7 +133,8 @@ def load(path: Path) -> Lock | None:
             name: CellLock(str(c["inputs"]), str(c["python_env"]), str(c.get("cuda") or ""))
             for name, c in (data.get("cells") or {}).items()
         }
-        return Lock(path, str(data["exclude_newer"]), cells)
+        bases = {str(k): dict(v) for k, v in (data.get("bases") or {}).items()}
+        return Lock(path, str(data["exclude_newer"]), cells, bases)
     except (yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
         raise GpuenvError(f"{path}: not a gpuenv lock ({exc}); rewrite it: gpuenv lock") from None
 
@@ -151,7 +157,12 @@ def write(lock: Lock) -> None:
         if c.cuda:
             entry["cuda"] = _Literal(c.cuda)
         cells[name] = entry
-    doc = {"version": VERSION, "exclude_newer": lock.exclude_newer, "cells": cells}
+    doc = {
+        "version": VERSION,
+        "exclude_newer": lock.exclude_newer,
+        "bases": {k: lock.bases[k] for k in sorted(lock.bases)},
+        "cells": cells,
+    }
     header = (
         "# matrix.lock: written by `gpuenv lock`; commit it. Builds install exactly these\n"
         "# packages (--require-hashes --no-deps). Re-lock after editing the matrix.\n"
@@ -170,3 +181,28 @@ def drift(lock: Lock, cells: list[Cell]) -> dict[str, str]:
         elif entry.inputs != inputs_digest(cell, lock.exclude_newer):
             out[cell.name] = "the matrix changed since it was locked"
     return out
+
+
+def base_identity(image_info: dict[str, Any], packages: list[str]) -> dict[str, Any]:
+    labels = (image_info.get("Config") or {}).get("Labels") or {}
+    return {
+        "id": str(image_info["Id"]),
+        "rootfs": labels.get("io.gpuenv.rootfs"),
+        "packages": packages,
+    }
+
+
+def base_drift(lock: Lock, base_image: str, image_info: dict[str, Any]) -> str | None:
+    """Why the engine's base differs from the locked one, or None."""
+    locked = lock.bases.get(base_image)
+    if locked is None:
+        return None
+    labels = (image_info.get("Config") or {}).get("Labels") or {}
+    rootfs = labels.get("io.gpuenv.rootfs")
+    if locked.get("rootfs"):
+        if rootfs != locked["rootfs"]:
+            return f"root filesystem {rootfs} is not the locked {locked['rootfs']}"
+        return None
+    if str(image_info["Id"]) != locked.get("id"):
+        return f"image {image_info['Id'][:19]} is not the locked {str(locked.get('id'))[:19]}"
+    return None
