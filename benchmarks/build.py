@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""Benchmarks for `gpuenv build` against plain `docker build` (issue 3's targets).
+
+    .venv/bin/python benchmarks/build.py [--repeat N] [-f MATRIX] [--cell CELL] [--keep]
+
+Prints side-by-side ratios:
+
+1. No-op rebuild: `gpuenv build` of the whole matrix when every image is up to date, against
+   a warm-cache `docker build` of the same contexts (`gpuenv render -o DIR`). The warm build
+   is checked to hit the cache: the image it ends with must be the parent of gpuenv's image
+   (gpuenv adds one LABEL step, the spec hash). Targets: <= 0.2 s per cell, <= 0.2x.
+2. Cold CPU cell: `gpuenv build CELL --no-cache` against hand-written single-stage
+   Dockerfiles that install the same packages (tensorflow==<version>) on the same base, one
+   with pip and one with uv; medians of --repeat runs, interleaved (gpuenv, pip, uv, gpuenv,
+   ...). Targets: <= 0.7x pip, <= 1.1x uv.
+   The hand-written builds do the same work as gpuenv's install step, so the ratio is
+   gpuenv's own overhead: a venv in /opt/venv, bytecode compiled (pip does that by default;
+   uv is given --compile-bytecode, as gpuenv does), no cache kept. They reach PyPI the way
+   gpuenv's builds do: host networking, and the CA bundle ($PIP_CERT or --ca-bundle)
+   fetched from gpuenv's loopback server on 127.0.0.1:47811 inside the RUN step and deleted
+   there (this script serves it, with gpuenv's own CAServer). Without a bundle nothing is
+   served or fetched. The gpuenv cold builds use a copy of the matrix renamed
+   gpuenv-bench/..., so the matrix's own images are not replaced.
+3. Image size against the sum of its parts: the base image plus the install layers (the
+   Python environment, and the CUDA wheels for GPU cells) from `docker history`. Anything
+   else in the image (a stray `chown -R` copying the environment) shows as excess.
+
+The whole matrix is built first if needed (three GPU cells are ~15 GB and take minutes).
+Images this script created are removed at the end unless --keep is given.
+
+Run with the classic builder (DOCKER_BUILDKIT=0), which is what gpuenv drives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH_REPOSITORY = "gpuenv-bench/tensorflow"
+DOCKER_ENV = {**os.environ, "DOCKER_BUILDKIT": "0"}
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def sh(args: list[str], *, check: bool = True, **kw) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(args, capture_output=True, text=True, env=DOCKER_ENV, **kw)
+    if check and proc.returncode != 0:
+        sys.exit(
+            f"benchmark: {' '.join(args[:6])} ... exited {proc.returncode}\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return proc
+
+
+def timed(args: list[str], **kw) -> tuple[float, subprocess.CompletedProcess[str]]:
+    start = time.perf_counter()
+    proc = sh(args, **kw)
+    return time.perf_counter() - start, proc
+
+
+def gpuenv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpuenv", *args]
+
+
+def build_results(proc: subprocess.CompletedProcess[str]) -> dict[str, dict]:
+    return {r["cell"]: r for r in json.loads(proc.stdout)["results"]}
+
+
+def matrix_cells(matrix: Path) -> dict[str, dict]:
+    doc = json.loads(sh(gpuenv("matrix", "-f", str(matrix), "--json")).stdout)
+    return {c["name"]: c for c in doc["cells"]}
+
+
+def inspect(ref: str) -> dict | None:
+    proc = sh(["docker", "image", "inspect", ref], check=False)
+    return json.loads(proc.stdout)[0] if proc.returncode == 0 else None
+
+
+def tags() -> set[str]:
+    out = sh(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"]).stdout
+    return {t for t in out.split() if "<none>" not in t}
+
+
+def docker_build(context: Path, *, no_cache: bool) -> str:
+    """`docker build` (classic builder, host network, untagged); returns the image ID."""
+    args = ["docker", "build", "--network", "host", "-q"]
+    if no_cache:
+        args.append("--no-cache")
+    return sh([*args, str(context)]).stdout.strip().splitlines()[-1]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def ratio_line(label: str, mine: float, theirs: float, target: float) -> str:
+    r = mine / theirs if theirs else float("inf")
+    verdict = "ok" if r <= target else "MISSED"
+    return f"  {label:<44} {r:6.2f}x   (target <= {target}x: {verdict})"
+
+
+def human(size: float) -> str:
+    return f"{size / 1e9:.2f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB"
+
+
+@contextlib.contextmanager
+def ca_server(bundle: Path | None) -> Iterator[None]:
+    if bundle is None:
+        yield
+        return
+    from gpuenv.ca import CAServer
+
+    with CAServer(bundle):
+        yield
+
+
+# ------------------------------------------------------------------------------ parts
+
+
+def no_op(matrix: Path, cells: dict[str, dict], repeat: int, ca: Path | None, tmp: Path) -> None:
+    contexts = tmp / "contexts"
+    sh(gpuenv("render", "-f", str(matrix), "-o", str(contexts)))
+    gpuenv_times, docker_times, inside, one_cell = [], [], [], []
+    first = next(iter(cells))
+    for _ in range(repeat):
+        seconds, _proc = timed(gpuenv("build", "-f", str(matrix), first, "--json"))
+        one_cell.append(seconds)
+        seconds, proc = timed(gpuenv("build", "-f", str(matrix), "--json"), check=False)
+        results = build_results(proc).values()
+        statuses = {r["status"] for r in results}
+        if statuses != {"cached"}:
+            sys.exit(f"benchmark: the no-op rebuild was not a no-op: {statuses}")
+        gpuenv_times.append(seconds)
+        inside.append(sum(r["seconds"] for r in results))
+        start = time.perf_counter()
+        with ca_server(ca):  # needed only if the cache missed; it must hit (checked below)
+            for name, cell in cells.items():
+                built = docker_build(contexts / name, no_cache=False)
+                if built != (inspect(cell["image"]) or {}).get("Parent"):
+                    print(f"  warning: warm docker build of {name} missed the cache")
+        docker_times.append(time.perf_counter() - start)
+    n = len(cells)
+    g, d = median(gpuenv_times), median(docker_times)
+    print(f"\n1. No-op rebuild of the whole matrix ({n} cells), medians of {repeat}")
+    print(f"  {'gpuenv build (all up to date)':<44} {g:6.2f} s   ({g / n:.3f} s per cell)")
+    i, one = median(inside), median(one_cell)
+    print(f"  {'  of which the per-cell checks (--json)':<44} {i:6.2f} s   (the rest: start-up)")
+    if n > 1:
+        marginal = (g - one) / (n - 1)
+        print(
+            f"  {'  gpuenv build of one cell':<44} {one:6.2f} s   ({marginal:.3f} s per extra cell)"
+        )
+    print(
+        f"  {'docker build, warm cache, same contexts':<44} {d:6.2f} s   ({d / n:.3f} s per cell)"
+    )
+    print(ratio_line("gpuenv / docker build", g, d, 0.2))
+    verdict = "ok" if g / n <= 0.2 else "MISSED"
+    print(f"  {'per cell':<44} {g / n:6.3f} s   (target <= 0.2 s: {verdict})")
+
+
+HANDWRITTEN = {
+    "pip": """\
+FROM {base}
+RUN set -eu; {fetch_ca}\\
+    python3 -m venv /opt/venv; \\
+    /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check {packages}; \\
+    rm -rf /root/.cache{rm_ca}
+ENV PATH=/opt/venv/bin:$PATH
+""",
+    "uv": """\
+FROM {base}
+RUN set -eu; {fetch_ca}\\
+    python3 -m venv /tmp/uv; \\
+    /tmp/uv/bin/pip install --quiet --no-cache-dir --disable-pip-version-check uv=={uv}; \\
+    /tmp/uv/bin/uv venv --quiet --python python3 /opt/venv; \\
+    /tmp/uv/bin/uv pip install --no-cache --compile-bytecode --python /opt/venv/bin/python \\
+        {packages}; \\
+    rm -rf /tmp/uv /root/.cache{rm_ca}
+ENV PATH=/opt/venv/bin:$PATH
+""",
+}
+
+
+def handwritten_contexts(cell: dict, ca: Path | None, tmp: Path) -> dict[str, Path]:
+    from gpuenv.render import CA_URL, UV_VERSION
+
+    fetch_ca, rm_ca = "", ""
+    if ca is not None:
+        fetch_ca = (
+            f'python3 -c \'import urllib.request as r; r.urlretrieve("{CA_URL}", '
+            '"/tmp/ca.pem")\'; export SSL_CERT_FILE=/tmp/ca.pem PIP_CERT=/tmp/ca.pem; '
+        )
+        rm_ca = " /tmp/ca.pem"
+    packages = " ".join([f"{cell['framework']}=={cell['framework_version']}", *cell["pip"]])
+    out = {}
+    for name, template in HANDWRITTEN.items():
+        directory = tmp / f"handwritten-{name}"
+        directory.mkdir()
+        (directory / "Dockerfile").write_text(
+            template.format(
+                base=cell["base_image"],
+                fetch_ca=fetch_ca,
+                rm_ca=rm_ca,
+                packages=packages,
+                uv=UV_VERSION,
+            )
+        )
+        out[name] = directory
+    return out
+
+
+def cold(shipped: Path, cell_name: str, repeat: int, ca: Path | None, tmp: Path) -> list[str]:
+    """Returns the bench images to size up (gpuenv's last cold build)."""
+    import yaml
+
+    doc = yaml.safe_load(shipped.read_text())
+    doc["name"] = BENCH_REPOSITORY
+    matrix = tmp / "bench-matrix.yaml"
+    matrix.write_text(json.dumps(doc))  # JSON is YAML; version strings stay strings
+    cell = matrix_cells(matrix)[cell_name]
+    contexts = handwritten_contexts(cell, ca, tmp)
+    times: dict[str, list[float]] = {"gpuenv": [], "pip": [], "uv": []}
+    sizes: dict[str, int] = {}
+    ca_args = ["--ca-bundle", str(ca)] if ca else []
+    for i in range(repeat):
+        seconds, proc = timed(
+            gpuenv("build", "-f", str(matrix), cell_name, "--no-cache", "--json", *ca_args)
+        )
+        result = build_results(proc)[cell_name]
+        assert result["status"] == "built", result
+        times["gpuenv"].append(seconds)
+        sizes["gpuenv"] = result["size"]
+        print(f"  run {i + 1}: gpuenv {seconds:.1f} s", end="", flush=True)
+        for name, context in contexts.items():
+            with ca_server(ca):
+                start = time.perf_counter()
+                image_id = docker_build(context, no_cache=True)
+                seconds = time.perf_counter() - start
+            times[name].append(seconds)
+            sizes[name] = int((inspect(image_id) or {}).get("Size") or 0)
+            sh(["docker", "rmi", image_id], check=False)
+            print(f", {name} {seconds:.1f} s", end="", flush=True)
+        print()
+    g, p, u = (median(times[k]) for k in ("gpuenv", "pip", "uv"))
+    print(f"\n2. Cold build of {cell_name} (--no-cache), medians of {repeat}, interleaved")
+    for label, key, value in (("gpuenv build --no-cache", "gpuenv", g),
+                              ("hand-written Dockerfile, pip install", "pip", p),
+                              ("hand-written Dockerfile, uv pip install", "uv", u)):  # fmt: skip
+        runs = ", ".join(f"{t:.1f}" for t in times[key])
+        print(f"  {label:<44} {value:6.1f} s   [{runs}]  image {human(sizes[key])}")
+    print(ratio_line("gpuenv / hand-written pip", g, p, 0.7))
+    print(ratio_line("gpuenv / hand-written uv (gpuenv's overhead)", g, u, 1.1))
+    return [f"{BENCH_REPOSITORY}:{cell_name}"]
+
+
+def sizes(images: list[str]) -> None:
+    print("\n3. Final image size against the sum of its parts (base + install layers)")
+    print(f"  {'image':<52} {'size':>9} {'base':>9} {'env':>9} {'ratio':>7}")
+    for ref in images:
+        info = inspect(ref)
+        if info is None:
+            continue
+        base_ref = (info["Config"].get("Labels") or {}).get("org.opencontainers.image.base.name")
+        base = int((inspect(base_ref) or {}).get("Size") or 0) if base_ref else 0
+        out = sh(["docker", "history", "--no-trunc", "--format", "{{json .}}", ref]).stdout
+        env = 0
+        for line in out.splitlines():
+            row = json.loads(line)
+            if "/tmp/gpuenv-uv" in row["CreatedBy"]:  # gpuenv's install steps
+                env += _parse_size(row["Size"])
+        total = int(info["Size"])
+        r = total / (base + env) if base + env else float("inf")
+        verdict = "ok" if r <= 1.05 else "MISSED (target <= 1.05x)"
+        print(f"  {ref:<52} {human(total):>9} {human(base):>9} {human(env):>9} {r:6.3f}x {verdict}")
+
+
+def _parse_size(text: str) -> int:
+    """docker history's human sizes (decimal units: 2.14GB, 8.91kB, 0B)."""
+    units = {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+    for unit in sorted(units, key=len, reverse=True):
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * units[unit])
+    return int(float(text))
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions (medians) [3]")
+    parser.add_argument("-f", "--file", type=Path, default=REPO / "matrix.yaml")
+    parser.add_argument("--cell", default="tf2.21-py3.11-cpu", help="the cold-build cell")
+    parser.add_argument("--ca-bundle", type=Path, default=None, help="[default: $PIP_CERT]")
+    parser.add_argument("--keep", action="store_true", help="keep the images built here")
+    parser.add_argument("--skip-noop", action="store_true")
+    parser.add_argument("--skip-cold", action="store_true")
+    args = parser.parse_args()
+    ca = args.ca_bundle or (Path(os.environ["PIP_CERT"]) if os.environ.get("PIP_CERT") else None)
+    matrix = args.file.resolve()
+
+    before = tags()
+    cells = matrix_cells(matrix)
+    print(f"gpuenv build benchmark: {matrix} ({len(cells)} cells), repeat {args.repeat}")
+    seconds, proc = timed(gpuenv("build", "-f", str(matrix), "--json"), check=False)
+    results = build_results(proc)
+    built = sorted(n for n, r in results.items() if r["status"] == "built")
+    print(f"  making sure every cell is built: {seconds:.1f} s (built now: {built or 'none'})")
+    if proc.returncode != 0:
+        sys.exit(f"benchmark: the matrix does not build:\n{proc.stderr[-2000:]}")
+
+    bench_images: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="gpuenv-bench-") as tmp:
+        try:
+            if not args.skip_noop:
+                no_op(matrix, cells, args.repeat, ca, Path(tmp))
+            if not args.skip_cold:
+                bench_images = cold(matrix, args.cell, args.repeat, ca, Path(tmp))
+            sizes([c["image"] for c in cells.values()] + bench_images)
+        finally:
+            if not args.keep:
+                ours = {c["image"] for c in cells.values()} | {
+                    c["base_image"] for c in cells.values()
+                }
+                created = [
+                    t for t in tags() - before if t in ours or t.startswith(BENCH_REPOSITORY)
+                ]
+                # Cells before bases: a base goes only once nothing built on it is left.
+                for ref in sorted(created, key=lambda t: t.startswith("gpuenv/debian:")):
+                    sh(["docker", "rmi", ref], check=False)
+                if created:
+                    print(f"\nremoved {len(created)} image(s) this run created (--keep keeps them)")
+
+
+if __name__ == "__main__":
+    main()
