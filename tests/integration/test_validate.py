@@ -36,6 +36,9 @@ pytest_plugins = ["validate_fixtures"]
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("validate_leftovers")]
 
 SIZE_CHECK = "test_size_within_baseline"
+# Skipped with the reason when there is no lock (the shipped matrix has none; -i images
+# are checked against their labels and the catalog).
+LOCK_CHECK = "test_packages_match_the_lock"
 
 
 def check_name(test: str) -> str:
@@ -81,6 +84,8 @@ def test_the_shipped_cpu_and_gpu_images_pass(
                 # No --gpus: reported as skipped, with the reason (never faked).
                 assert outcome.outcome == "skipped", (image, test, outcome)
                 assert "--gpus" in outcome.message, (image, test, outcome)
+            elif test == LOCK_CHECK:
+                assert outcome.outcome == "skipped" and "lock" in outcome.message, outcome
             elif test == SIZE_CHECK:
                 # Skipped with the reason when the repository records no baseline yet.
                 assert outcome.outcome in ("passed", "skipped"), (image, test, outcome)
@@ -144,7 +149,7 @@ def test_each_check_fails_on_an_image_broken_in_that_respect(
     for test, outcome in tests.items():
         if check_name(test) in spec.failed:
             continue
-        if test in DEVICE_CHECKS or test == SIZE_CHECK:
+        if test in DEVICE_CHECKS or test in (SIZE_CHECK, LOCK_CHECK):
             assert outcome.outcome == "skipped" and outcome.message, (test, outcome)
         else:
             assert outcome == Outcome("passed"), (test, outcome)

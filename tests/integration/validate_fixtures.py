@@ -44,6 +44,7 @@ IMAGE_CHECKS = (
     "test_python_version",
     "test_framework_version",
     "test_pinned_packages_are_installed",
+    "test_packages_match_the_lock",
     "test_no_installer_cache_or_compiler",
     "test_no_ca_beyond_the_distribution_trust_store",
     "test_default_user_is_not_root",
