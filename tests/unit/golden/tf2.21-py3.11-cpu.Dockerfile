@@ -2,11 +2,10 @@
 # tensorflow 2.21.0, Python 3.11, cpu
 FROM gpuenv/debian:bookworm
 
-RUN useradd --uid 1000 --user-group --create-home --shell /bin/bash gpuenv
-
 RUN set -eu; \
     python3 -m venv /tmp/gpuenv-uv; \
     /tmp/gpuenv-uv/bin/pip install --quiet --no-cache-dir --disable-pip-version-check uv==0.13.9; \
+    useradd --uid 1000 --user-group --create-home --shell /bin/bash gpuenv; \
     /tmp/gpuenv-uv/bin/uv venv --quiet --python python3 /opt/venv; \
     SOURCE_DATE_EPOCH=0 /tmp/gpuenv-uv/bin/uv pip install --quiet --no-cache --compile-bytecode --python /opt/venv/bin/python tensorflow==2.21.0; \
     rm -rf /tmp/gpuenv-uv /root/.cache

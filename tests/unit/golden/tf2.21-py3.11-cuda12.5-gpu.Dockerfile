@@ -2,13 +2,12 @@
 # tensorflow 2.21.0, Python 3.11, gpu, CUDA 12.5.1, cuDNN 9.3.0.75
 FROM gpuenv/debian:bookworm
 
-RUN useradd --uid 1000 --user-group --create-home --shell /bin/bash gpuenv
-
 RUN set -eu; \
     python3 -c 'import urllib.request as r; r.urlretrieve("http://127.0.0.1:47811/ca.pem", "/tmp/gpuenv-ca.pem")'; \
     export SSL_CERT_FILE=/tmp/gpuenv-ca.pem PIP_CERT=/tmp/gpuenv-ca.pem; \
     python3 -m venv /tmp/gpuenv-uv; \
     /tmp/gpuenv-uv/bin/pip install --quiet --no-cache-dir --disable-pip-version-check uv==0.13.9; \
+    useradd --uid 1000 --user-group --create-home --shell /bin/bash gpuenv; \
     /tmp/gpuenv-uv/bin/uv venv --quiet --python python3 /opt/venv; \
     SOURCE_DATE_EPOCH=0 /tmp/gpuenv-uv/bin/uv pip install --quiet --no-cache --compile-bytecode --python /opt/venv/bin/python tensorflow==2.21.0; \
     rm -rf /tmp/gpuenv-uv /tmp/gpuenv-ca.pem /root/.cache
@@ -23,11 +22,10 @@ RUN set -eu; \
 
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_nvcc/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    PYTHONUNBUFFERED=1
-
-ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     NVIDIA_REQUIRE_CUDA="cuda>=12.0" \
-    LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cublas/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_cupti/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_nvrtc/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cufft/lib:/opt/venv/lib/python3.11/site-packages/nvidia/curand/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusolver/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusparse/lib:/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib:/opt/venv/lib/python3.11/site-packages/nvidia/nvjitlink/lib
+    LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cublas/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_cupti/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_nvrtc/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cufft/lib:/opt/venv/lib/python3.11/site-packages/nvidia/curand/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusolver/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cusparse/lib:/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib:/opt/venv/lib/python3.11/site-packages/nvidia/nvjitlink/lib \
+    PYTHONUNBUFFERED=1
 
 LABEL \
     org.opencontainers.image.title="gpuenv/tensorflow:tf2.21-py3.11-cuda12.5-gpu" \
