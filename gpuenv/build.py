@@ -220,6 +220,24 @@ def build_cells(engine: Engine, req: BuildRequest, reporter: Reporter) -> list[C
     return [results[c.name] for c in req.cells]
 
 
+def current_spec_hashes(
+    engine: Engine, m: LoadedMatrix, cells: list[Cell], ca_bundle: Path | None
+) -> dict[str, str | None]:
+    """The spec hash each cell has now (None when its base is missing), building nothing."""
+    options = RenderOptions(
+        ca=ca_bundle is not None,
+        index_url=m.model.build.index_url,
+        extra_index_urls=tuple(m.model.build.extra_index_urls),
+    )
+    locked = lock_entries(m, cells)
+    out: dict[str, str | None] = {}
+    for cell in cells:
+        base = engine.image(cell.base.image)
+        ctx = render(cell, options, locked.get(cell.name))
+        out[cell.name] = spec_hash(ctx, str(base["Id"])) if base else None
+    return out
+
+
 def _needs_build(engine: Engine, ctx: BuildContext, base_id: str, no_cache: bool) -> bool:
     if no_cache:
         return True

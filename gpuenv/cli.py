@@ -7,6 +7,7 @@ so that `gpuenv --help` and `gpuenv run` stay fast.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -417,6 +418,12 @@ def _validate(
         exp = expected.from_labels(ref, labels)
         targets.append(runner.Target(ref, ref, exp))
     summaries = runner.validate(eng, targets, request, junitxml, verbose)
+    from gpuenv import publish
+
+    outcome = {s.id: s.failed == 0 for s in summaries}
+    publish.record_validation(
+        {str(t.info["Id"]): outcome[t.id] for t in targets if t.info.get("Id") and t.id in outcome}
+    )
     bad = 0
     for s in summaries:
         mark = "✓" if not s.failed else "✗"
@@ -557,6 +564,65 @@ def _image_for(name: str, file: Path | None) -> str:
     if len(matches) != 1:
         raise fail(f"{name!r} matches {len(matches)} cells; name exactly one")
     return matches[0].image
+
+
+@app.command("push")
+def push_cmd(
+    patterns: Patterns = None,
+    file: FileOption = None,
+    registry: Annotated[
+        str | None,
+        typer.Option("--registry", help="Push to REG/<last part of name>:<tag> instead"),
+    ] = None,
+    aliases: Annotated[
+        bool, typer.Option("--aliases/--no-aliases", help="Also push the matrix's aliases")
+    ] = True,
+    as_json: JsonOption = False,
+    ca_bundle: CaOption = None,
+) -> None:
+    """Tag and push the cells' images (and their aliases); report the digest per tag."""
+    from gpuenv import build, publish
+    from gpuenv import engine as engines
+    from gpuenv.selection import select
+
+    with user_errors():
+        if registry is not None and not re.fullmatch(
+            r"[A-Za-z0-9.-]+(:\d+)?(/[a-z0-9._-]+)*", registry
+        ):
+            raise fail(f"--registry {registry!r}: expected HOST[:PORT][/NAMESPACE]", 2)
+        m, res = load(file)
+        cells = select(res.cells, patterns, m.path)
+        alias_tags = publish.aliases_by_cell(m, res.cells) if aliases else {}
+        eng = engines.connect()
+        hashes = build.current_spec_hashes(eng, m, cells, build.ca_bundle_for(m, ca_bundle))
+        results: list[publish.TagResult] = []
+        repo = publish.target_repository(m.model.name, registry)
+        for cell in cells:
+            info = eng.image(cell.image)
+            tags = [cell.name, *alias_tags.get(cell.name, [])]
+            refused = publish.check_pushable(cell, info, hashes[cell.name] or "")
+            for tag in tags:
+                ref = f"{repo}:{tag}"
+                if refused:
+                    results.append(publish.TagResult(cell.name, ref, "refused", error=refused))
+                    continue
+                eng.tag(str(info["Id"]), ref)  # type: ignore[index]
+                result = publish.push_ref(
+                    lambda r, t: eng.api.push(r, tag=t, stream=True, decode=True), ref
+                )
+                result.cell = cell.name
+                results.append(result)
+                if not as_json:
+                    shown = result.digest if result.status == "pushed" else result.error
+                    print(f"{result.status:7} {ref}  {shown}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"results": [r.to_json() for r in results]}, indent=2))
+    else:
+        for r in results:
+            print(f"{r.ref}  {r.digest or '-'}  {r.status}" + (f": {r.error}" if r.error else ""))
+    bad = [r for r in results if r.status != "pushed"]
+    if bad:
+        raise fail(f"{len(bad)} of {len(results)} tag(s) not pushed")
 
 
 @app.command("doctor")

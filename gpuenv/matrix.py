@@ -59,6 +59,18 @@ def _version(value: str) -> str:
     return value
 
 
+def _tag(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", value):
+        raise ValueError(f"{value!r} is not an image tag (letters, digits, '_', '.', '-')")
+    return value
+
+
+def _cell_pattern(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.*?\[\]-]{1,128}", value):
+        raise ValueError(f"{value!r} is not a cell name or glob")
+    return value
+
+
 def _pip(value: str) -> str:
     if not _PIP_CHARS.fullmatch(value):
         raise ValueError(
@@ -116,6 +128,8 @@ def _url(value: str) -> str:
 
 
 Version = Annotated[StrictStr, AfterValidator(_version)]
+ImageTag = Annotated[StrictStr, AfterValidator(_tag)]
+CellPattern = Annotated[StrictStr, AfterValidator(_cell_pattern)]
 PipRequirement = Annotated[StrictStr, AfterValidator(_pip)]
 AptPackage = Annotated[StrictStr, AfterValidator(_apt)]
 ImageRef = Annotated[StrictStr, AfterValidator(_image)]
@@ -231,6 +245,11 @@ class Matrix(_Strict):
     )
     packages: Packages = Field(default_factory=Packages)
     build: BuildOptions = Field(default_factory=BuildOptions)
+    aliases: dict[ImageTag, CellPattern] = Field(
+        default_factory=dict,
+        description="moving tags pushed beside the cells' own, e.g. latest-gpu: "
+        "tf2.21-py3.11-cuda12.5-gpu (a cell name, or a glob matching exactly one)",
+    )
 
 
 class LoadedMatrix:

@@ -1,0 +1,163 @@
+"""`gpuenv push`: tag and push cells' images, with their aliases, and report per tag.
+
+The Docker SDK does not raise when a push fails: the error arrives inside the stream, so
+every stream is read to the end and checked. Transient failures (connection resets,
+timeouts, 5xx answers) are retried with backoff. Credentials are the user's own Docker
+ones (~/.docker/config.json), which the SDK reads. An image is pushed only when its spec
+hash is the one the matrix gives now and it did not fail `gpuenv validate`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+from gpuenv.cell import Cell
+from gpuenv.matrix import LoadedMatrix
+
+TRANSIENT = (
+    "connection reset", "connection refused", "timeout", "timed out", "tls handshake",
+    "eof", "500 internal", "502 bad gateway", "503 service", "504 gateway", "broken pipe",
+    "temporarily unavailable",
+)  # fmt: skip
+RETRIES = 3
+
+
+def aliases_by_cell(m: LoadedMatrix, cells: list[Cell]) -> dict[str, list[str]]:
+    """cell name -> its alias tags, from matrix.yaml's `aliases`; each must name one cell."""
+    out: dict[str, list[str]] = {}
+    for alias, pattern in m.model.aliases.items():
+        matches = [c for c in cells if fnmatchcase(c.name, pattern)]
+        if len(matches) != 1:
+            raise m.error(
+                f"alias {alias!r}: {pattern!r} matches {len(matches)} cells; it must match one",
+                ("aliases", alias),
+            )
+        out.setdefault(matches[0].name, []).append(alias)
+    return out
+
+
+def target_repository(name: str, registry: str | None) -> str:
+    """`--registry REG` replaces registry and namespace: REG/<last component of name>."""
+    if not registry:
+        return name
+    return f"{registry.rstrip('/')}/{name.rsplit('/', 1)[-1]}"
+
+
+# ---------------------------------------------------------------- validation records
+
+
+def _records_path() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "gpuenv" / "validated.json"
+
+
+def record_validation(results: dict[str, bool]) -> None:
+    """image ID -> passed, written by `gpuenv validate` for `gpuenv push` to consult."""
+    path = _records_path()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data.update(results)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1, sort_keys=True))
+    except OSError:
+        pass  # a read-only home: push then treats images as not validated
+
+
+def validation_of(image_id: str) -> bool | None:
+    try:
+        value = json.loads(_records_path().read_text()).get(image_id)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return bool(value) if value is not None else None
+
+
+# ---------------------------------------------------------------------- pushing
+
+
+@dataclass
+class TagResult:
+    cell: str
+    ref: str
+    status: str = "pending"  # pushed | failed | refused
+    digest: str | None = None
+    error: str | None = None
+    attempts: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("cell", "ref", "status", "digest", "error",
+                                               "attempts")}  # fmt: skip
+
+
+@dataclass
+class PushPlan:
+    cell: Cell
+    image_id: str
+    refs: list[str] = field(default_factory=list)
+
+
+def read_push_stream(stream: Any) -> tuple[str | None, str | None]:
+    """(digest, error) from a decoded push stream; the SDK itself raises nothing."""
+    digest = error = None
+    for chunk in stream:
+        if not isinstance(chunk, dict):
+            continue
+        if chunk.get("error") or chunk.get("errorDetail"):
+            detail = chunk.get("errorDetail") or {}
+            error = str(detail.get("message") or chunk.get("error")).strip()
+        aux = chunk.get("aux")
+        if isinstance(aux, dict) and aux.get("Digest"):
+            digest = str(aux["Digest"])
+    if error is None and digest is None:
+        error = "the engine ended the push without a digest"
+    return digest, error
+
+
+def is_transient(error: str) -> bool:
+    text = error.lower()
+    return any(marker in text for marker in TRANSIENT)
+
+
+def push_ref(
+    push: Callable[[str, str], Any], ref: str, sleep: Callable[[float], None] = time.sleep
+) -> TagResult:
+    """Push one tag, retrying transient failures (1 s, 2 s, 4 s)."""
+    repo, _, tag = ref.rpartition(":")
+    result = TagResult(cell="", ref=ref)
+    for attempt in range(1, RETRIES + 2):
+        result.attempts = attempt
+        try:
+            digest, error = read_push_stream(push(repo, tag))
+        except Exception as exc:  # the SDK raises for connection-level failures
+            digest, error = None, str(exc).splitlines()[0][:300]
+        if error is None:
+            result.status, result.digest, result.error = "pushed", digest, None
+            return result
+        result.status, result.error = "failed", error
+        if not is_transient(error) or attempt > RETRIES:
+            return result
+        sleep(2 ** (attempt - 1))
+    return result
+
+
+def check_pushable(cell: Cell, info: dict[str, Any] | None, spec_hash: str) -> str | None:
+    """Why this image must not be pushed, or None."""
+    if info is None:
+        return f"{cell.image} is not built; gpuenv build {cell.name}"
+    labels = (info.get("Config") or {}).get("Labels") or {}
+    if labels.get("io.gpuenv.spec-hash") != spec_hash:
+        return (
+            f"{cell.image} is stale (its spec hash is not the matrix's); gpuenv build {cell.name}"
+        )
+    if validation_of(str(info["Id"])) is False:
+        return f"{cell.image} failed validation; fix it and run gpuenv validate {cell.name}"
+    return None
