@@ -24,6 +24,7 @@ from pathlib import Path
 
 from gpuenv import base as bases
 from gpuenv import lock as locks
+from gpuenv import publish
 from gpuenv.ca import CAServer, find_bundle
 from gpuenv.cell import Cell
 from gpuenv.engine import BuildFailed, Engine
@@ -88,7 +89,7 @@ def context_tar(ctx: BuildContext) -> io.BytesIO:
 @dataclass
 class CellResult:
     cell: Cell
-    status: str = "pending"  # built | cached | failed | skipped
+    status: str = "pending"  # built | cached | pulled | failed | skipped
     image_id: str | None = None
     size: int | None = None
     seconds: float = 0.0
@@ -157,6 +158,7 @@ def build_cells(engine: Engine, req: BuildRequest, reporter: Reporter) -> list[C
         index_url=req.matrix.model.build.index_url,
         extra_index_urls=tuple(req.matrix.model.build.extra_index_urls),
     )
+    publish.registry_from_env()  # a malformed $GPUENV_REGISTRY stops the run before any build
     # Render everything first: a template error must stop the run before any build.
     locked = lock_entries(req.matrix, req.cells)
     contexts = {c.name: render(c, options, locked.get(c.name)) for c in req.cells}
@@ -263,6 +265,15 @@ def _build_one(
         result.size = int(existing.get("Size") or 0)
         result.seconds = time.monotonic() - start
         return
+    pulled = None if req.no_cache else _pull_published(engine, ctx.cell, digest, req, reporter)
+    if pulled is not None:
+        if existing and existing["Id"] != pulled:
+            engine.remove_image(str(existing["Id"]))  # superseded, as after a build
+        info = engine.image(pulled) or {}
+        result.status, result.image_id = "pulled", pulled
+        result.size = int(info.get("Size") or 0)
+        result.seconds = time.monotonic() - start
+        return
     reporter.started(cell)
     tail: list[str] = []
     step: list[str] = []
@@ -293,6 +304,25 @@ def _build_one(
     result.status, result.image_id = "built", image_id
     result.size = int(info.get("Size") or 0)
     result.seconds = time.monotonic() - start
+
+
+def _pull_published(
+    engine: Engine, cell: Cell, digest: str, req: BuildRequest, reporter: Reporter
+) -> str | None:
+    """Pull before build: with $GPUENV_REGISTRY set, the image published there for this
+    cell (REG/<last part of name>:<cell>) becomes the cell's image when its spec hash is
+    the one just computed. Returns its ID, or None (then the cell is built)."""
+    registry = publish.registry_from_env()
+    if registry is None:
+        return None
+    ref = f"{publish.target_repository(req.matrix.model.name, registry)}:{cell.name}"
+    reporter.info(f"{cell.name}: looking for {ref}")
+    image_id, why = publish.pull_matching(engine, ref, digest, keep_as=cell.image)
+    if image_id is None:
+        reporter.info(f"{cell.name}: not pulled ({why}); building")
+    else:
+        reporter.info(f"{cell.name}: pulled {ref} (same spec hash)")
+    return image_id
 
 
 def _explain(error: str, tail: list[str]) -> str:

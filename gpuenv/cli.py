@@ -7,7 +7,6 @@ so that `gpuenv --help` and `gpuenv run` stay fast.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -586,10 +585,8 @@ def push_cmd(
     from gpuenv.selection import select
 
     with user_errors():
-        if registry is not None and not re.fullmatch(
-            r"[A-Za-z0-9.-]+(:\d+)?(/[a-z0-9._-]+)*", registry
-        ):
-            raise fail(f"--registry {registry!r}: expected HOST[:PORT][/NAMESPACE]", 2)
+        if registry is not None and publish.registry_problem(registry):
+            raise fail(f"--registry {publish.registry_problem(registry)}", 2)
         m, res = load(file)
         cells = select(res.cells, patterns, m.path)
         alias_tags = publish.aliases_by_cell(m, res.cells) if aliases else {}
@@ -606,11 +603,16 @@ def push_cmd(
                 if refused:
                     results.append(publish.TagResult(cell.name, ref, "refused", error=refused))
                     continue
-                eng.tag(str(info["Id"]), ref)  # type: ignore[index]
-                result = publish.push_ref(
-                    lambda r, t: eng.api.push(r, tag=t, stream=True, decode=True), ref
-                )
-                result.cell = cell.name
+                try:
+                    eng.tag(str(info["Id"]), ref)  # type: ignore[index]
+                except Exception as exc:  # e.g. a reference the engine refuses
+                    why = str(exc).strip().splitlines()[0][:300]
+                    result = publish.TagResult(cell.name, ref, "failed", error=f"tag: {why}")
+                else:
+                    result = publish.push_ref(
+                        lambda r, t: eng.api.push(r, tag=t, stream=True, decode=True), ref
+                    )
+                    result.cell = cell.name
                 results.append(result)
                 if not as_json:
                     shown = result.digest if result.status == "pushed" else result.error

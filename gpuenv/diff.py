@@ -27,7 +27,11 @@ volatile, docker = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 files = {}
 for root, dirs, names in os.walk('/'):
     dirs[:] = sorted(d for d in dirs if os.path.join(root, d) not in volatile)
-    for name in names:
+    # os.walk lists links to directories (merged-usr's /bin, a venv's lib64) as directories
+    # and does not follow them: record them as the links they are.
+    links = [d for d in dirs if os.path.islink(os.path.join(root, d))]
+    dirs[:] = [d for d in dirs if d not in links]
+    for name in names + links:
         path = os.path.join(root, name)
         if path in docker:
             continue

@@ -196,7 +196,9 @@ def base_drift(lock: Lock, base_image: str, image_info: dict[str, Any]) -> str |
     """Why the engine's base differs from the locked one, or None."""
     locked = lock.bases.get(base_image)
     if locked is None:
-        return None
+        # The matrix moved a cell to a base it was not locked on (a lock from before bases
+        # were recorded has none at all: nothing to compare with).
+        return "not in the lock (the matrix changed its base)" if lock.bases else None
     labels = (image_info.get("Config") or {}).get("Labels") or {}
     rootfs = labels.get("io.gpuenv.rootfs")
     if locked.get("rootfs"):

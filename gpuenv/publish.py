@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuenv.cell import Cell
+from gpuenv.errors import GpuenvError
 from gpuenv.matrix import LoadedMatrix
+
+if TYPE_CHECKING:
+    from gpuenv.engine import Engine
 
 TRANSIENT = (
     "connection reset", "connection refused", "timeout", "timed out", "tls handshake",
@@ -27,6 +32,16 @@ TRANSIENT = (
     "temporarily unavailable",
 )  # fmt: skip
 RETRIES = 3
+SPEC_LABEL = "io.gpuenv.spec-hash"
+REGISTRY_ENV = "GPUENV_REGISTRY"  # where `gpuenv build` looks for published images first
+_REGISTRY = re.compile(r"[A-Za-z0-9.-]+(:\d+)?(/[a-z0-9._-]+)*")
+
+
+def registry_problem(value: str) -> str | None:
+    """Why REG is not HOST[:PORT][/NAMESPACE], or None."""
+    if _REGISTRY.fullmatch(value):
+        return None
+    return f"{value!r}: expected HOST[:PORT][/NAMESPACE] (namespace in lowercase)"
 
 
 def aliases_by_cell(m: LoadedMatrix, cells: list[Cell]) -> dict[str, list[str]]:
@@ -105,15 +120,20 @@ class PushPlan:
     refs: list[str] = field(default_factory=list)
 
 
+def _chunk_error(chunk: dict[str, Any]) -> str | None:
+    if chunk.get("error") or chunk.get("errorDetail"):
+        detail = chunk.get("errorDetail") or {}
+        return str(detail.get("message") or chunk.get("error")).strip()
+    return None
+
+
 def read_push_stream(stream: Any) -> tuple[str | None, str | None]:
     """(digest, error) from a decoded push stream; the SDK itself raises nothing."""
     digest = error = None
     for chunk in stream:
         if not isinstance(chunk, dict):
             continue
-        if chunk.get("error") or chunk.get("errorDetail"):
-            detail = chunk.get("errorDetail") or {}
-            error = str(detail.get("message") or chunk.get("error")).strip()
+        error = _chunk_error(chunk) or error
         aux = chunk.get("aux")
         if isinstance(aux, dict) and aux.get("Digest"):
             digest = str(aux["Digest"])
@@ -161,3 +181,50 @@ def check_pushable(cell: Cell, info: dict[str, Any] | None, spec_hash: str) -> s
     if validation_of(str(info["Id"])) is False:
         return f"{cell.image} failed validation; fix it and run gpuenv validate {cell.name}"
     return None
+
+
+# ---------------------------------------------------------------------- pulling
+
+
+def pull_matching(engine: Engine, ref: str, spec: str, keep_as: str) -> tuple[str | None, str]:
+    """Pull `ref`; when its spec hash is `spec`, tag it `keep_as` and return its image ID.
+
+    Otherwise (not there, registry down, another spec hash) return None and why, leaving
+    nothing behind that the pull added; a tag `ref` that was already there stays where it
+    was."""
+    repo, _, tag = ref.rpartition(":")
+    before = engine.image(ref)
+    try:
+        for chunk in engine.api.pull(repo, tag=tag, stream=True, decode=True):
+            error = _chunk_error(chunk) if isinstance(chunk, dict) else None
+            if error:
+                return None, f"pull {ref}: {error.splitlines()[0][:300]}"
+    except Exception as exc:  # the SDK raises for a missing tag, a refused login, ...
+        text = str(exc).strip().splitlines()
+        return None, f"pull {ref}: {text[0][:300] if text else type(exc).__name__}"
+    info = engine.image(ref)
+    if info is None:
+        return None, f"pull {ref}: the engine has no such image after pulling"
+    labels = (info.get("Config") or {}).get("Labels") or {}
+    if labels.get(SPEC_LABEL) != spec:
+        if before is None:
+            engine.remove_image(ref)  # the tag, and the image unless something else uses it
+        elif before.get("Id") != info.get("Id"):
+            engine.tag(str(before["Id"]), ref)  # the tag back where it was
+            engine.remove_image(str(info["Id"]))  # and what the pull brought
+        return None, f"{ref} has another spec hash (built from another matrix or base)"
+    engine.tag(str(info["Id"]), keep_as)
+    if before is None:
+        engine.remove_image(ref)  # untags only: keep_as holds the image
+    return str(info["Id"]), ""
+
+
+def registry_from_env() -> str | None:
+    """$GPUENV_REGISTRY, checked; None when unset or empty."""
+    value = os.environ.get(REGISTRY_ENV, "").strip()
+    if not value:
+        return None
+    why = registry_problem(value)
+    if why:
+        raise GpuenvError(f"${REGISTRY_ENV}={why}")
+    return value

@@ -4,7 +4,9 @@
 # What it does, in order, and only when needed:
 #   1. installs the Debian packages gpuenv's development and tests rely on
 #      (docker.io for dockerd, debootstrap and mmdebstrap for local base
-#      images); `apt-get update` runs only when something is missing;
+#      images, docker-registry for the push tests' loopback registry, which
+#      the tests start themselves: the package's own service is not used);
+#      `apt-get update` runs only when something is missing;
 #   2. if `docker info` does not answer, starts
 #        dockerd --bridge=none --iptables=false --ip-masq=false
 #      in the background with nohup, logging to $GPUENV_DOCKERD_LOG and
@@ -30,7 +32,7 @@ readonly LOG="${GPUENV_DOCKERD_LOG:-/var/log/gpuenv-dockerd.log}"
 readonly PIDFILE="${GPUENV_DOCKERD_PIDFILE:-/run/gpuenv-dockerd.pid}"
 readonly TIMEOUT="${GPUENV_DOCKERD_TIMEOUT:-60}"
 # Debian packages we need; each is checked on its own.
-readonly PACKAGES=(docker.io debootstrap mmdebstrap)
+readonly PACKAGES=(docker.io debootstrap mmdebstrap docker-registry)
 
 say() { printf 'engine.sh: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }

@@ -1,0 +1,361 @@
+"""Fixtures for the publishing tests (test_push.py, test_workflow_steps.py).
+
+- ``registry``: Debian's ``docker-registry`` (distribution 2.8), started by the session on
+  127.0.0.1:<free port> with its own config: no auth, filesystem storage in a temporary
+  directory, deletes enabled. Stopped by its PID at the end; its storage is removed. The
+  package is not installed here: scripts/engine.sh installs it (CI runs that).
+- ``pushed``: the shipped CPU cell pushed once per session to ``REGISTRY/team`` with the
+  alias ``latest`` (a copy of the shipped matrix that only adds ``aliases``, so the spec hash
+  is the shipped one). Other tests reuse it: the engine then knows the layers' digests, so
+  later pushes of the same layers only check or mount them.
+- ``fake_registry``: a tiny http.server on loopback that answers like a broken registry
+  (``"5xx"`` or ``"401"``), started and stopped by the test.
+- ``loopback_refs`` (every ``cli`` user has it): after the session, removes every
+  127.0.0.1:* tag and digest reference the session created (pushes tag, pulls add).
+
+Every command runs the installed CLI in a subprocess with XDG_CACHE_HOME in a temporary
+directory, so validation records from this machine's real cache never decide a refusal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED_MATRIX = REPO / "matrix.yaml"
+CPU_CELL = "tf2.21-py3.11-cpu"
+CPU_IMAGE = f"gpuenv/tensorflow:{CPU_CELL}"
+PUSHPULL = "gpuenv-test/pushpull"  # a repository of its own for the pull-before-build test
+MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
+EXTRA_PIP = "certifi==2026.10.18"  # as conftest.py's: changes the spec hash, not the contents
+BUILD_TIMEOUT = 1800
+
+
+def gpuenv_argv() -> list[str]:
+    script = Path(sys.executable).parent / "gpuenv"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuenv"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def docker_cmd(*args: str, check: bool = True, timeout: float = 600) -> Any:
+    proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
+    return proc
+
+
+def inspect(ref: str) -> dict[str, Any] | None:
+    proc = docker_cmd("image", "inspect", ref, check=False)
+    return json.loads(proc.stdout)[0] if proc.returncode == 0 else None
+
+
+def shipped_text(*, name: str | None = None, extra: str = "") -> str:
+    """The shipped matrix's text, with another repository name and extra YAML appended.
+
+    Same bases and packages, so the cells' Dockerfiles (and spec hashes, under the same
+    name) are the shipped ones."""
+    text = SHIPPED_MATRIX.read_text(encoding="utf-8")
+    if name is not None:
+        text = text.replace("name: gpuenv/tensorflow\n", f"name: {name}\n", 1)
+        assert f"name: {name}\n" in text
+    return text + extra
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+@dataclass
+class Cli:
+    cache: Path  # XDG_CACHE_HOME of every command
+
+    def __call__(
+        self,
+        *args: str,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+        timeout: float = 900,
+    ) -> subprocess.CompletedProcess[str]:
+        full = {k: v for k, v in os.environ.items() if not k.startswith("GPUENV_")}
+        full["XDG_CACHE_HOME"] = str(self.cache)
+        full.update(env or {})
+        proc = subprocess.run(
+            [*gpuenv_argv(), *args], capture_output=True, text=True, timeout=timeout,
+            cwd=REPO, env=full,
+        )  # fmt: skip
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"gpuenv {' '.join(args)} exited {proc.returncode}\n"
+                f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+            )
+        return proc
+
+
+@pytest.fixture(scope="session")
+def publish_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
+@pytest.fixture(scope="session")
+def cli(publish_cache: Path, loopback_refs: Callable[[], set[str]]) -> Cli:
+    """cli("push", ..., check=True, env={...}) -> CompletedProcess (text)."""
+    return Cli(publish_cache)
+
+
+def results_by_ref(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
+    return {r["ref"]: r for r in json.loads(proc.stdout)["results"]}
+
+
+# --------------------------------------------------------------------------- engine references
+
+
+def _loopback_refs() -> set[str]:
+    out = docker_cmd(
+        "images", "--digests", "--format", "{{.Repository}} {{.Tag}} {{.Digest}}"
+    ).stdout
+    refs = set()
+    for line in out.splitlines():
+        repo, tag, digest = [*line.split(), "", "", ""][:3]
+        if not repo.startswith("127.0.0.1:"):
+            continue
+        if tag and tag != "<none>":
+            refs.add(f"{repo}:{tag}")
+        if digest and digest != "<none>":
+            refs.add(f"{repo}@{digest}")
+    return refs
+
+
+@pytest.fixture(scope="session")
+def loopback_refs() -> Iterator[Callable[[], set[str]]]:
+    """Removes, after the session, every 127.0.0.1:* reference it created; yields a function
+    listing the current ones."""
+    before = _loopback_refs()
+    yield _loopback_refs
+    for ref in sorted(_loopback_refs() - before, key=lambda r: "@" in r):
+        docker_cmd("rmi", ref, check=False)
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+@dataclass
+class Registry:
+    host: str  # 127.0.0.1:PORT
+    pid: int
+
+    def url(self, path: str) -> str:
+        return f"http://{self.host}{path}"
+
+    def get_json(self, path: str) -> dict[str, Any]:
+        with urllib.request.urlopen(self.url(path), timeout=30) as resp:
+            return dict(json.load(resp))
+
+    def tags(self, repository: str) -> list[str]:
+        return list(self.get_json(f"/v2/{repository}/tags/list").get("tags") or [])
+
+    def manifest_digest(self, repository: str, tag: str) -> str:
+        req = urllib.request.Request(
+            self.url(f"/v2/{repository}/manifests/{tag}"),
+            method="HEAD",
+            headers={"Accept": MANIFEST_V2},
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return str(resp.headers["Docker-Content-Digest"])
+
+
+CONFIG = """\
+version: 0.1
+log:
+  level: warn
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: {root}
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:{port}
+"""
+
+
+@pytest.fixture(scope="session")
+def registry() -> Iterator[Registry]:
+    binary = shutil.which("docker-registry") or shutil.which("registry")
+    if binary is None:
+        pytest.skip("needs Debian's docker-registry (scripts/engine.sh installs it)")
+    workdir = Path(tempfile.mkdtemp(prefix="gpuenv-registry-"))
+    port = free_port()
+    config = workdir / "config.yml"
+    config.write_text(CONFIG.format(root=workdir / "storage", port=port))
+    log = (workdir / "registry.log").open("wb")
+    proc = subprocess.Popen(
+        [binary, "serve", str(config)], stdin=subprocess.DEVNULL, stdout=log,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    reg = Registry(f"127.0.0.1:{port}", proc.pid)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                tail = (workdir / "registry.log").read_text(errors="replace")[-1500:]
+                pytest.fail(f"docker-registry exited {proc.returncode}: {tail}")
+            try:
+                with urllib.request.urlopen(reg.url("/v2/"), timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("docker-registry did not answer /v2/ within 30 s")
+            time.sleep(0.1)
+        yield reg
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- images
+
+
+@pytest.fixture(scope="session")
+def cpu_built(cli: Cli) -> dict[str, Any]:
+    """The shipped CPU cell's image (built once if missing or stale; cached otherwise)."""
+    proc = cli("build", CPU_CELL, "-f", str(SHIPPED_MATRIX), "--json", timeout=BUILD_TIMEOUT)
+    result = {r["cell"]: r for r in json.loads(proc.stdout)["results"]}[CPU_CELL]
+    assert result["status"] in ("built", "cached", "pulled"), result
+    info = inspect(CPU_IMAGE)
+    assert info is not None
+    return info
+
+
+@dataclass
+class Pushed:
+    registry: Registry
+    repository: str  # in the registry: team/tensorflow
+    image: dict[str, Any]  # `docker image inspect` of the local image
+    results: dict[str, dict[str, Any]]  # by ref
+    seconds: float
+
+    def ref(self, tag: str) -> str:
+        return f"{self.registry.host}/{self.repository}:{tag}"
+
+
+@pytest.fixture(scope="session")
+def alias_matrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("aliases") / "matrix.yaml"
+    path.write_text(shipped_text(extra=f"aliases:\n  latest: {CPU_CELL}\n"), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def pushed(registry: Registry, cpu_built: dict[str, Any], alias_matrix: Path, cli: Cli) -> Pushed:
+    """The CPU cell and its alias `latest`, pushed to REGISTRY/team once per session."""
+    start = time.monotonic()
+    proc = cli(
+        "push", CPU_CELL, "-f", str(alias_matrix), "--registry", f"{registry.host}/team",
+        "--json",
+    )  # fmt: skip
+    seconds = time.monotonic() - start
+    return Pushed(registry, "team/tensorflow", cpu_built, results_by_ref(proc), seconds)
+
+
+# --------------------------------------------------------------------------- a broken registry
+
+
+class _Broken(http.server.BaseHTTPRequestHandler):
+    """Answers like a registry that fails.
+
+    "5xx": 500 for everything but blob HEADs, which say the blob exists: the engine then
+    skips the layer uploads (it retries failed uploads itself, 5 times over 50 s) and meets
+    the 500 at the manifest, which it does not retry, so gpuenv's own retries show.
+    "401": every request needs credentials the engine does not have."""
+
+    mode = "5xx"
+    seen: list[str]
+
+    def _answer(self) -> None:
+        self.seen.append(f"{self.command} {self.path}")
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        if self.mode == "401":
+            body = b'{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}'
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="gpuenv-test"')
+        elif self.command == "HEAD" and "/blobs/sha256:" in self.path:
+            self.send_response(200)
+            self.send_header("Content-Length", "1024")
+            self.send_header("Docker-Content-Digest", self.path.rsplit("/", 1)[-1])
+            self.end_headers()
+            return
+        else:
+            body = b"internal error"
+            self.send_response(500)
+        self.send_header("Docker-Distribution-API-Version", "registry/2.0")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@dataclass
+class FakeRegistry:
+    host: str
+    seen: list[str]
+
+
+@pytest.fixture
+def fake_registry() -> Iterator[Callable[[str], FakeRegistry]]:
+    """fake_registry("5xx" | "401") -> a broken registry on loopback, stopped after the test."""
+    servers: list[http.server.ThreadingHTTPServer] = []
+
+    def start(mode: str) -> FakeRegistry:
+        seen: list[str] = []
+        handler = type("Handler", (_Broken,), {"mode": mode, "seen": seen})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        servers.append(server)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return FakeRegistry(f"127.0.0.1:{server.server_address[1]}", seen)
+
+    yield start
+    for server in servers:
+        with contextlib.suppress(Exception):
+            server.shutdown()
+        server.server_close()

@@ -1,0 +1,332 @@
+"""matrix.lock without an engine: the file's round trip, drift, the inputs digest, base
+drift, rendering from a lock (CPU and GPU), and `gpuenv diff`'s comparison and text."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from gpuenv import compat, matrix
+from gpuenv import lock as locks
+from gpuenv.build import spec_hash
+from gpuenv.cell import Cell
+from gpuenv.diff import IDENTITY_LABELS, Inventory, compare, render_text
+from gpuenv.errors import GpuenvError
+from gpuenv.lock import CellLock, Lock
+from gpuenv.render import LOCK_DIR, RenderOptions, render
+from gpuenv.validate.expected import locked_versions
+
+DATE = "2026-11-01T00:00:00Z"
+BASE = "gpuenv/debian:bookworm"
+ROOTFS = "sha256:" + "ab" * 32
+BASE_ID = "sha256:" + "cd" * 32
+
+# What `uv pip compile --generate-hashes --no-header --no-annotate` writes.
+PYTHON_ENV = """\
+absl-py==2.3.1 \\
+    --hash=sha256:a97ee1f3e05b0fa48ef1c8a4a9c9b7ac6bd0a2b5b5c0f3a8cde6a3b2d7e1f0c1 \\
+    --hash=sha256:eeecf07f0c2a93ace0772c92e596ace6d3d3996c042b2128459aaae2a76de11d
+six==1.17.0 \\
+    --hash=sha256:4721f391ed90541fddacab5acf947aa0d3dc7d27b2e1e8eda2be8970586c3274 \\
+    --hash=sha256:ff70335d468e7eb6ec65b95b99d3a2836546063f63acc5171de367e834932a81
+tensorflow==2.21.0 \\
+    --hash=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
+Typing_Extensions==4.15.0 ; python_full_version < '3.12' \\
+    --hash=sha256:f0fa19c6845758ab08074a0cfa8b7aecb71c999ca73d62883bc25cc018c4e548
+"""
+CUDA = """\
+nvidia-cudnn-cu12==9.3.0.75 \\
+    --hash=sha256:1111111111111111111111111111111111111111111111111111111111111111
+"""
+
+
+@pytest.fixture
+def cells(write_matrix) -> dict[str, Cell]:
+    """The minimal matrix's cells (TF 2.21, Python 3.11, CPU and GPU), by variant."""
+    resolved = compat.resolve(matrix.load(write_matrix())).cells
+    return {c.variant: c for c in resolved}
+
+
+def cell_lock(cell: Cell, python_env: str = PYTHON_ENV) -> CellLock:
+    return CellLock(locks.inputs_digest(cell, DATE), python_env, CUDA if cell.is_gpu else "")
+
+
+def make_lock(path: Path, cells: dict[str, Cell]) -> Lock:
+    return Lock(
+        path=path,
+        exclude_newer=DATE,
+        cells={c.name: cell_lock(c) for c in cells.values()},
+        bases={BASE: {"id": BASE_ID, "rootfs": ROOTFS, "packages": ["python3=3.11.2-1+b1"]}},
+    )
+
+
+# --------------------------------------------------------------------------- the file
+
+
+def test_lock_round_trip(tmp_path, cells):
+    path = tmp_path / "matrix.lock"
+    written = make_lock(path, cells)
+    locks.write(written)
+    loaded = locks.load(path)
+    assert loaded == written
+    text = path.read_text()
+    assert text.startswith("# matrix.lock: written by `gpuenv lock`")
+    # Reviewable: the requirements are literal blocks, one pin or hash a line.
+    assert "python_env: |" in text and "cuda: |" in text
+    assert "    six==1.17.0 \\\n" in text
+    # Writing what was read gives the same bytes (a re-lock of an unchanged matrix is no diff).
+    locks.write(loaded)
+    assert path.read_text() == text
+
+
+def test_cpu_cells_have_no_cuda_section(tmp_path, cells):
+    path = tmp_path / "matrix.lock"
+    locks.write(make_lock(path, {"cpu": cells["cpu"]}))
+    assert "cuda:" not in path.read_text()
+    assert locks.load(path).cells[cells["cpu"].name].cuda == ""
+
+
+def test_lock_path_is_next_to_the_matrix(tmp_path):
+    assert locks.lock_path(tmp_path / "envs.yaml") == tmp_path / "envs.lock"
+
+
+def test_missing_lock_is_none_and_garbage_is_an_error(tmp_path):
+    assert locks.load(tmp_path / "matrix.lock") is None
+    bad = tmp_path / "bad.lock"
+    bad.write_text("cells: [1, 2]\n")
+    with pytest.raises(GpuenvError, match="not a gpuenv lock"):
+        locks.load(bad)
+
+
+# --------------------------------------------------------------------------- drift
+
+
+def test_no_drift_when_the_matrix_is_unchanged(tmp_path, cells):
+    lock = make_lock(tmp_path / "matrix.lock", cells)
+    assert locks.drift(lock, list(cells.values())) == {}
+
+
+def test_an_added_package_is_drift(tmp_path, cells):
+    lock = make_lock(tmp_path / "matrix.lock", cells)
+    edited = dataclasses.replace(cells["cpu"], pip=("iniconfig==2.1.0",))
+    assert locks.drift(lock, [edited, cells["gpu"]]) == {
+        edited.name: "the matrix changed since it was locked"
+    }
+
+
+def test_a_cell_missing_from_the_lock_is_drift(tmp_path, cells):
+    lock = make_lock(tmp_path / "matrix.lock", {"cpu": cells["cpu"]})
+    assert locks.drift(lock, list(cells.values())) == {cells["gpu"].name: "not in the lock"}
+
+
+def test_inputs_digest_changes_with_each_input(cells, monkeypatch):
+    cpu, gpu = cells["cpu"], cells["gpu"]
+    digest = locks.inputs_digest(cpu, DATE)
+    assert digest.startswith("sha256:") and digest == locks.inputs_digest(cpu, DATE)
+    variants = {
+        "python": locks.inputs_digest(dataclasses.replace(cpu, python="3.12"), DATE),
+        "framework version": locks.inputs_digest(
+            dataclasses.replace(cpu, framework_version="2.21.1"), DATE
+        ),
+        "pip": locks.inputs_digest(dataclasses.replace(cpu, pip=("six==1.17.0",)), DATE),
+        "exclude_newer": locks.inputs_digest(cpu, "2026-11-02T00:00:00Z"),
+    }
+    wheels = dict(gpu.wheels, **{"nvidia-cudnn-cu12": "9.5.1.17"})
+    variants["cuda wheels"] = locks.inputs_digest(dataclasses.replace(gpu, wheels=wheels), DATE)
+    assert locks.inputs_digest(gpu, DATE) != digest
+    monkeypatch.setattr(locks, "PLATFORM", "aarch64-manylinux_2_28")
+    variants["platform"] = locks.inputs_digest(cpu, DATE)
+    for what, other in variants.items():
+        assert other != digest, f"the digest ignores the {what}"
+    assert len({*variants.values(), digest}) == len(variants) + 1
+
+
+def test_inputs_digest_ignores_the_image_name(cells):
+    # A lock is about what is installed: renaming the repository needs no re-lock.
+    cpu = cells["cpu"]
+    renamed = dataclasses.replace(cpu, repository="acme/other")
+    assert locks.inputs_digest(renamed, DATE) == locks.inputs_digest(cpu, DATE)
+
+
+# --------------------------------------------------------------------------- base drift
+
+
+def info(image_id: str = BASE_ID, rootfs: str | None = ROOTFS) -> dict:
+    labels = {"io.gpuenv.rootfs": rootfs} if rootfs else {}
+    return {"Id": image_id, "Config": {"Labels": labels}}
+
+
+def test_bootstrapped_base_is_pinned_by_its_root_filesystem(tmp_path, cells):
+    lock = make_lock(tmp_path / "matrix.lock", cells)
+    assert locks.base_drift(lock, BASE, info()) is None
+    # The same root filesystem imported again (another ID) is the same base.
+    assert locks.base_drift(lock, BASE, info(image_id="sha256:" + "ef" * 32)) is None
+    other = "sha256:" + "99" * 32
+    why = locks.base_drift(lock, BASE, info(rootfs=other))
+    assert why and other in why and ROOTFS in why
+
+
+def test_image_base_is_pinned_by_its_id(tmp_path, cells):
+    lock = make_lock(tmp_path / "matrix.lock", cells)
+    lock.bases = {"nvidia/cuda:12.5": {"id": BASE_ID, "rootfs": None, "packages": []}}
+    assert locks.base_drift(lock, "nvidia/cuda:12.5", info(rootfs=None)) is None
+    why = locks.base_drift(lock, "nvidia/cuda:12.5", info("sha256:" + "12" * 32, None))
+    assert why and "is not the locked" in why
+
+
+def test_a_base_the_lock_does_not_know_is_drift(tmp_path, cells):
+    # The matrix moved a Python to another base after locking.
+    lock = make_lock(tmp_path / "matrix.lock", cells)
+    why = locks.base_drift(lock, "gpuenv/debian:trixie", info())
+    assert why and "not in the lock" in why
+
+
+def test_base_identity_records_the_rootfs_label():
+    found = locks.base_identity(info(), ["python3=3.11.2-1+b1"])
+    assert found == {"id": BASE_ID, "rootfs": ROOTFS, "packages": ["python3=3.11.2-1+b1"]}
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def runs(dockerfile: str) -> list[str]:
+    joined = re.sub(r"\\\n", " ", dockerfile)
+    return [line for line in joined.splitlines() if line.startswith("RUN ")]
+
+
+def copies(dockerfile: str) -> list[tuple[str, str]]:
+    return [
+        tuple(line.split()[1:3])  # type: ignore[misc]
+        for line in dockerfile.splitlines()
+        if line.startswith("COPY ")
+    ]
+
+
+@pytest.mark.parametrize("ca", [False, True])
+def test_cpu_cell_installs_exactly_the_lock(cells, ca):
+    cpu = cells["cpu"]
+    ctx = render(cpu, RenderOptions(ca=ca), cell_lock(cpu))
+    assert ctx.files["requirements/python-env.txt"] == PYTHON_ENV
+    assert "requirements/cuda.txt" not in ctx.files
+    assert copies(ctx.dockerfile) == [("requirements/python-env.txt", f"{LOCK_DIR}/python-env.txt")]
+    (install,) = [r for r in runs(ctx.dockerfile) if "pip install" in r and "/opt/venv" in r]
+    assert f"--require-hashes --no-deps -r {LOCK_DIR}/python-env.txt" in install
+    assert "tensorflow==" not in install  # the resolution comes from the file, not the line
+
+
+def test_gpu_cell_installs_the_cuda_wheels_from_the_lock(cells):
+    gpu = cells["gpu"]
+    ctx = render(gpu, RenderOptions(), cell_lock(gpu))
+    assert ctx.files["requirements/python-env.txt"] == PYTHON_ENV
+    assert ctx.files["requirements/cuda.txt"] == CUDA
+    assert copies(ctx.dockerfile) == [
+        ("requirements/python-env.txt", f"{LOCK_DIR}/python-env.txt"),
+        ("requirements/cuda.txt", f"{LOCK_DIR}/cuda.txt"),
+    ]
+    installs = [r for r in runs(ctx.dockerfile) if "uv pip install" in r]
+    assert len(installs) == 2
+    assert f"--require-hashes --no-deps -r {LOCK_DIR}/python-env.txt" in installs[0]
+    assert f"--require-hashes --no-deps -r {LOCK_DIR}/cuda.txt" in installs[1]
+    assert not any("nvidia-cudnn-cu12==" in r for r in installs)
+    # Every COPY source is in the context.
+    assert all(src in ctx.files for src, _ in copies(ctx.dockerfile))
+
+
+def test_without_a_lock_nothing_is_copied_or_hash_checked(cells):
+    for cell in cells.values():
+        ctx = render(cell, RenderOptions())
+        assert set(ctx.files) == {"Dockerfile", "cell.json"}
+        assert not copies(ctx.dockerfile)
+        assert "--require-hashes" not in ctx.dockerfile
+        assert "tensorflow==2.21.0" in ctx.dockerfile
+
+
+def test_the_lock_is_part_of_the_spec_hash(cells):
+    cpu = cells["cpu"]
+    plain = spec_hash(render(cpu), BASE_ID)
+    locked = spec_hash(render(cpu, lock=cell_lock(cpu)), BASE_ID)
+    other = spec_hash(
+        render(cpu, lock=cell_lock(cpu, PYTHON_ENV.replace("2.3.1", "2.3.2"))), BASE_ID
+    )
+    assert len({plain, locked, other}) == 3
+
+
+def test_locked_versions_reads_the_pins(cells):
+    assert locked_versions(cell_lock(cells["cpu"]), gpu=False) == {
+        "absl-py": "2.3.1",
+        "six": "1.17.0",
+        "tensorflow": "2.21.0",
+        "typing-extensions": "4.15.0",
+    }
+    assert locked_versions(cell_lock(cells["gpu"]), gpu=True)["nvidia-cudnn-cu12"] == "9.3.0.75"
+
+
+# --------------------------------------------------------------------------- gpuenv diff
+
+
+def inventory(ref: str, **changes) -> Inventory:
+    inv = Inventory(
+        ref=ref,
+        image_id="sha256:" + "00" * 32,
+        size=2_260_000_000,
+        env={"PATH": "/opt/venv/bin:/usr/bin", "VIRTUAL_ENV": "/opt/venv"},
+        labels={"io.gpuenv.cell": "tf2.21-py3.11-cpu", IDENTITY_LABELS[0]: "a" * 64},
+        pip={"tensorflow": "2.21.0", "six": "1.17.0"},
+        apt={"python3": "3.11.2-1+b1"},
+        files={
+            "/opt/venv/bin/python": "120777 0:0 16 link:python3",
+            "/etc/passwd": "100644 0:0 9 x",
+        },
+    )
+    return dataclasses.replace(inv, **changes)
+
+
+def test_identical_inventories():
+    a = inventory("a")
+    b = inventory("b", image_id="sha256:" + "11" * 32, labels={**a.labels, IDENTITY_LABELS[0]: "b"})
+    result = compare(a, b)
+    assert result == {}
+    assert render_text(a, b, result) == "identical: a and b hold the same environment"
+
+
+def test_every_section_reports_its_differences():
+    a = inventory("a")
+    b = inventory(
+        "b",
+        size=a.size + 5_000_000,
+        env={**a.env, "PYTHONUNBUFFERED": "1"},
+        labels={**a.labels, "io.gpuenv.cell": "other"},
+        pip={**a.pip, "six": "1.16.0", "iniconfig": "2.1.0"},
+        apt={},
+        files={"/etc/passwd": "100644 0:0 9 y"},
+    )
+    result = compare(a, b)
+    assert result["pip"] == {
+        "only_a": [],
+        "only_b": ["iniconfig"],
+        "changed": [["six", "1.17.0", "1.16.0"]],
+    }
+    assert result["apt"]["only_a"] == ["python3"]
+    assert result["env"]["only_b"] == ["PYTHONUNBUFFERED"]
+    assert result["labels"]["changed"] == [["io.gpuenv.cell", "tf2.21-py3.11-cpu", "other"]]
+    assert result["files"]["only_a"] == ["/opt/venv/bin/python"]
+    assert result["files"]["changed"][0][0] == "/etc/passwd"
+    assert result["size"] == [a.size, b.size]
+    text = render_text(a, b, result).splitlines()
+    assert text[0].startswith("--- a (") and text[1].startswith("+++ b (")
+    assert "pip: 2 difference(s)" in text
+    assert "  + iniconfig" in text and "  ~ six: 1.17.0 -> 1.16.0" in text
+    assert "  - python3" in text and "  - /opt/venv/bin/python" in text
+    assert text[-1] == "size: 2260.0 MB -> 2265.0 MB (+5.0 MB)"
+
+
+def test_long_sections_are_cut_at_the_limit():
+    a = inventory("a", files={})
+    b = inventory("b", files={f"/f{i:03}": "100644 0:0 0 x" for i in range(50)})
+    text = render_text(a, b, compare(a, b), limit=10).splitlines()
+    assert "files: 50 difference(s)" in text
+    assert sum(line.startswith("  + /f") for line in text) == 10
+    assert "  ... and 40 more (--json lists all)" in text

@@ -1,0 +1,363 @@
+"""gpuenv.publish without an engine: push streams, retries, targets, aliases, refusals, pulls.
+
+The push streams under tests/unit/recorded/push-*.jsonl are what Docker Engine 20.10 sent to
+the Docker SDK (`api.push(..., stream=True)`, one JSON document a line, verbatim) when
+pushing to a loopback docker-registry, to a closed port, and to registries answering 500
+and 401 (recorded/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuenv import compat, publish
+from gpuenv import matrix as matrices
+from gpuenv.errors import GpuenvError, MatrixError
+
+RECORDED = Path(__file__).parent / "recorded"
+
+
+def recorded(name: str) -> list[dict[str, Any]]:
+    lines = (RECORDED / name).read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+# --------------------------------------------------------------------------- push streams
+
+
+def test_a_successful_push_stream_gives_the_manifest_digest():
+    stream = recorded("push-ok.jsonl")
+    digest, error = publish.read_push_stream(iter(stream))
+    assert error is None
+    # The engine also says it in words, in the status line before the aux message.
+    said = [c["status"] for c in stream if "digest: sha256:" in c.get("status", "")]
+    assert len(said) == 1
+    assert digest is not None and re.fullmatch(r"sha256:[0-9a-f]{64}", digest)
+    assert f"digest: {digest} " in said[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "needle", "transient"),
+    [
+        ("push-connection-refused.jsonl", "connection refused", True),
+        ("push-500.jsonl", "500 Internal Server Error", True),
+        ("push-401.jsonl", "no basic auth credentials", False),
+    ],
+)
+def test_an_error_inside_the_stream_is_found(name, needle, transient):
+    stream = recorded(name)
+    assert any("errorDetail" in c for c in stream)  # the SDK raised nothing for it
+    digest, error = publish.read_push_stream(iter(stream))
+    assert digest is None
+    assert error is not None and needle in error
+    assert "\n" not in error
+    assert publish.is_transient(error) is transient
+
+
+def test_a_stream_without_digest_or_error_is_a_failure():
+    stream = [c for c in recorded("push-ok.jsonl") if "aux" not in c]
+    assert publish.read_push_stream(iter(stream)) == (
+        None,
+        "the engine ended the push without a digest",
+    )
+    assert publish.read_push_stream(iter(["not a dict", b"bytes"])) == (
+        None,
+        "the engine ended the push without a digest",
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        ("received unexpected HTTP status: 503 Service Unavailable", True),
+        ("received unexpected HTTP status: 502 Bad Gateway", True),
+        ("net/http: TLS handshake timeout", True),
+        ("read tcp 10.0.0.2:443: read: connection reset by peer", True),
+        ("Put https://ghcr.io/v2/...: EOF", True),
+        ("unauthorized: authentication required", False),
+        ("denied: requested access to the resource is denied", False),
+        ("name unknown: repository name not known to registry", False),
+    ],
+)
+def test_is_transient(error, transient):
+    assert publish.is_transient(error) is transient
+
+
+# --------------------------------------------------------------------------- retries
+
+
+class FakePush:
+    """push(repo, tag) -> a stream, per attempt, from a script of outcomes."""
+
+    def __init__(self, *outcomes: Any) -> None:
+        self.outcomes = list(outcomes)
+        self.calls: list[tuple[str, str]] = []
+
+    def __call__(self, repo: str, tag: str) -> Any:
+        self.calls.append((repo, tag))
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return iter(outcome)
+
+
+OK = recorded("push-ok.jsonl")
+REFUSED = recorded("push-connection-refused.jsonl")
+E500 = recorded("push-500.jsonl")
+E401 = recorded("push-401.jsonl")
+REF = "127.0.0.1:5000/team/tensorflow:tf2.21-py3.11-cpu"
+
+
+def test_push_ref_splits_the_reference_and_succeeds_at_once():
+    push, sleeps = FakePush(OK), []
+    result = publish.push_ref(push, REF, sleep=sleeps.append)
+    assert push.calls == [("127.0.0.1:5000/team/tensorflow", "tf2.21-py3.11-cpu")]
+    assert (result.status, result.attempts, result.error) == ("pushed", 1, None)
+    assert result.digest == publish.read_push_stream(iter(OK))[0]
+    assert sleeps == []
+
+
+def test_transient_failures_are_retried_with_backoff():
+    push, sleeps = FakePush(E500, REFUSED, OK), []
+    result = publish.push_ref(push, REF, sleep=sleeps.append)
+    assert (result.status, result.attempts, result.error) == ("pushed", 3, None)
+    assert sleeps == [1, 2]
+
+
+def test_retries_stop_after_three_and_the_last_error_is_reported():
+    push, sleeps = FakePush(E500, E500, E500, REFUSED, OK), []
+    result = publish.push_ref(push, REF, sleep=sleeps.append)
+    assert result.status == "failed"
+    assert result.attempts == publish.RETRIES + 1 == 4
+    assert sleeps == [1, 2, 4]
+    assert "connection refused" in result.error
+    assert len(push.outcomes) == 1  # never tried a fifth time
+
+
+def test_a_permanent_failure_is_not_retried():
+    push, sleeps = FakePush(E401, OK), []
+    result = publish.push_ref(push, REF, sleep=sleeps.append)
+    assert (result.status, result.attempts) == ("failed", 1)
+    assert "no basic auth credentials" in result.error
+    assert sleeps == []
+
+
+def test_an_exception_from_the_sdk_is_a_failure_too():
+    boom = ConnectionError("('Connection aborted.', ConnectionResetError(104, 'Connection reset"
+                           " by peer'))\nsecond line")  # fmt: skip
+    push, sleeps = FakePush(boom, RuntimeError("something else entirely"), OK), []
+    result = publish.push_ref(push, REF, sleep=sleeps.append)
+    assert (result.status, result.attempts) == ("failed", 2)  # reset: retried; other: not
+    assert result.error == "something else entirely"
+    assert sleeps == [1]
+    assert result.to_json() == {
+        "cell": "", "ref": REF, "status": "failed", "digest": None,
+        "error": "something else entirely", "attempts": 2,
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- targets, aliases
+
+
+@pytest.mark.parametrize(
+    ("name", "registry", "expected"),
+    [
+        ("gpuenv/tensorflow", None, "gpuenv/tensorflow"),
+        ("gpuenv/tensorflow", "", "gpuenv/tensorflow"),
+        ("gpuenv/tensorflow", "ghcr.io/acme", "ghcr.io/acme/tensorflow"),
+        ("gpuenv/tensorflow", "ghcr.io/acme/", "ghcr.io/acme/tensorflow"),
+        ("registry.example.com:5000/team/envs", "127.0.0.1:5000", "127.0.0.1:5000/envs"),
+        ("envs", "127.0.0.1:5000/a/b", "127.0.0.1:5000/a/b/envs"),
+    ],
+)
+def test_target_repository(name, registry, expected):
+    assert publish.target_repository(name, registry) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("ghcr.io", True),
+        ("ghcr.io/acme", True),
+        ("127.0.0.1:5000/team/sub", True),
+        ("localhost:5000", True),
+        ("ghcr.io/Acme", False),  # repository paths are lowercase
+        ("ghcr.io/acme tools", False),
+        ("https://ghcr.io/acme", False),
+        ("", False),
+    ],
+)
+def test_registry_problem(value, ok):
+    assert (publish.registry_problem(value) is None) is ok
+
+
+def test_registry_from_env(monkeypatch):
+    monkeypatch.delenv(publish.REGISTRY_ENV, raising=False)
+    assert publish.registry_from_env() is None
+    monkeypatch.setenv(publish.REGISTRY_ENV, "  ")
+    assert publish.registry_from_env() is None
+    monkeypatch.setenv(publish.REGISTRY_ENV, "127.0.0.1:5000/x")
+    assert publish.registry_from_env() == "127.0.0.1:5000/x"
+    monkeypatch.setenv(publish.REGISTRY_ENV, "ghcr.io/Acme")
+    with pytest.raises(GpuenvError, match=r"\$GPUENV_REGISTRY='ghcr.io/Acme': expected HOST"):
+        publish.registry_from_env()
+
+
+def _loaded(write_matrix, text: str) -> tuple[Any, Any]:
+    m = matrices.load(write_matrix(text))
+    return m, compat.resolve(m)
+
+
+def test_aliases_by_cell(write_matrix, minimal_matrix):
+    m, res = _loaded(
+        write_matrix,
+        minimal_matrix + "aliases:\n  latest: '*-cpu'\n  latest-gpu: '*-gpu'\n  tf2.21: '*-cpu'\n",
+    )
+    assert publish.aliases_by_cell(m, res.cells) == {
+        "tf2.21-py3.11-cpu": ["latest", "tf2.21"],
+        "tf2.21-py3.11-cuda12.5-gpu": ["latest-gpu"],
+    }
+
+
+@pytest.mark.parametrize(("pattern", "count"), [("'tf2.21-*'", 2), ("tf2.17-py3.11-cpu", 0)])
+def test_an_alias_must_match_exactly_one_cell(write_matrix, minimal_matrix, line_of, pattern,
+                                              count):  # fmt: skip
+    text = minimal_matrix + f"aliases:\n  ok: '*-cpu'\n  latest: {pattern}\n"
+    m, res = _loaded(write_matrix, text)
+    with pytest.raises(MatrixError) as info:
+        publish.aliases_by_cell(m, res.cells)
+    assert f"matches {count} cells; it must match one" in info.value.message
+    assert "alias 'latest'" in info.value.message
+    assert info.value.line == line_of(text, "latest:")
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def test_check_pushable(write_matrix, minimal_matrix, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _, res = _loaded(write_matrix, minimal_matrix)
+    cell = res.cells[0]
+    info = {"Id": "sha256:aaa", "Config": {"Labels": {"io.gpuenv.spec-hash": "h1"}}}
+    assert "is not built; gpuenv build" in publish.check_pushable(cell, None, "h1")
+    assert "is stale" in publish.check_pushable(cell, info, "h2")
+    assert publish.check_pushable(cell, info, "h1") is None  # never validated: allowed
+    publish.record_validation({"sha256:aaa": True})
+    assert publish.check_pushable(cell, info, "h1") is None
+    publish.record_validation({"sha256:aaa": False, "sha256:bbb": True})
+    assert "failed validation" in publish.check_pushable(cell, info, "h1")
+    assert publish.validation_of("sha256:bbb") is True
+    (tmp_path / "gpuenv" / "validated.json").write_text("{not json")
+    assert publish.check_pushable(cell, info, "h1") is None
+    publish.record_validation({"sha256:ccc": False})  # a corrupt file is replaced
+    assert publish.validation_of("sha256:ccc") is False
+
+
+# --------------------------------------------------------------------------- pull before build
+
+
+class FakeEngine:
+    """The few Engine calls pull_matching makes: references (tags) -> image IDs -> info."""
+
+    def __init__(self, remote: dict[str, Any], local: dict[str, Any] | None = None) -> None:
+        self.remote = remote  # ref -> image info, or an exception, or an error stream
+        self.images = {i["Id"]: i for i in (local or {}).values()}
+        self.refs = {ref: i["Id"] for ref, i in (local or {}).items()}
+        self.removed: list[str] = []
+        self.api = self
+
+    @property
+    def local(self) -> dict[str, Any]:
+        return {ref: self.images[i] for ref, i in self.refs.items()}
+
+    def image(self, ref: str) -> dict[str, Any] | None:
+        return self.images.get(self.refs.get(ref, ref))
+
+    def pull(self, repo: str, tag: str, stream: bool, decode: bool) -> Any:
+        assert stream and decode
+        ref = f"{repo}:{tag}"
+        what = self.remote[ref]
+        if isinstance(what, Exception):
+            raise what
+        if isinstance(what, list):
+            return iter(what)
+        self.images[what["Id"]], self.refs[ref] = what, what["Id"]
+        return iter([{"status": "Pulling from x"}, {"status": f"Digest: sha256:{'0' * 64}"}])
+
+    def tag(self, image_id: str, ref: str) -> None:
+        assert image_id in self.images
+        self.refs[ref] = image_id
+
+    def remove_image(self, ref: str) -> bool:
+        self.removed.append(ref)
+        if ref in self.refs:
+            image_id = self.refs.pop(ref)
+        elif ref in self.images and ref not in self.refs.values():
+            image_id = ref
+        else:
+            return False
+        if image_id not in self.refs.values():
+            del self.images[image_id]
+        return True
+
+
+PULLED = "127.0.0.1:5000/x/tensorflow:tf2.21-py3.11-cpu"
+CELL_IMAGE = "gpuenv/tensorflow:tf2.21-py3.11-cpu"
+
+
+def _image(spec: str, image_id: str = "sha256:pulled") -> dict[str, Any]:
+    return {"Id": image_id, "Config": {"Labels": {"io.gpuenv.spec-hash": spec}}}
+
+
+def test_a_pulled_image_with_the_spec_hash_becomes_the_cells():
+    eng = FakeEngine({PULLED: _image("h1")})
+    assert publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE) == ("sha256:pulled", "")
+    assert eng.local == {CELL_IMAGE: _image("h1")}  # the registry's tag is not left behind
+
+
+def test_a_pulled_image_with_another_spec_hash_is_removed():
+    eng = FakeEngine({PULLED: _image("h-old")})
+    image_id, why = publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)
+    assert image_id is None and "another spec hash" in why
+    assert eng.local == {} and eng.removed == [PULLED]
+
+
+def test_a_registry_tag_that_was_already_there_is_kept():
+    eng = FakeEngine({PULLED: _image("h1")}, {PULLED: _image("h1")})
+    assert publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)[0] == "sha256:pulled"
+    assert set(eng.local) == {PULLED, CELL_IMAGE} and eng.removed == []
+    eng = FakeEngine({PULLED: _image("h-old")}, {PULLED: _image("h-old")})
+    assert publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)[0] is None
+    assert set(eng.local) == {PULLED} and eng.removed == []
+    # The pull moved the tag to another image, not the one wanted: the tag goes back.
+    mine = _image("h-mine", "sha256:mine")
+    eng = FakeEngine({PULLED: _image("h-old")}, {PULLED: mine})
+    assert publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)[0] is None
+    assert eng.local == {PULLED: mine} and set(eng.images) == {"sha256:mine"}
+
+
+@pytest.mark.parametrize(
+    ("remote", "needle"),
+    [
+        (RuntimeError("404 Client Error: Not Found (manifest unknown)\ndetails"), "manifest"),
+        (
+            [
+                {"status": "Pulling"},
+                {"errorDetail": {"message": "unauthorized: no"}, "error": "unauthorized: no"},
+            ],
+            "unauthorized",
+        ),
+    ],
+    ids=["raised", "in-stream"],
+)
+def test_a_failed_pull_leaves_nothing_and_says_why(remote, needle):
+    eng = FakeEngine({PULLED: remote})
+    image_id, why = publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)
+    assert image_id is None
+    assert why.startswith(f"pull {PULLED}: ") and needle in why and "\n" not in why
+    assert eng.local == {}
