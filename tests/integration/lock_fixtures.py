@@ -1,0 +1,401 @@
+"""Fixtures for the `gpuenv lock` integration tests (loaded by test_lock.py).
+
+They live apart from conftest.py, which belongs to the build tests. Everything runs the
+installed CLI as a user would (a subprocess), on the real engine, with test matrices in a
+temporary directory: TF 2.21 / Python 3.11 / CPU on bookworm, built into the test-only
+repositories below. CPU only, to keep the time down: the GPU path is the same code with
+requirements/cuda.txt (tests/unit/test_lock.py covers its rendering).
+
+- ``locked_matrix``: a matrix and its matrix.lock (locked once per module, with a fixed
+  --exclude-newer date so the resolution does not move).
+- ``first_build``: the locked cell built with --no-cache; its image ID, also tagged
+  ``REPOSITORY:first`` so that later builds of the cell cannot remove it.
+- ``lock_cli``: `gpuenv ...` -> CompletedProcess, optionally against another engine.
+- ``second_engine``: a second dockerd (own data-root, exec-root, pidfile and socket; no
+  bridge, no iptables), empty; stopped by its PID and removed at the end of the module.
+- ``lock_janitor`` (module, autouse by the test module): removes every tag of the test
+  repositories, and the untagged images named after them, that the module created.
+- ``layer_listing(ref, host=None)``: `docker save` read with tarfile: the image config and,
+  per layer, its entries (path, type, mode, owner, link target, sha256 of the contents).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+REPOSITORY = "gpuenv-test/lock"  # the locked cell's images
+BAD_REPOSITORY = "gpuenv-test/lock-bad"  # builds that must fail (drift, tampered hash)
+# Other tags of the cell's builds. Another repository: removing an image by ID (as a rebuild
+# does with the build it supersedes) also removes its other tags in the same repository.
+KEEP_REPOSITORY = "gpuenv-test/lock-keep"
+OUR_REPOSITORIES = (REPOSITORY, BAD_REPOSITORY, KEEP_REPOSITORY)
+CELL = "tf2.21-py3.11-cpu"
+IMAGE = f"{REPOSITORY}:{CELL}"
+FIRST = f"{KEEP_REPOSITORY}:first"
+BASE = "gpuenv/debian:bookworm"
+# Resolve as of this date: TF 2.21.0 is older, and the lock stays the same month to month.
+EXCLUDE_NEWER = "2026-11-01"
+BUILD_TIMEOUT = 900
+# Labels of the containers gpuenv starts to look into images (none may be left behind).
+CONTAINER_LABELS = ("io.gpuenv.validate=1", "io.gpuenv.diff=1", "io.gpuenv.probe=1")
+
+
+def _gpuenv_argv() -> list[str]:
+    script = Path(sys.executable).parent / "gpuenv"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuenv"]
+
+
+GPUENV = _gpuenv_argv()
+
+
+def docker(
+    *args: str, host: str | None = None, check: bool = True, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    argv = ["docker", *(["-H", host] if host else []), *args]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def image_id(ref: str, host: str | None = None) -> str | None:
+    proc = docker("image", "inspect", "-f", "{{.Id}}", ref, host=host, check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def matrix_text(name: str = REPOSITORY, pip: tuple[str, ...] = ()) -> str:
+    """JSON is YAML; json.dumps keeps the version strings quoted."""
+    doc = {
+        "name": name,
+        "matrix": {"tensorflow": ["2.21"], "python": ["3.11"], "variant": ["cpu"]},
+        "bases": {"3.11": {"debian": "bookworm"}},
+        "packages": {"pip": list(pip), "apt": []},
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def output(proc: subprocess.CompletedProcess[str]) -> str:
+    out, err = proc.stdout[-4000:], proc.stderr[-4000:]
+    return f"exit {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+@pytest.fixture(scope="session")
+def lock_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """lock_cli("build", ..., host=None, timeout=...) -> CompletedProcess (text)."""
+
+    def cli(
+        *args: str, host: str | None = None, timeout: float = BUILD_TIMEOUT
+    ) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ)
+        if host is not None:
+            env["DOCKER_HOST"] = host
+        return subprocess.run(
+            [*GPUENV, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env
+        )
+
+    return cli
+
+
+# --------------------------------------------------------------------------- images
+
+
+def _all_ids(host: str | None = None) -> set[str]:
+    return set(docker("images", "-a", "-q", "--no-trunc", host=host).stdout.split())
+
+
+def _our_tags() -> list[str]:
+    out = docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
+    return [t for t in out if t.rpartition(":")[0] in OUR_REPOSITORIES]
+
+
+def _title(ref: str) -> str:
+    proc = docker(
+        "image", "inspect", "-f", '{{index .Config.Labels "org.opencontainers.image.title"}}',
+        ref, check=False,
+    )  # fmt: skip
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+@pytest.fixture(scope="module")
+def lock_janitor() -> Iterator[None]:
+    """Afterwards: remove the test repositories' tags and the untagged images named after
+    them that this module created. Nothing else (the engine may be shared)."""
+    before = _all_ids()
+    yield
+    for tag in _our_tags():
+        docker("rmi", tag, check=False)
+    dangling = set(docker("images", "-q", "--no-trunc", "-f", "dangling=true").stdout.split())
+    for iid in dangling - before:
+        if _title(iid).rpartition(":")[0] in OUR_REPOSITORIES:
+            docker("rmi", iid, check=False)
+
+
+@pytest.fixture
+def no_leftover_containers() -> Iterator[None]:
+    """Fails (and cleans up) when gpuenv left a validate/diff/probe container of one of the
+    test repositories' images behind (others' containers on a shared engine are not ours)."""
+
+    def ours() -> dict[str, str]:
+        found: dict[str, str] = {}
+        for label in CONTAINER_LABELS:
+            out = docker("ps", "-a", "--no-trunc", "--filter", f"label={label}",
+                         "--format", "{{.ID}} {{.Image}} {{.Status}}").stdout  # fmt: skip
+            for line in out.splitlines():
+                cid, ref, status = line.split(" ", 2)
+                if ref.rpartition(":")[0] in OUR_REPOSITORIES:
+                    found[cid] = f"{cid[:12]} {label} {ref} {status}"
+        return found
+
+    before = ours()
+    yield
+    left = {cid: what for cid, what in ours().items() if cid not in before}
+    for cid in left:
+        docker("rm", "-f", cid, check=False)
+    assert not left, f"gpuenv left containers behind: {sorted(left.values())}"
+
+
+# --------------------------------------------------------------------------- the locked cell
+
+
+@pytest.fixture(scope="module")
+def locked_matrix(
+    lock_cli: Callable[..., Any], lock_janitor: None, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """tmp/matrix.yaml and its matrix.lock, written by `gpuenv lock`."""
+    path = tmp_path_factory.mktemp("locked") / "matrix.yaml"
+    path.write_text(matrix_text(), encoding="utf-8")
+    proc = lock_cli("lock", "-f", str(path), "--exclude-newer", EXCLUDE_NEWER, timeout=600)
+    assert proc.returncode == 0, output(proc)
+    assert path.with_suffix(".lock").exists(), output(proc)
+    return path
+
+
+@pytest.fixture(scope="module")
+def first_build(locked_matrix: Path, lock_cli: Callable[..., Any]) -> str:
+    """The locked cell, built with --no-cache; its image ID (also tagged FIRST)."""
+    proc = lock_cli("build", "-f", str(locked_matrix), CELL, "--no-cache", "--json")
+    assert proc.returncode == 0, output(proc)
+    (result,) = json.loads(proc.stdout)["results"]
+    assert result["status"] == "built", result
+    docker("tag", result["image_id"], FIRST)
+    return str(result["image_id"])
+
+
+def copy_matrix(locked_matrix: Path, target: Path, name: str, pip: tuple[str, ...] = ()) -> Path:
+    """The locked matrix (renamed to ``name``, optionally with more pip packages) and a copy of
+    its lock, in ``target``."""
+    target.mkdir(parents=True, exist_ok=True)
+    path = target / "matrix.yaml"
+    path.write_text(matrix_text(name, pip), encoding="utf-8")
+    shutil.copyfile(locked_matrix.with_suffix(".lock"), path.with_suffix(".lock"))
+    return path
+
+
+# --------------------------------------------------------------------------- a second engine
+
+
+@dataclass
+class SecondEngine:
+    host: str  # DOCKER_HOST value
+    root: Path
+
+
+def _mounts_under(root: Path) -> list[str]:
+    with open("/proc/self/mounts") as f:
+        points = [line.split()[1] for line in f]
+    return [p for p in points if p.startswith(str(root) + "/")]
+
+
+@pytest.fixture(scope="module")
+def second_engine() -> Iterator[SecondEngine]:
+    """An empty second dockerd, as run_fixtures.gpu_engine starts one (without the hook)."""
+    dockerd = shutil.which("dockerd") or shutil.which("dockerd", path="/usr/sbin:/sbin")
+    if os.geteuid() != 0 or dockerd is None:
+        pytest.skip("a second dockerd needs root and the dockerd binary")
+    root = Path(tempfile.mkdtemp(prefix="gpuenv-lk-", dir="/tmp"))  # short: socket paths
+    sock = root / "d.sock"
+    log = (root / "dockerd.log").open("wb")
+    proc = subprocess.Popen(
+        [dockerd, "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
+         "--pidfile", str(root / "d.pid"), "-H", f"unix://{sock}",
+         "--bridge=none", "--iptables=false", "--ip-masq=false"],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = (root / "dockerd.log").read_text(errors="replace")[-1500:]
+                pytest.skip(f"a second dockerd did not start here: {tail}")
+            if (
+                sock.exists()
+                and docker("version", host=f"unix://{sock}", check=False).returncode == 0
+            ):
+                break
+            time.sleep(0.2)
+        yield SecondEngine(f"unix://{sock}", root)
+    finally:
+        _stop_engine(proc, f"unix://{sock}", root)
+        log.close()
+
+
+def _stop_engine(proc: subprocess.Popen[bytes], host: str, root: Path) -> None:
+    with contextlib.suppress(Exception):
+        out = docker("ps", "-a", "-q", host=host, check=False, timeout=60).stdout.split()
+        if out:
+            docker("rm", "-f", *out, host=host, check=False, timeout=120)
+    containerd_pid = None
+    with contextlib.suppress(OSError, ValueError):
+        containerd_pid = int((root / "exec" / "containerd" / "containerd.pid").read_text())
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    # dockerd stops the containerd it started; if it was killed, that one is ours to end.
+    if containerd_pid is not None:
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{containerd_pid}/cmdline").read_bytes()
+            if str(root).encode() in cmdline:
+                os.kill(containerd_pid, signal.SIGTERM)
+    for point in sorted(_mounts_under(root), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True, timeout=30)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- docker save
+
+
+@dataclass
+class Saved:
+    """What `docker save` holds for one image."""
+
+    config: dict[str, Any]
+    layers: list[list[tuple[Any, ...]]]  # per layer: (path, type, mode, uid, gid, link, sha256)
+    mtimes: list[dict[str, int]]  # per layer: path -> mtime (what bit-identity needs too)
+    order: list[list[str]]  # per layer: the paths in the order the tar holds them
+
+
+def _entries(fileobj: IO[bytes]) -> tuple[list[tuple[Any, ...]], dict[str, int], list[str]]:
+    entries, mtimes, order = [], {}, []
+    with tarfile.open(fileobj=fileobj, mode="r|") as tar:
+        for member in tar:
+            digest = ""
+            if member.isreg():
+                stream = tar.extractfile(member)
+                assert stream is not None
+                digest = hashlib.file_digest(stream, "sha256").hexdigest()
+            entries.append(
+                (member.name, member.type.decode(), member.mode, member.uid, member.gid,
+                 member.linkname, digest)
+            )  # fmt: skip
+            mtimes[member.name] = int(member.mtime)
+            order.append(member.name)
+    return sorted(entries), mtimes, order
+
+
+def _read_save(stream: IO[bytes]) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    """(layer.tar name -> its entries, layer.tar name -> the copy it links to, JSON files)."""
+    layers: dict[str, Any] = {}
+    links: dict[str, str] = {}
+    blobs: dict[str, Any] = {}
+    try:
+        outer = tarfile.open(fileobj=stream, mode="r|")  # noqa: SIM115 (closed below)
+    except tarfile.ReadError:  # nothing came: docker save failed, its stderr says why
+        return layers, links, blobs
+    with outer:
+        for member in outer:
+            if member.name.endswith("/layer.tar"):
+                if member.issym():  # a layer saved twice is a link to the first copy
+                    base = os.path.dirname(member.name)
+                    links[member.name] = os.path.normpath(os.path.join(base, member.linkname))
+                elif member.size == 0:
+                    layers[member.name] = ([], {}, [])
+                else:
+                    fileobj = outer.extractfile(member)
+                    assert fileobj is not None
+                    layers[member.name] = _entries(fileobj)
+            elif member.isreg() and member.name.endswith(".json"):
+                fileobj = outer.extractfile(member)
+                assert fileobj is not None
+                blobs[member.name] = json.load(fileobj)
+    return layers, links, blobs
+
+
+def layer_listing(ref: str, host: str | None = None) -> Saved:
+    """`docker save ref`, streamed through tarfile (nothing is written to disk)."""
+    argv = ["docker", *(["-H", host] if host else []), "save", ref]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        layers, links, blobs = _read_save(proc.stdout)
+    finally:
+        proc.stdout.close()
+        err = proc.stderr.read().decode(errors="replace")
+        code = proc.wait(timeout=120)
+    assert code == 0 and "manifest.json" in blobs, f"{' '.join(argv)} exited {code}: {err}"
+    (manifest,) = blobs["manifest.json"]
+    names = [links.get(name, name) for name in manifest["Layers"]]
+    return Saved(
+        config=blobs[manifest["Config"]],
+        layers=[layers[n][0] for n in names],
+        mtimes=[layers[n][1] for n in names],
+        order=[layers[n][2] for n in names],
+    )
+
+
+def bit_identity_report(a: Saved, b: Saved) -> list[str]:
+    """What keeps two builds with the same files from having the same image ID."""
+    found = []
+    ca, cb = a.config, b.config
+    for key in sorted(set(ca) | set(cb)):
+        if key in ("history", "rootfs", "config", "container_config"):
+            continue
+        if ca.get(key) != cb.get(key):
+            found.append(f"config.{key}: {ca.get(key)!r} != {cb.get(key)!r}")
+    for key in ("config", "container_config"):
+        sa, sb = ca.get(key) or {}, cb.get(key) or {}
+        for sub in sorted(set(sa) | set(sb)):
+            if sa.get(sub) != sb.get(sub):
+                found.append(f"config.{key}.{sub}: {str(sa.get(sub))[:80]!r} != "
+                             f"{str(sb.get(sub))[:80]!r}")  # fmt: skip
+    ha, hb = ca.get("history") or [], cb.get("history") or []
+    for i, (x, y) in enumerate(zip(ha, hb, strict=False)):
+        for field in sorted(set(x) | set(y)):
+            if x.get(field) != y.get(field):
+                found.append(f"history[{i}].{field}: {x.get(field)!r} != {y.get(field)!r}")
+    da, db = (
+        (ca.get("rootfs") or {}).get("diff_ids", []),
+        (cb.get("rootfs") or {}).get("diff_ids", []),
+    )
+    for i, (x, y) in enumerate(zip(da, db, strict=False)):
+        if x != y:
+            mt = sum(a.mtimes[i].get(p) != t for p, t in b.mtimes[i].items())
+            ordered = a.order[i] == b.order[i]
+            found.append(
+                f"rootfs.diff_ids[{i}]: {x[:19]} != {y[:19]} ({mt} entries with another mtime, "
+                f"tar order {'same' if ordered else 'differs'})"
+            )
+    return found
