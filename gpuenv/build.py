@@ -268,7 +268,7 @@ def _build_one(
     pulled = None if req.no_cache else _pull_published(engine, ctx.cell, digest, req, reporter)
     if pulled is not None:
         if existing and existing["Id"] != pulled:
-            engine.remove_image(str(existing["Id"]))  # superseded, as after a build
+            engine.remove_if_untagged(str(existing["Id"]))  # superseded, as after a build
         info = engine.image(pulled) or {}
         result.status, result.image_id = "pulled", pulled
         result.size = int(info.get("Size") or 0)
@@ -299,7 +299,7 @@ def _build_one(
         return
     engine.tag(image_id, cell.image)
     if existing and existing["Id"] != image_id:
-        engine.remove_image(str(existing["Id"]))  # the superseded build; kept if still in use
+        engine.remove_if_untagged(str(existing["Id"]))  # the superseded build, if nothing tags it
     info = engine.image(image_id) or {}
     result.status, result.image_id = "built", image_id
     result.size = int(info.get("Size") or 0)

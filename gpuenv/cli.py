@@ -501,7 +501,9 @@ def lock_cmd(
             info = eng.image(image) or {}
             locked_bases[image] = locks.base_identity(info, bases.package_list(eng, image))
         for cell in cells:
-            entries[cell.name] = locks.lock_cell(cell, date, m.model.build.index_url)
+            entries[cell.name] = locks.lock_cell(
+                cell, date, m.model.build.index_url, tuple(m.model.build.extra_index_urls)
+            )
             print(f"locked {cell.name}", file=sys.stderr)
         # Cells no longer in the matrix leave the lock.
         names = {c.name for c in res.cells}

@@ -82,6 +82,14 @@ class Engine:
         repo, _, tag = ref.rpartition(":")
         self.api.tag(image_id, repo, tag)
 
+    def remove_if_untagged(self, image_id: str) -> bool:
+        """Remove a superseded image only when no tag points at it any more (removing by
+        ID would also drop a tag a user added, e.g. docker tag acme/tf:cell acme/tf:rel1)."""
+        info = self.image(image_id)
+        if info is None or info.get("RepoTags"):
+            return False
+        return self.remove_image(image_id)
+
     def remove_image(self, ref: str, *, force: bool = False) -> bool:
         try:
             self.api.remove_image(ref, force=force, noprune=False)

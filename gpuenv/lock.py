@@ -90,7 +90,11 @@ def _uv() -> str:
 
 
 def compile_requirements(
-    requirements: list[str], python: str, exclude_newer: str, index_url: str | None
+    requirements: list[str],
+    python: str,
+    exclude_newer: str,
+    index_url: str | None,
+    extra_index_urls: tuple[str, ...] = (),
 ) -> str:
     """`uv pip compile --generate-hashes` for the cell's interpreter and platform."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -103,6 +107,8 @@ def compile_requirements(
         ]  # fmt: skip
         if index_url:
             command += ["--index-url", index_url]
+        for url in extra_index_urls:
+            command += ["--extra-index-url", url]
         proc = subprocess.run(command, capture_output=True, text=True, check=False,
                               env={**os.environ, "UV_NO_PROGRESS": "1"})  # fmt: skip
     if proc.returncode != 0:
@@ -112,11 +118,14 @@ def compile_requirements(
     return proc.stdout
 
 
-def lock_cell(cell: Cell, exclude_newer: str, index_url: str | None) -> CellLock:
-    env = compile_requirements(env_requirements(cell), cell.python, exclude_newer, index_url)
+def lock_cell(
+    cell: Cell, exclude_newer: str, index_url: str | None, extra_index_urls: tuple[str, ...] = ()
+) -> CellLock:
+    indexes = (index_url, extra_index_urls)
+    env = compile_requirements(env_requirements(cell), cell.python, exclude_newer, *indexes)
     cuda = ""
     if cell.is_gpu:
-        cuda = compile_requirements(cuda_requirements(cell), cell.python, exclude_newer, index_url)
+        cuda = compile_requirements(cuda_requirements(cell), cell.python, exclude_newer, *indexes)
     return CellLock(inputs_digest(cell, exclude_newer), env, cuda)
 
 
