@@ -157,6 +157,27 @@ def render_cmd(
             print(target)
 
 
+def _normalize(eng: object, m: LoadedMatrix, results: list) -> None:  # type: ignore[type-arg]
+    from gpuenv import base, reproducible
+    from gpuenv import lock as locks
+
+    lock = locks.load(locks.lock_path(m.path))
+    epoch = reproducible.epoch_for(
+        lock.exclude_newer if lock else None, int(base.SOURCE_DATE_EPOCH)
+    )
+    for r in results:
+        info = eng.image(r.cell.image) or {}  # type: ignore[attr-defined]
+        if reproducible.is_normalized(info, epoch):
+            print(
+                f"{r.cell.image}  {str(info.get('Id'))[:19]}  already normalised", file=sys.stderr
+            )
+            continue
+        image_id = reproducible.normalize(eng, r.cell.image, epoch)  # type: ignore[arg-type]
+        if info.get("Id") and info["Id"] != image_id:
+            eng.remove_if_untagged(str(info["Id"]))  # type: ignore[attr-defined]
+        print(f"{r.cell.image}  {image_id[:19]}  normalised", file=sys.stderr)
+
+
 @app.command("base")
 def base_cmd(
     patterns: Patterns = None,
@@ -213,6 +234,14 @@ def build_cmd(
     validate: Annotated[
         bool, typer.Option("--validate", help="Validate the images after building")
     ] = False,
+    reproducible: Annotated[
+        bool,
+        typer.Option(
+            "--reproducible",
+            help="Normalise the built images (timestamps, build traces) so that the same "
+            "inputs give the same image ID",
+        ),
+    ] = False,
     as_json: JsonOption = False,
     ca_bundle: CaOption = None,
 ) -> None:
@@ -243,6 +272,8 @@ def build_cmd(
             else:
                 summary(results)
             build.ensure_no_failures(results)
+            if reproducible:
+                _normalize(eng, m, results)
             if validate:
                 _validate([c.name for c in cells], file, [], None, None, False, False)
     finally:

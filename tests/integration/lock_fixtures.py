@@ -1,4 +1,4 @@
-"""Fixtures for the `gpuenv lock` integration tests (loaded by test_lock.py).
+"""Fixtures for the `gpuenv lock` integration tests (loaded by test_engine_lock.py).
 
 They live apart from conftest.py, which belongs to the build tests. Everything runs the
 installed CLI as a user would (a subprocess), on the real engine, with test matrices in a

@@ -1,4 +1,4 @@
-"""Fixtures for the `gpuenv run` integration tests (imported by test_run.py).
+"""Fixtures for the `gpuenv run` integration tests (imported by test_engine_run.py).
 
 They live apart from conftest.py, which belongs to the build tests. Everything here runs
 `gpuenv run` as a user would: a subprocess of the installed CLI, in a fresh working

@@ -1,4 +1,4 @@
-"""Fixtures for the `gpuenv validate` integration tests (loaded by test_validate.py).
+"""Fixtures for the `gpuenv validate` integration tests (loaded by test_engine_validate.py).
 
 They live apart from conftest.py, which belongs to the build tests. Everything runs the
 installed CLI as a user would (a subprocess), on the real engine.
