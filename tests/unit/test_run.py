@@ -1,8 +1,8 @@
 """gpuenv.run's pure parts: the container spec, the command, -e/-v/-p, grace period,
 preflight verdict wiring and the driver cache (no engine needed).
 
-(Named test_run_spec.py, not test_run.py: tests/integration/test_run.py exists and the
-test directories are not packages, so two test_run modules cannot be collected together.)
+(Test modules need unique basenames: the test directories are not packages. The
+integration modules are therefore named test_engine_*.)
 """
 
 from __future__ import annotations
