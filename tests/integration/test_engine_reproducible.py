@@ -1,0 +1,64 @@
+"""`gpuenv build --reproducible`'s normalising step on the real engine: two `--no-cache`
+builds of the same Dockerfile differ (timestamps, build-container traces); normalised, they
+are the same image, bit for bit (same ID). Small images keep this fast; the same code
+normalises cells (see README, Locking)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+BASE = "gpuenv/debian:bookworm"
+EPOCH = 1735689600
+
+
+def _build(context, tag: str) -> None:
+    subprocess.run(
+        ["docker", "build", "-q", "--no-cache", "--network", "host", "-t", tag, str(context)],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "DOCKER_BUILDKIT": "0"},
+    )
+
+
+def test_two_no_cache_builds_normalise_to_the_same_image(tmp_path, gpuenv):
+    from gpuenv import engine, reproducible
+
+    eng = engine.connect()
+    if eng.image(BASE) is None:
+        gpuenv("base")  # the shipped matrix's bases, bookworm among them
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {BASE}\n"
+        "RUN mkdir -p /opt/x && echo hello > /opt/x/f && chmod 4755 /opt/x/f "
+        "&& useradd -u 1234 zed\n"
+        "ENV A=1\nLABEL x=y\n"
+    )
+    repo = f"gpuenv-test/repro-{uuid.uuid4().hex[:8]}"
+    refs = [f"{repo}:a", f"{repo}:b"]
+    originals = []
+    try:
+        for ref in refs:
+            _build(tmp_path, ref)
+            originals.append(eng.image(ref)["Id"])
+        assert originals[0] != originals[1]  # the premise: the builder is not reproducible
+        ids = [reproducible.normalize(eng, ref, EPOCH) for ref in refs]
+        assert ids[0] == ids[1]
+        info = eng.image(refs[0])
+        assert reproducible.is_normalized(info, EPOCH)
+        assert info["Config"]["Labels"]["x"] == "y" and "A=1" in info["Config"]["Env"]
+        out = subprocess.run(
+            ["docker", "run", "--rm", "--network", "none", refs[0], "sh", "-c",
+             "cat /opt/x/f; stat -c '%a %Y' /opt/x/f; id -u zed"],
+            check=True, capture_output=True, text=True,
+        ).stdout.split()  # fmt: skip
+        assert out == ["hello", "4755", str(EPOCH), "1234"]
+    finally:
+        for ref in refs:
+            eng.remove_image(ref, force=True)
+        for image_id in originals:
+            eng.remove_image(image_id, force=True)
