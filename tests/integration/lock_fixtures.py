@@ -21,23 +21,20 @@ requirements/cuda.txt (tests/unit/test_lock.py covers its rendering).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
-import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import pytest
+from dockerd import second_dockerd
 
 REPO = Path(__file__).resolve().parents[2]
 REPOSITORY = "gpuenv-test/lock"  # the locked cell's images
@@ -220,69 +217,11 @@ class SecondEngine:
     root: Path
 
 
-def _mounts_under(root: Path) -> list[str]:
-    with open("/proc/self/mounts") as f:
-        points = [line.split()[1] for line in f]
-    return [p for p in points if p.startswith(str(root) + "/")]
-
-
 @pytest.fixture(scope="module")
 def second_engine() -> Iterator[SecondEngine]:
-    """An empty second dockerd, as run_fixtures.gpu_engine starts one (without the hook)."""
-    dockerd = shutil.which("dockerd") or shutil.which("dockerd", path="/usr/sbin:/sbin")
-    if os.geteuid() != 0 or dockerd is None:
-        pytest.skip("a second dockerd needs root and the dockerd binary")
-    root = Path(tempfile.mkdtemp(prefix="gpuenv-lk-", dir="/tmp"))  # short: socket paths
-    sock = root / "d.sock"
-    log = (root / "dockerd.log").open("wb")
-    proc = subprocess.Popen(
-        [dockerd, "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
-         "--pidfile", str(root / "d.pid"), "-H", f"unix://{sock}",
-         "--bridge=none", "--iptables=false", "--ip-masq=false"],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = (root / "dockerd.log").read_text(errors="replace")[-1500:]
-                pytest.skip(f"a second dockerd did not start here: {tail}")
-            if (
-                sock.exists()
-                and docker("version", host=f"unix://{sock}", check=False).returncode == 0
-            ):
-                break
-            time.sleep(0.2)
-        yield SecondEngine(f"unix://{sock}", root)
-    finally:
-        _stop_engine(proc, f"unix://{sock}", root)
-        log.close()
-
-
-def _stop_engine(proc: subprocess.Popen[bytes], host: str, root: Path) -> None:
-    with contextlib.suppress(Exception):
-        out = docker("ps", "-a", "-q", host=host, check=False, timeout=60).stdout.split()
-        if out:
-            docker("rm", "-f", *out, host=host, check=False, timeout=120)
-    containerd_pid = None
-    with contextlib.suppress(OSError, ValueError):
-        containerd_pid = int((root / "exec" / "containerd" / "containerd.pid").read_text())
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    # dockerd stops the containerd it started; if it was killed, that one is ours to end.
-    if containerd_pid is not None:
-        with contextlib.suppress(OSError):
-            cmdline = Path(f"/proc/{containerd_pid}/cmdline").read_bytes()
-            if str(root).encode() in cmdline:
-                os.kill(containerd_pid, signal.SIGTERM)
-    for point in sorted(_mounts_under(root), key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], capture_output=True, timeout=30)
-    shutil.rmtree(root, ignore_errors=True)
+    """An empty second dockerd (tests/integration/dockerd.py), without the hook."""
+    with second_dockerd("gpuenv-lk-") as (_client, root):
+        yield SecondEngine(f"unix://{root / 'd.sock'}", root)
 
 
 # --------------------------------------------------------------------------- docker save

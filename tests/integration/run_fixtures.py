@@ -38,6 +38,7 @@ from typing import Any
 
 import docker
 import pytest
+from dockerd import second_dockerd
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_MATRIX = REPO / "matrix.yaml"
@@ -409,97 +410,29 @@ class GpuEngine:
         return removed
 
 
-def _mounts_under(root: Path) -> list[str]:
-    with open("/proc/self/mounts") as f:
-        points = [line.split()[1] for line in f]
-    return [p for p in points if p.startswith(str(root) + "/")]
-
-
 @pytest.fixture(scope="session")
 def gpu_engine() -> Iterator[GpuEngine]:
-    """A second dockerd, started here with a stand-in hook on its PATH, so that it accepts
-    --gpus (and injects NVIDIA_VISIBLE_DEVICES). Own data-root, exec-root, pidfile and
-    socket; no bridge, no iptables. SMALL_IMAGE is copied into it. Stopped by its PID and
-    its directories removed at the end of the session."""
-    dockerd = shutil.which("dockerd") or shutil.which("dockerd", path="/usr/sbin:/sbin")
-    if os.geteuid() != 0 or dockerd is None:
-        pytest.skip("a second dockerd needs root and the dockerd binary")
+    """A second dockerd (tests/integration/dockerd.py) with a stand-in hook on its PATH, so
+    that it accepts --gpus (and injects NVIDIA_VISIBLE_DEVICES). SMALL_IMAGE is copied in."""
     if not _has_image(SMALL_IMAGE):
         pytest.skip(f"{SMALL_IMAGE} is missing (gpuenv base makes it)")
-    root = Path(tempfile.mkdtemp(prefix="gpuenv-dd-", dir="/tmp"))  # short: socket paths
-    (root / "bin").mkdir()
-    hook_log = root / "hook.log"
-    hook_log.touch()
-    hook = root / "bin" / "nvidia-container-runtime-hook"
-    hook.write_text(HOOK.format(log=hook_log))
-    hook.chmod(0o755)
-    sock = root / "docker.sock"
-    log = (root / "dockerd.log").open("wb")
-    env = {**os.environ, "PATH": f"{root / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    proc = subprocess.Popen(
-        [dockerd, "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
-         "--pidfile", str(root / "docker.pid"), "-H", f"unix://{sock}",
-         "--bridge=none", "--iptables=false", "--ip-masq=false"],
-        env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
-    client = None
-    try:
-        client = _wait_for_engine(proc, sock, root)
+
+    def install_hook(root: Path) -> Path:
+        (root / "bin").mkdir()
+        (root / "hook.log").touch()
+        hook = root / "bin" / "nvidia-container-runtime-hook"
+        hook.write_text(HOOK.format(log=root / "hook.log"))
+        hook.chmod(0o755)
+        return root / "bin"
+
+    with second_dockerd("gpuenv-dd-", install_hook) as (client, root):
+        host = f"unix://{root / 'd.sock'}"
         saver = subprocess.Popen(["docker", "save", SMALL_IMAGE], stdout=subprocess.PIPE)
         loaded = subprocess.run(
-            ["docker", "-H", f"unix://{sock}", "load"],
+            ["docker", "-H", host, "load"],
             stdin=saver.stdout, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         saver.stdout.close()  # type: ignore[union-attr]
         saver.wait(timeout=60)
         assert loaded.returncode == 0, f"docker load into the test engine: {loaded.stderr}"
-        yield GpuEngine(f"unix://{sock}", hook_log, client, root)
-    finally:
-        _stop_engine(proc, client, root)
-        log.close()
-
-
-def _wait_for_engine(proc: subprocess.Popen[bytes], sock: Path, root: Path) -> Any:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = (root / "dockerd.log").read_text(errors="replace")[-1500:]
-            pytest.skip(f"a second dockerd could not start here (exit {proc.returncode}): {tail}")
-        if sock.exists():
-            client = docker.DockerClient(base_url=f"unix://{sock}", timeout=120)
-            try:
-                client.ping()
-                return client
-            except Exception:
-                client.close()
-        time.sleep(0.2)
-    tail = (root / "dockerd.log").read_text(errors="replace")[-1500:]
-    pytest.skip(f"a second dockerd did not answer within 60 s: {tail}")
-
-
-def _stop_engine(proc: subprocess.Popen[bytes], client: Any, root: Path) -> None:
-    if client is not None:
-        with contextlib.suppress(Exception):
-            for c in client.containers.list(all=True):
-                c.remove(force=True)
-        client.close()
-    containerd_pid = None
-    with contextlib.suppress(OSError, ValueError):
-        containerd_pid = int((root / "exec" / "containerd" / "containerd.pid").read_text())
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    # dockerd stops the containerd it started; if it was killed, that one is ours to end.
-    if containerd_pid is not None:
-        with contextlib.suppress(OSError):
-            cmdline = Path(f"/proc/{containerd_pid}/cmdline").read_bytes()
-            if str(root).encode() in cmdline:
-                os.kill(containerd_pid, signal.SIGTERM)
-    for point in sorted(_mounts_under(root), key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], capture_output=True, timeout=30)
-    shutil.rmtree(root, ignore_errors=True)
+        yield GpuEngine(host, root / "hook.log", client, root)
