@@ -169,7 +169,7 @@ def build_cells(engine: Engine, req: BuildRequest, reporter: Reporter) -> list[C
             base_ids[cell.base.image] = bases.ensure(engine, cell.base, reporter.info)
             info = engine.image(cell.base.image) or {"Id": base_ids[cell.base.image]}
             why = locks.base_drift(lock, cell.base.image, info) if lock else None
-            if why:
+            if lock is not None and why:
                 raise GpuenvError(
                     f"base {cell.base.image} differs from {lock.path} ({why}): load the saved "
                     "base (gpuenv base --load FILE) or re-lock (gpuenv lock)"

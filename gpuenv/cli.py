@@ -16,8 +16,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
+    from gpuenv.build import CellResult
+    from gpuenv.cell import Cell
     from gpuenv.compat import Resolution
+    from gpuenv.engine import Engine
+    from gpuenv.lock import Lock
     from gpuenv.matrix import LoadedMatrix
+    from gpuenv.run import Target
 
 app = typer.Typer(
     name="gpuenv",
@@ -121,9 +126,9 @@ def matrix_cmd(
     print("(* default cells used by `gpuenv run`)")
     if show_all and res.rejected:
         print("\nrejected:")
-        for r in res.rejected:
-            values = ", ".join(f"{k} {v}" for k, v in r.items() if k != "reason")
-            print(f"  {values}: {r['reason']}")
+        for entry in res.rejected:
+            values = ", ".join(f"{k} {v}" for k, v in entry.items() if k != "reason")
+            print(f"  {values}: {entry['reason']}")
     elif res.rejected:
         print(f"({len(res.rejected)} combination(s) rejected; `gpuenv matrix --all` says why)")
 
@@ -157,7 +162,7 @@ def render_cmd(
             print(target)
 
 
-def _normalize(eng: object, m: LoadedMatrix, results: list) -> None:  # type: ignore[type-arg]
+def _normalize(eng: Engine, m: LoadedMatrix, results: list[CellResult]) -> None:
     from gpuenv import base, reproducible
     from gpuenv import lock as locks
 
@@ -166,15 +171,15 @@ def _normalize(eng: object, m: LoadedMatrix, results: list) -> None:  # type: ig
         lock.exclude_newer if lock else None, int(base.SOURCE_DATE_EPOCH)
     )
     for r in results:
-        info = eng.image(r.cell.image) or {}  # type: ignore[attr-defined]
+        info = eng.image(r.cell.image) or {}
         if reproducible.is_normalized(info, epoch):
             print(
                 f"{r.cell.image}  {str(info.get('Id'))[:19]}  already normalised", file=sys.stderr
             )
             continue
-        image_id = reproducible.normalize(eng, r.cell.image, epoch)  # type: ignore[arg-type]
+        image_id = reproducible.normalize(eng, r.cell.image, epoch)
         if info.get("Id") and info["Id"] != image_id:
-            eng.remove_if_untagged(str(info["Id"]))  # type: ignore[attr-defined]
+            eng.remove_if_untagged(str(info["Id"]))
         print(f"{r.cell.image}  {image_id[:19]}  normalised", file=sys.stderr)
 
 
@@ -338,13 +343,13 @@ def run_cmd(
     raise typer.Exit(code)
 
 
-def _run_target(eng: object, image: str | None, want_gpu: bool, file: Path | None) -> object:
+def _run_target(eng: Engine, image: str | None, want_gpu: bool, file: Path | None) -> Target:
     """The image `gpuenv run` uses: -i IMAGE as is, else a cell (built first if missing)."""
     from gpuenv import run
     from gpuenv.errors import GpuenvError
 
     if image is not None and run.looks_like_image(image):
-        labels = eng.labels(image)  # type: ignore[attr-defined]
+        labels = eng.labels(image)
         if labels is None:
             raise GpuenvError(f"image {image} not found in the engine", exit_code=125)
         return run.Target(image, labels)
@@ -362,27 +367,27 @@ def _run_target(eng: object, image: str | None, want_gpu: bool, file: Path | Non
             names = ", ".join(c.name for c in matches)
             raise GpuenvError(f"-i {image!r} matches {len(matches)} cells ({names}); pick one")
         cell = matches[0]
-    labels = eng.labels(cell.image)  # type: ignore[attr-defined]
+    labels = eng.labels(cell.image)
     if labels is None:
         _build_for_run(eng, m, cell)
-        labels = eng.labels(cell.image) or {}  # type: ignore[attr-defined]
+        labels = eng.labels(cell.image) or {}
     return run.Target(cell.image, labels, cell)
 
 
-def _build_for_run(eng: object, m: LoadedMatrix, cell: object) -> None:
+def _build_for_run(eng: Engine, m: LoadedMatrix, cell: Cell) -> None:
     from gpuenv import build
     from gpuenv.errors import GpuenvError
     from gpuenv.progress import ConsoleReporter
 
-    print(f"gpuenv: {cell.image} is not built yet; building it first", file=sys.stderr)  # type: ignore[attr-defined]
+    print(f"gpuenv: {cell.image} is not built yet; building it first", file=sys.stderr)
     reporter = ConsoleReporter()
     try:
-        req = build.BuildRequest(matrix=m, cells=[cell], ca_bundle=build.ca_bundle_for(m, None))  # type: ignore[list-item]
-        results = build.build_cells(eng, req, reporter)  # type: ignore[arg-type]
+        req = build.BuildRequest(matrix=m, cells=[cell], ca_bundle=build.ca_bundle_for(m, None))
+        results = build.build_cells(eng, req, reporter)
     finally:
         reporter.close()
     if results[0].status == "failed":
-        raise GpuenvError(f"building {cell.image} failed: {results[0].error}", exit_code=125)  # type: ignore[attr-defined]
+        raise GpuenvError(f"building {cell.image} failed: {results[0].error}", exit_code=125)
 
 
 @app.command("validate")
@@ -545,13 +550,13 @@ def lock_cmd(
         print(path)
 
 
-def _exclude_newer(given: str | None, current: object) -> str:
+def _exclude_newer(given: str | None, current: Lock | None) -> str:
     import re
 
     from gpuenv import lock as locks
 
     if given is None:
-        return current.exclude_newer if current is not None else locks.today()  # type: ignore[attr-defined]
+        return current.exclude_newer if current is not None else locks.today()
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", given):
         raise fail(f"--exclude-newer {given!r}: expected YYYY-MM-DD", 2)
     return f"{given}T00:00:00Z"

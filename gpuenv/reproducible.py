@@ -37,8 +37,9 @@ def normalize_layer(src: tarfile.TarFile, dst: tarfile.TarFile, epoch: int) -> N
     for member in src:
         member.mtime = min(int(member.mtime), epoch)
         # Sub-second times arrive as PAX records; the clamped whole-second mtime replaces them.
-        for key in ("atime", "ctime", "mtime"):
-            member.pax_headers.pop(key, None)
+        member.pax_headers = {
+            k: v for k, v in member.pax_headers.items() if k not in ("atime", "ctime", "mtime")
+        }
         data = src.extractfile(member) if member.isreg() else None
         dst.addfile(member, data)
 

@@ -357,7 +357,7 @@ def probe_driver(engine: engines.Engine, image: str, gpus: GpuRequest) -> str | 
     try:
         cid = engines.create_container(engine, spec)
     except engines.APIError as exc:
-        raise _start_error(exc, RunOptions(image=image, command=spec["command"])) from None
+        raise _start_error(exc, RunOptions(image=image, command=list(spec["command"]))) from None
     try:
         engine.api.start(cid)
         code = int(engine.api.wait(cid, timeout=60)["StatusCode"])

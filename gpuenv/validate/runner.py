@@ -99,7 +99,7 @@ def _largest_layers(engine: engines.Engine, image: str, count: int = 5) -> list[
         }
         for h in history
     ]
-    return sorted(layers, key=lambda layer: -layer["size"])[:count]
+    return sorted(layers, key=lambda layer: int(layer["size"]), reverse=True)[:count]
 
 
 def validate(
