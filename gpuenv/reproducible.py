@@ -2,7 +2,7 @@
 
 The classic builder stamps wall-clock times into every layer's files and into the config
 and history, and records build-container IDs. Two `--no-cache` builds from one lock and
-one base hold the same files (tests/integration/test_lock.py checks it), so the rest is
+one base hold the same files (tests/integration/test_engine_lock.py checks it), so the rest is
 metadata; this step saves the image, rewrites it deterministically and loads it back:
 
 - every file's mtime clamped to SOURCE_DATE_EPOCH (the lock's exclude-newer date), entries

@@ -1,5 +1,5 @@
 """The GitHub workflows: valid against check-jsonschema's built-in schema (offline), and
-shaped as the image pipeline promises (tests/integration/test_workflow_steps.py runs the
+shaped as the image pipeline promises (tests/integration/test_engine_workflow_steps.py runs the
 image workflow's steps for real)."""
 
 from __future__ import annotations
