@@ -47,9 +47,14 @@ def ca_bundle_for(m: LoadedMatrix, explicit: Path | None) -> Path | None:
 
 
 def render_options(m: LoadedMatrix, explicit_ca: Path | None) -> RenderOptions:
+    """Options for `gpuenv render`: the CA bundle is looked up as a build would."""
+    return _options(m, ca_bundle_for(m, explicit_ca))
+
+
+def _options(m: LoadedMatrix, ca_bundle: Path | None) -> RenderOptions:
     b = m.model.build
     return RenderOptions(
-        ca=ca_bundle_for(m, explicit_ca) is not None,
+        ca=ca_bundle is not None,
         index_url=b.index_url,
         extra_index_urls=tuple(b.extra_index_urls),
     )
@@ -153,11 +158,7 @@ def sibling_cpu(cell: Cell, cells: list[Cell]) -> Cell | None:
 
 
 def build_cells(engine: Engine, req: BuildRequest, reporter: Reporter) -> list[CellResult]:
-    options = RenderOptions(
-        ca=req.ca_bundle is not None,
-        index_url=req.matrix.model.build.index_url,
-        extra_index_urls=tuple(req.matrix.model.build.extra_index_urls),
-    )
+    options = _options(req.matrix, req.ca_bundle)
     publish.registry_from_env()  # a malformed $GPUENV_REGISTRY stops the run before any build
     # Render everything first: a template error must stop the run before any build.
     locked = lock_entries(req.matrix, req.cells)
@@ -226,11 +227,7 @@ def current_spec_hashes(
     engine: Engine, m: LoadedMatrix, cells: list[Cell], ca_bundle: Path | None
 ) -> dict[str, str | None]:
     """The spec hash each cell has now (None when its base is missing), building nothing."""
-    options = RenderOptions(
-        ca=ca_bundle is not None,
-        index_url=m.model.build.index_url,
-        extra_index_urls=tuple(m.model.build.extra_index_urls),
-    )
+    options = _options(m, ca_bundle)
     locked = lock_entries(m, cells)
     out: dict[str, str | None] = {}
     for cell in cells:

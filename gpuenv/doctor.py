@@ -167,15 +167,21 @@ def _nvml() -> list[GpuInfo] | None:
         pynvml.nvmlShutdown()
 
 
-def _nvidia_smi() -> list[GpuInfo] | None:
-    if shutil.which("nvidia-smi") is None:
-        return None
+def _query_gpus(fields: str) -> subprocess.CompletedProcess[str] | None:
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version,name,compute_cap", "--format=csv,noheader"],
+        return subprocess.run(
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=20, check=False,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _nvidia_smi() -> list[GpuInfo] | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    out = _query_gpus("driver_version,name,compute_cap")
+    if out is None:
         return None
     if out.returncode == 0:
         return parse_nvidia_smi_query(out.stdout)
@@ -184,14 +190,8 @@ def _nvidia_smi() -> list[GpuInfo] | None:
     # matters most, so ask again without it rather than report "no driver".
     if "compute_cap" not in out.stdout + out.stderr:
         return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version,name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
+    out = _query_gpus("driver_version,name")
+    if out is None or out.returncode != 0:
         return None
     return parse_nvidia_smi_query(
         "\n".join(f"{line.strip()}, ?" for line in out.stdout.splitlines() if line.strip())
