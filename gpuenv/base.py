@@ -14,8 +14,10 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
-from gpuenv.cell import Base
+from gpuenv import contract
+from gpuenv.cell import Base, Cell
 from gpuenv.engine import Engine
 from gpuenv.errors import GpuenvError
 
@@ -63,13 +65,31 @@ def ensure(engine: Engine, base: Base, progress: Callable[[str], None]) -> str:
     """The base's image ID, bootstrapping it first when it is missing."""
     info = engine.image(base.image)
     if info is not None:
-        return str(info["Id"])
+        return info.id
     if base.kind == "image":
         raise GpuenvError(
             f"base image {base.image} is not in the engine and gpuenv does not pull; "
             f"docker pull {base.image} (or docker load it) first"
         )
     return bootstrap(engine, base.value, progress)
+
+
+def ensure_all(
+    engine: Engine, cells: list[Cell], save_dir: Path | None, progress: Callable[[str], None]
+) -> list[tuple[str, str, Path | None]]:
+    """`gpuenv base`: each base the cells need, once: (image, image ID, saved tar or None)."""
+    out: list[tuple[str, str, Path | None]] = []
+    for cell in cells:
+        if any(cell.base.image == image for image, _, _ in out):
+            continue
+        image_id = ensure(engine, cell.base, progress)
+        target = None
+        if save_dir is not None:
+            save_dir.mkdir(parents=True, exist_ok=True)
+            target = save_dir / (cell.base.image.replace("/", "-").replace(":", "-") + ".tar")
+            engine.save(cell.base.image, str(target))
+        out.append((cell.base.image, image_id, target))
+    return out
 
 
 def bootstrap(engine: Engine, suite: str, progress: Callable[[str], None]) -> str:
@@ -93,8 +113,8 @@ def bootstrap(engine: Engine, suite: str, progress: Callable[[str], None]) -> st
         digest = hashlib.file_digest(tar, "sha256").hexdigest()
         changes = [
             'CMD ["python3"]',
-            f"LABEL io.gpuenv.base=debian:{suite} io.gpuenv.rootfs=sha256:{digest} "
-            f"io.gpuenv.source-date-epoch={SOURCE_DATE_EPOCH}",
+            f"LABEL {contract.BASE}=debian:{suite} {contract.ROOTFS}=sha256:{digest} "
+            f"{contract.SOURCE_DATE_EPOCH}={SOURCE_DATE_EPOCH}",
         ]
         image_id = engine.import_image(tar.name, ref, changes)
     progress(f"made {ref} (rootfs sha256:{digest[:12]})")
@@ -103,9 +123,7 @@ def bootstrap(engine: Engine, suite: str, progress: Callable[[str], None]) -> st
 
 def package_list(engine: Engine, image: str) -> list[str]:
     """The Debian packages of a base, name=version, sorted (what the lock records)."""
-    from gpuenv.engine import run_capture
-
-    code, out = run_capture(engine, image, ["dpkg-query", "-W", "-f", "${Package}=${Version}\n"])
+    code, out = engine.run_capture(image, ["dpkg-query", "-W", "-f", "${Package}=${Version}\n"])
     if code != 0:
         return []
     return sorted(line for line in out.splitlines() if "=" in line)

@@ -1,81 +1,36 @@
-"""Building cells into labelled images: render, hash, skip or build, tag, summarise.
+"""Executing a build plan: bases first, then each cell pulled, built or left as it is.
 
-A cell whose image already carries the same io.gpuenv.spec-hash is not rebuilt. The spec
-hash covers exactly what determines the image: the rendered context, the base image's ID and
-the cell's lock entry. Builds are untagged until they succeed, so a failed or interrupted
-build leaves no tag on a half-built image; GPU cells wait for their CPU sibling so they
-reuse its layers instead of building them twice.
+The plan (gpuenv/plan.py) has already rendered every cell, taken its spec hash and decided
+what to do. Builds are untagged until they succeed, so a failed or interrupted build leaves
+no tag on a half-built image; GPU cells wait for their CPU sibling so they reuse its layers
+instead of building them twice. The image a build supersedes is removed once nothing tags it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import re
 import tarfile
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gpuenv import base as bases
-from gpuenv import lock as locks
-from gpuenv import publish
-from gpuenv.ca import CAServer, find_bundle
+from gpuenv import contract
 from gpuenv.cell import Cell
 from gpuenv.engine import BuildFailed, Engine
 from gpuenv.errors import GpuenvError
-from gpuenv.lock import CellLock
-from gpuenv.matrix import LoadedMatrix
-from gpuenv.render import BuildContext, RenderOptions, render
+from gpuenv.plan import BuildPlan, CellPlan
 
-SPEC_LABEL = "io.gpuenv.spec-hash"
+if TYPE_CHECKING:
+    from gpuenv.project import Project
+    from gpuenv.render import BuildContext
+
 LOG_TAIL = 15
-
-
-def ca_bundle_for(m: LoadedMatrix, explicit: Path | None) -> Path | None:
-    try:
-        return find_bundle(explicit, m.model.build.ca_bundle, m.dir)
-    except GpuenvError as exc:
-        if explicit is None and m.model.build.ca_bundle:
-            raise m.error(exc.message, ("build", "ca_bundle")) from None
-        raise
-
-
-def render_options(m: LoadedMatrix, explicit_ca: Path | None) -> RenderOptions:
-    """Options for `gpuenv render`: the CA bundle is looked up as a build would."""
-    return _options(m, ca_bundle_for(m, explicit_ca))
-
-
-def _options(m: LoadedMatrix, ca_bundle: Path | None) -> RenderOptions:
-    b = m.model.build
-    return RenderOptions(
-        ca=ca_bundle is not None,
-        index_url=b.index_url,
-        extra_index_urls=tuple(b.extra_index_urls),
-    )
-
-
-def lock_entries(m: LoadedMatrix, cells: list[Cell]) -> dict[str, CellLock]:
-    """The cells' entries of matrix.lock, when there is one; a stale lock is an error."""
-    path = locks.lock_path(m.path)
-    lock = locks.load(path)
-    if lock is None:
-        return {}
-    drifted = locks.drift(lock, cells)
-    if drifted:
-        why = "; ".join(f"{name}: {reason}" for name, reason in drifted.items())
-        raise GpuenvError(f"{path} does not match the matrix ({why}); re-lock: gpuenv lock")
-    return {c.name: lock.cells[c.name] for c in cells}
-
-
-def spec_hash(ctx: BuildContext, base_id: str, lock_entry: str = "") -> str:
-    doc = {"context": ctx.digest(), "base": base_id, "lock": lock_entry}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
 def context_tar(ctx: BuildContext) -> io.BytesIO:
@@ -132,16 +87,6 @@ class Reporter:
         pass
 
 
-@dataclass
-class BuildRequest:
-    matrix: LoadedMatrix
-    cells: list[Cell]
-    ca_bundle: Path | None = None
-    jobs: int = 1
-    keep_going: bool = False
-    no_cache: bool = False
-
-
 def sibling_cpu(cell: Cell, cells: list[Cell]) -> Cell | None:
     """The CPU cell whose layers a GPU cell reuses (same framework, Python, base, packages)."""
     if not cell.is_gpu:
@@ -157,26 +102,53 @@ def sibling_cpu(cell: Cell, cells: list[Cell]) -> Cell | None:
     return None
 
 
-def build_cells(engine: Engine, req: BuildRequest, reporter: Reporter) -> list[CellResult]:
-    options = _options(req.matrix, req.ca_bundle)
-    publish.registry_from_env()  # a malformed $GPUENV_REGISTRY stops the run before any build
-    # Render everything first: a template error must stop the run before any build.
-    locked = lock_entries(req.matrix, req.cells)
-    contexts = {c.name: render(c, options, locked.get(c.name)) for c in req.cells}
-    base_ids: dict[str, str] = {}
-    lock = locks.load(locks.lock_path(req.matrix.path)) if locked else None
-    for cell in req.cells:
-        if cell.base.image not in base_ids:
-            base_ids[cell.base.image] = bases.ensure(engine, cell.base, reporter.info)
-            info = engine.image(cell.base.image) or {"Id": base_ids[cell.base.image]}
-            why = locks.base_drift(lock, cell.base.image, info) if lock else None
-            if lock is not None and why:
-                raise GpuenvError(
-                    f"base {cell.base.image} differs from {lock.path} ({why}): load the saved "
-                    "base (gpuenv base --load FILE) or re-lock (gpuenv lock)"
-                )
+def prepare_bases(engine: Engine, cells: list[Cell], say: Reporter) -> None:
+    """Make the bases the cells need (a missing Debian base is bootstrapped)."""
+    from gpuenv import base as bases
+
+    done: set[str] = set()
+    for cell in cells:
+        if cell.base.image not in done:
+            bases.ensure(engine, cell.base, say.info)
+            done.add(cell.base.image)
+
+
+def plan_and_build(
+    engine: Engine,
+    project: Project,
+    cells: list[Cell],
+    reporter: Reporter,
+    *,
+    ca_bundle: Path | None,
+    jobs: int = 1,
+    keep_going: bool = False,
+    no_cache: bool = False,
+) -> list[CellResult]:
+    """`gpuenv build`: bases, then the plan, then its execution."""
+    from gpuenv import plan as plans
+    from gpuenv.publish import registry_from_env
+
+    registry = registry_from_env()  # a malformed $GPUENV_REGISTRY stops before any build
+    # Render everything before touching the engine: a template error must stop the run
+    # before a base is bootstrapped.
+    contexts = plans.render_all(project, cells, ca_bundle)
+    prepare_bases(engine, cells, reporter)
+    plan = plans.make_plan(
+        engine, project, cells, ca_bundle=ca_bundle, no_cache=no_cache, registry=registry,
+        contexts=contexts,
+    )  # fmt: skip
+    return execute(engine, plan, reporter, jobs=jobs, keep_going=keep_going)
+
+
+def execute(
+    engine: Engine, plan: BuildPlan, reporter: Reporter, *, jobs: int = 1, keep_going: bool = False
+) -> list[CellResult]:
+    from gpuenv.ca import CAServer
+
+    cells = [p.cell for p in plan.cells]
+    by_name = {p.cell.name: p for p in plan.cells}
     # CPU cells first, so GPU cells find the shared layers in the cache.
-    order = sorted(req.cells, key=lambda c: (c.is_gpu, req.cells.index(c)))
+    order = sorted(cells, key=lambda c: (c.is_gpu, cells.index(c)))
     results = {c.name: CellResult(c) for c in order}
     stop = threading.Event()
 
@@ -188,24 +160,21 @@ def build_cells(engine: Engine, req: BuildRequest, reporter: Reporter) -> list[C
             result.status = "skipped"
             result.error = "not built: an earlier cell failed (use --keep-going)"
             return result
-        _build_one(engine, contexts[cell.name], base_ids[cell.base.image], req, reporter, result)
-        if result.status == "failed" and not req.keep_going:
+        _do(engine, by_name[cell.name], plan.no_cache, reporter, result)
+        if result.status == "failed" and not keep_going:
             stop.set()
         reporter.finished(result)
         return result
 
     with ExitStack() as stack:
-        if req.ca_bundle is not None and any(
-            _needs_build(engine, contexts[c.name], base_ids[c.base.image], req.no_cache)
-            for c in order
-        ):
-            stack.enter_context(CAServer(req.ca_bundle, say=reporter.info))
-        if req.jobs <= 1:
+        if plan.needs_ca and plan.ca_bundle is not None:
+            stack.enter_context(CAServer(plan.ca_bundle, say=reporter.info))
+        if jobs <= 1:
             for cell in order:
                 run_one(cell, None)
         else:
             futures: dict[str, Future[CellResult]] = {}
-            pool = stack.enter_context(ThreadPoolExecutor(max_workers=req.jobs))
+            pool = stack.enter_context(ThreadPoolExecutor(max_workers=jobs))
             for cell in order:
                 sibling = sibling_cpu(cell, order)
                 dep = futures.get(sibling.name) if sibling else None
@@ -218,59 +187,45 @@ def build_cells(engine: Engine, req: BuildRequest, reporter: Reporter) -> list[C
                 # cancels those builds, and nothing was tagged.
                 stop.set()
                 pool.shutdown(wait=False, cancel_futures=True)
-                engine.api.close()
+                engine.close()
                 raise
-    return [results[c.name] for c in req.cells]
+    return [results[c.name] for c in cells]
 
 
-def current_spec_hashes(
-    engine: Engine, m: LoadedMatrix, cells: list[Cell], ca_bundle: Path | None
-) -> dict[str, str | None]:
-    """The spec hash each cell has now (None when its base is missing), building nothing."""
-    options = _options(m, ca_bundle)
-    locked = lock_entries(m, cells)
-    out: dict[str, str | None] = {}
-    for cell in cells:
-        base = engine.image(cell.base.image)
-        ctx = render(cell, options, locked.get(cell.name))
-        out[cell.name] = spec_hash(ctx, str(base["Id"])) if base else None
-    return out
-
-
-def _needs_build(engine: Engine, ctx: BuildContext, base_id: str, no_cache: bool) -> bool:
-    if no_cache:
-        return True
-    labels = engine.labels(ctx.cell.image)
-    return labels is None or labels.get(SPEC_LABEL) != spec_hash(ctx, base_id)
-
-
-def _build_one(
-    engine: Engine,
-    ctx: BuildContext,
-    base_id: str,
-    req: BuildRequest,
-    reporter: Reporter,
-    result: CellResult,
+def _do(
+    engine: Engine, p: CellPlan, no_cache: bool, reporter: Reporter, result: CellResult
 ) -> None:
-    cell = ctx.cell
+    cell = p.cell
     start = time.monotonic()
-    digest = spec_hash(ctx, base_id)
-    existing = engine.image(cell.image)
-    existing_labels = ((existing or {}).get("Config") or {}).get("Labels") or {}
-    if existing and not req.no_cache and existing_labels.get(SPEC_LABEL) == digest:
-        result.status, result.image_id = "cached", str(existing["Id"])
-        result.size = int(existing.get("Size") or 0)
+    existing = p.existing
+    if p.action == "up-to-date" and existing is not None:
+        result.status, result.image_id, result.size = "cached", existing.id, existing.size
         result.seconds = time.monotonic() - start
         return
-    pulled = None if req.no_cache else _pull_published(engine, ctx.cell, digest, req, reporter)
-    if pulled is not None:
-        if existing and existing["Id"] != pulled:
-            engine.remove_if_untagged(str(existing["Id"]))  # superseded, as after a build
-        info = engine.image(pulled) or {}
-        result.status, result.image_id = "pulled", pulled
-        result.size = int(info.get("Size") or 0)
-        result.seconds = time.monotonic() - start
-        return
+    assert p.spec_hash is not None, "the plan is made after the bases"
+    image_id: str | None = None
+    if p.action == "pull" and p.pull_ref:
+        image_id = _pull(engine, p, reporter)
+        if image_id is not None:
+            result.status = "pulled"
+    if image_id is None:
+        image_id = _build(engine, p, no_cache, reporter, result)
+        if image_id is None:
+            result.seconds = time.monotonic() - start
+            return
+        engine.tag(image_id, cell.image)
+        result.status = "built"
+    if existing and existing.id != image_id:
+        engine.remove_if_untagged(existing.id)  # the superseded image, if nothing tags it
+    info = engine.image(image_id)
+    result.image_id, result.size = image_id, info.size if info else 0
+    result.seconds = time.monotonic() - start
+
+
+def _build(
+    engine: Engine, p: CellPlan, no_cache: bool, reporter: Reporter, result: CellResult
+) -> str | None:
+    cell = p.cell
     reporter.started(cell)
     tail: list[str] = []
     step: list[str] = []
@@ -282,43 +237,30 @@ def _build_one(
         del tail[:-LOG_TAIL]
         reporter.log(cell, line)
 
+    labels = {
+        contract.SPEC_HASH: str(p.spec_hash),
+        contract.INPUTS: json.dumps(p.inputs, sort_keys=True, separators=(",", ":")),
+    }
     try:
-        image_id = engine.build(
-            context_tar(ctx),
-            labels={SPEC_LABEL: digest},
-            nocache=req.no_cache,
-            on_log=on_log,
-        )
+        return engine.build(context_tar(p.context), labels=labels, nocache=no_cache, on_log=on_log)
     except BuildFailed as exc:
         result.status, result.error = "failed", _explain(str(exc), tail)
         result.step, result.log_tail = (step[0] if step else None), tail
-        result.seconds = time.monotonic() - start
-        return
-    engine.tag(image_id, cell.image)
-    if existing and existing["Id"] != image_id:
-        engine.remove_if_untagged(str(existing["Id"]))  # the superseded build, if nothing tags it
-    info = engine.image(image_id) or {}
-    result.status, result.image_id = "built", image_id
-    result.size = int(info.get("Size") or 0)
-    result.seconds = time.monotonic() - start
-
-
-def _pull_published(
-    engine: Engine, cell: Cell, digest: str, req: BuildRequest, reporter: Reporter
-) -> str | None:
-    """Pull before build: with $GPUENV_REGISTRY set, the image published there for this
-    cell (REG/<last part of name>:<cell>) becomes the cell's image when its spec hash is
-    the one just computed. Returns its ID, or None (then the cell is built)."""
-    registry = publish.registry_from_env()
-    if registry is None:
         return None
-    ref = f"{publish.target_repository(req.matrix.model.name, registry)}:{cell.name}"
-    reporter.info(f"{cell.name}: looking for {ref}")
-    image_id, why = publish.pull_matching(engine, ref, digest, keep_as=cell.image)
+
+
+def _pull(engine: Engine, p: CellPlan, reporter: Reporter) -> str | None:
+    """Pull before build: the image published for this cell becomes the cell's image when
+    its spec hash is the one the plan computed. Returns its ID, or None (then it is built)."""
+    from gpuenv.publish import pull_matching
+
+    ref, name = str(p.pull_ref), p.cell.name
+    reporter.info(f"{name}: looking for {ref}")
+    image_id, why = pull_matching(engine, ref, str(p.spec_hash), keep_as=p.cell.image)
     if image_id is None:
-        reporter.info(f"{cell.name}: not pulled ({why}); building")
+        reporter.info(f"{name}: not pulled ({why}); building")
     else:
-        reporter.info(f"{cell.name}: pulled {ref} (same spec hash)")
+        reporter.info(f"{name}: pulled {ref} (same spec hash)")
     return image_id
 
 
@@ -349,9 +291,6 @@ def _explain(error: str, tail: list[str]) -> str:
 
 def failed(results: list[CellResult]) -> list[CellResult]:
     return [r for r in results if r.status in ("failed", "skipped")]
-
-
-SizeFormatter = Callable[[int | None], str]
 
 
 def human_size(size: int | None) -> str:

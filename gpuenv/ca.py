@@ -16,8 +16,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from gpuenv.contract import CA_PORT
 from gpuenv.errors import GpuenvError
-from gpuenv.render import CA_PORT
 
 
 def find_bundle(explicit: Path | None, matrix_value: str | None, matrix_dir: Path) -> Path | None:

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuenv import engine as engines
+from gpuenv import contract
 from gpuenv.errors import GpuenvError
+
+if TYPE_CHECKING:
+    from gpuenv.engine import Engine
 
 # Places whose contents change on every start or build, or are Docker's own mounts.
 VOLATILE = ("/proc", "/sys", "/dev", "/tmp", "/run", "/var/cache", "/var/log", "/var/tmp")
 DOCKER_FILES = ("/etc/hostname", "/etc/hosts", "/etc/resolv.conf", "/.dockerenv")
 # Labels that name the build itself rather than its contents.
-IDENTITY_LABELS = ("io.gpuenv.spec-hash",)
+IDENTITY_LABELS = (contract.SPEC_HASH, contract.INPUTS)
 
 INVENTORY = r"""
 import hashlib, json, os, stat, subprocess, sys
@@ -76,21 +79,21 @@ class Inventory:
     files: dict[str, str] = field(default_factory=dict)
 
 
-def inventory(engine: engines.Engine, ref: str) -> Inventory:
+def inventory(engine: Engine, ref: str) -> Inventory:
+    from gpuenv.engine import ContainerSpec
+
     info = engine.image(ref)
     if info is None:
         raise GpuenvError(f"image {ref} not found; build it or give another image")
-    config = info.get("Config") or {}
-    env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
-    spec = {"image": ref, "command": ["sleep", "infinity"], "network": "none", "init": True,
-            "labels": {"io.gpuenv.diff": "1"}}  # fmt: skip
-    cid = engines.create_container(engine, spec)
+    env = info.env_map
+    spec = ContainerSpec(ref, ["sleep", "infinity"], network="none", init=True,
+                         labels=contract.container_labels("diff"))  # fmt: skip
+    cid = engine.create(spec)
     try:
-        engine.api.start(cid)
+        engine.start(cid)
         # The venv's python, if any, sees the environment's packages; as root to read all.
         python = env.get("VIRTUAL_ENV", "") + "/bin/python" if "VIRTUAL_ENV" in env else "python3"
-        code, out = engines.exec_output(
-            engine,
+        code, out = engine.exec(
             cid,
             [python, "-c", INVENTORY, json.dumps(list(VOLATILE)), json.dumps(list(DOCKER_FILES))],
             user="0",
@@ -99,13 +102,13 @@ def inventory(engine: engines.Engine, ref: str) -> Inventory:
             raise GpuenvError(f"cannot inventory {ref}: python exited {code}")
         data = json.loads(out)
     finally:
-        engines.remove_container(engine, cid)
+        engine.remove_container(cid)
     return Inventory(
         ref=ref,
-        image_id=str(info["Id"]),
-        size=int(info.get("Size") or 0),
+        image_id=info.id,
+        size=info.size,
         env=env,
-        labels=dict(config.get("Labels") or {}),
+        labels=dict(info.labels),
         pip=data["pip"],
         apt=data["apt"],
         files=data["files"],
@@ -166,3 +169,9 @@ def render_text(a: Inventory, b: Inventory, result: dict[str, Any], limit: int =
         sa, sb = result["size"]
         lines.append(f"size: {sa / 1e6:.1f} MB -> {sb / 1e6:.1f} MB ({(sb - sa) / 1e6:+.1f} MB)")
     return "\n".join(lines)
+
+
+def diff_images(engine: Engine, a: str, b: str) -> tuple[Inventory, Inventory, dict[str, Any]]:
+    """`gpuenv diff A B`: both inventories and their differences ({} when identical)."""
+    left, right = inventory(engine, a), inventory(engine, b)
+    return left, right, compare(left, right)

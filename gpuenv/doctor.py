@@ -11,9 +11,11 @@ import glob
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from gpuenv.gpus import GpuInfo, judge_driver, parse_nvidia_smi_query
+from gpuenv.contract import TITLE, ImageLabels
+from gpuenv.gpus import GpuInfo, driver_verdict, parse_nvidia_smi_query
 
 
 @dataclass(frozen=True)
@@ -82,30 +84,17 @@ def gpu_support(facts: Facts) -> Finding:
 
 
 def image_verdict(labels: dict[str, str], facts: Facts, gpu_ok: bool) -> Finding:
-    from gpuenv import compat
-
-    name = labels.get("org.opencontainers.image.title") or labels.get("io.gpuenv.cell", "?")
-    if labels.get("io.gpuenv.variant") != "gpu":
+    claims = ImageLabels(labels)
+    name = claims.title
+    if not claims.is_gpu:
         return Finding(name, "ok", "CPU image: runs here")
-    cuda = labels.get("io.gpuenv.cuda") or ""
     if not facts.gpus:
         return Finding(
             name, "warning", "GPU image, but no NVIDIA GPU/driver found: TensorFlow runs on CPU"
         )
     if not gpu_ok:
         return Finding(name, "error", "GPU image, but the engine cannot pass GPUs (see above)")
-    cat = compat.catalog()
-    toolkit = cat.toolkits.get(cuda)
-    floor = cat.driver_floor.get(cuda.split(".")[0]) if cuda else None
-    if floor is None:
-        return Finding(name, "warning", f"unknown CUDA {cuda!r} in its labels; rebuild it")
-    verdict = judge_driver(
-        facts.gpus[0].driver,
-        cuda,
-        toolkit.release if toolkit else None,
-        floor,
-        toolkit.min_driver if toolkit else cat.ga_min_driver.get(cuda),
-    )
+    verdict = driver_verdict(facts.gpus[0].driver, claims.cuda or "")
     return Finding(name, verdict.level, verdict.message)
 
 
@@ -218,7 +207,7 @@ def gather() -> Facts:
     try:
         eng = engines.connect()
         facts.info = eng.info()
-        facts.local = eng.url.startswith(("http+docker://localhost", "unix:"))
+        facts.local = eng.is_local
         facts.images = eng.gpuenv_images()
     except GpuenvError as exc:
         facts.engine_error = exc.message
@@ -232,6 +221,33 @@ def gather() -> Facts:
                 facts.gpus, facts.driver_source = gpus, source
                 break
     return facts
+
+
+def matrix_findings(facts: Facts, file: Path | None) -> list[Finding]:
+    """What the matrix adds: cells not built yet, or a matrix that does not load."""
+    from gpuenv.errors import GpuenvError
+    from gpuenv.project import matrix_file, open_project
+
+    path = matrix_file(file)
+    if not path.exists() or facts.engine_error:
+        return []
+    try:
+        project = open_project(file)
+    except GpuenvError as exc:
+        return [Finding("matrix", "error", exc.message)]
+    built = {ImageLabels(labels).raw.get(TITLE) for labels in facts.images}
+    missing = [c.name for c in project.cells if c.image not in built]
+    if not missing:
+        return []
+    return [
+        Finding("matrix", "info", f"{path}: not built yet: {', '.join(missing)}", "gpuenv build")
+    ]
+
+
+def check(file: Path | None) -> list[Finding]:
+    """`gpuenv doctor`: gather, evaluate, and add what the matrix says."""
+    facts = gather()
+    return evaluate(facts) + matrix_findings(facts, file)
 
 
 def as_json(findings: list[Finding]) -> list[dict[str, Any]]:

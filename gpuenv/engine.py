@@ -1,7 +1,11 @@
 """The Docker Engine, through the Docker SDK for Python. The only module that imports docker.
 
-Every engine failure a user can meet (engine down, socket permissions, missing image, a
-failed build) leaves here as a GpuenvError with one line saying what to do.
+The rest of gpuenv sees typed operations (image info, build, tag/remove, a container spec
+→ create/start/attach/wait/stop/remove, logs, push/pull, save/load, history) and gpuenv's
+own errors: every engine failure a user can meet (engine down, socket permissions, a
+missing image, a refused container) leaves here as an EngineError with one line saying
+what to do, and the engine's own text in `detail` for callers that explain it further
+(the NVIDIA toolkit's messages, gpuenv/gpus.py).
 """
 
 from __future__ import annotations
@@ -9,17 +13,129 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import docker
 import docker.errors
 from docker.context import ContextAPI
 
+from gpuenv import contract
 from gpuenv.errors import GpuenvError
 
 LogSink = Callable[[str], None]
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class EngineError(GpuenvError):
+    """The engine refused or failed; `detail` is its own text, `status` its HTTP status."""
+
+    def __init__(self, message: str, detail: str = "", status: int | None = None) -> None:
+        super().__init__(message, exit_code=125)
+        self.detail = detail or message
+        self.status = status
+
+
+class BuildFailed(Exception):
+    """A build step failed; the message is the engine's."""
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What `docker image inspect` says, in the parts gpuenv reads."""
+
+    id: str
+    tags: tuple[str, ...] = ()
+    size: int = 0
+    created: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    env: tuple[str, ...] = ()  # KEY=VALUE, as in the config
+    user: str = ""
+
+    @property
+    def env_map(self) -> dict[str, str]:
+        return dict(e.split("=", 1) for e in self.env if "=" in e)
+
+    @property
+    def claims(self) -> contract.ImageLabels:
+        return contract.ImageLabels(self.labels)
+
+    @classmethod
+    def from_inspect(cls, data: dict[str, Any]) -> ImageInfo:
+        config = data.get("Config") or {}
+        return cls(
+            id=str(data["Id"]),
+            tags=tuple(data.get("RepoTags") or ()),
+            size=int(data.get("Size") or 0),
+            created=str(data.get("Created") or ""),
+            labels=dict(config.get("Labels") or {}),
+            env=tuple(config.get("Env") or ()),
+            user=str(config.get("User") or ""),
+        )
+
+
+@dataclass
+class ContainerSpec:
+    """A container as gpuenv asks for one; `device_requests` hold the Engine API's
+    DeviceRequest bodies (gpuenv.gpus.GpuRequest.as_api())."""
+
+    image: str
+    command: list[str]
+    user: str | None = None
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    binds: list[str] = field(default_factory=list)
+    ports: dict[str, Any] = field(default_factory=dict)
+    tmpfs: dict[str, str] = field(default_factory=dict)
+    device_requests: list[dict[str, Any]] = field(default_factory=list)
+    init: bool = True
+    shm_size: str | None = None
+    ipc: str | None = None
+    network: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    tty: bool = False
+    stdin: bool = False
+
+
+def engine_error(exc: Exception) -> EngineError:
+    text = str(exc)
+    status = getattr(exc, "status_code", None)
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if "Permission denied" in text or "PermissionError" in text:
+        message = (
+            f"permission denied on the Docker socket ({host}); add your user to the docker "
+            "group (sudo usermod -aG docker $USER, then log in again) or run as root"
+        )
+    elif any(
+        s in text
+        for s in (
+            "No such file",
+            "Connection refused",
+            "Connection aborted",
+            "Failed to establish",
+            "timed out",
+            "FileNotFoundError",
+        )
+    ):
+        message = (
+            f"cannot reach the Docker Engine at {host}: is dockerd running? "
+            "(on Debian: sudo scripts/engine.sh starts one)"
+        )
+    elif "no space left on device" in text:
+        message = "the engine's disk is full; free space (docker image prune) and retry"
+    else:
+        message = f"Docker Engine error: {(text.splitlines() or [''])[0][:300]}"
+    return EngineError(message, detail=text, status=status)
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """SDK and socket failures leave as EngineError."""
+    try:
+        yield
+    except (docker.errors.DockerException, OSError) as exc:
+        raise engine_error(exc) from None
 
 
 def _base_url() -> tuple[str | None, dict[str, Any]]:
@@ -38,61 +154,79 @@ def _base_url() -> tuple[str | None, dict[str, Any]]:
 
 class Engine:
     def __init__(self, client: docker.DockerClient) -> None:
-        self.client = client
-        self.api = client.api
+        self._client = client
+        self._api = client.api
 
     @property
     def url(self) -> str:
-        return str(self.api.base_url)
+        return str(self._api.base_url)
+
+    @property
+    def is_local(self) -> bool:
+        return self.url.startswith(("http+docker://localhost", "unix:"))
 
     def info(self) -> dict[str, Any]:
-        try:
-            return dict(self.api.info())
-        except docker.errors.DockerException as exc:
-            raise engine_error(exc) from None
+        with _translated():
+            return dict(self._api.info())
+
+    def close(self) -> None:
+        """Close the client's connections; streams in flight (a build) end, and the engine
+        cancels what they were doing."""
+        self._api.close()
 
     # ------------------------------------------------------------------ images
 
-    def image(self, ref: str) -> dict[str, Any] | None:
+    def image(self, ref: str) -> ImageInfo | None:
         """`docker image inspect`, or None when there is no such image."""
         try:
-            return dict(self.api.inspect_image(ref))
+            return ImageInfo.from_inspect(self._api.inspect_image(ref))
         except docker.errors.ImageNotFound:
             return None
         except docker.errors.APIError as exc:
             if exc.status_code == 404:
                 return None
             raise engine_error(exc) from None
+        except (docker.errors.DockerException, OSError) as exc:
+            raise engine_error(exc) from None
 
     def labels(self, ref: str) -> dict[str, str] | None:
         info = self.image(ref)
-        if info is None:
-            return None
-        return dict((info.get("Config") or {}).get("Labels") or {})
+        return None if info is None else dict(info.labels)
 
     def gpuenv_images(self) -> list[dict[str, str]]:
         """Labels of every tagged image gpuenv built (they carry io.gpuenv.cell)."""
-        try:
-            images = self.api.images(filters={"label": "io.gpuenv.cell", "dangling": False})
-        except docker.errors.DockerException as exc:
-            raise engine_error(exc) from None
+        with _translated():
+            images = self._api.images(filters={"label": contract.CELL, "dangling": False})
         return [dict(i.get("Labels") or {}) for i in images if i.get("RepoTags")]
+
+    def history(self, ref: str) -> list[dict[str, Any]]:
+        """The image's layers, newest first: {"size", "created_by"}."""
+        with _translated():
+            history = self._api.history(ref)
+        return [
+            {
+                "size": int(h.get("Size") or 0),
+                "created_by": " ".join(str(h.get("CreatedBy") or "(imported)").split()),
+            }
+            for h in history
+        ]
 
     def tag(self, image_id: str, ref: str) -> None:
         repo, _, tag = ref.rpartition(":")
-        self.api.tag(image_id, repo, tag)
+        with _translated():
+            self._api.tag(image_id, repo, tag)
 
     def remove_if_untagged(self, image_id: str) -> bool:
         """Remove a superseded image only when no tag points at it any more (removing by
         ID would also drop a tag a user added, e.g. docker tag acme/tf:cell acme/tf:rel1)."""
         info = self.image(image_id)
-        if info is None or info.get("RepoTags"):
+        if info is None or info.tags:
             return False
         return self.remove_image(image_id)
 
     def remove_image(self, ref: str, *, force: bool = False) -> bool:
         try:
-            self.api.remove_image(ref, force=force, noprune=False)
+            self._api.remove_image(ref, force=force, noprune=False)
             return True
         except docker.errors.APIError:
             return False
@@ -100,15 +234,46 @@ class Engine:
     def import_image(self, tar_path: str, ref: str, changes: list[str]) -> str:
         """`docker import` of a root filesystem tar file, tagged ref."""
         repo, _, tag = ref.rpartition(":")
-        try:
-            out = self.api.import_image(src=tar_path, repository=repo, tag=tag, changes=changes)
-        except docker.errors.APIError as exc:
-            raise engine_error(exc) from None
+        with _translated():
+            out = self._api.import_image(src=tar_path, repository=repo, tag=tag, changes=changes)
         status = str(out)
         match = re.search(r"sha256:[0-9a-f]{64}", status)
         if match is None:
             raise GpuenvError(f"docker import of {ref} failed: {status.strip()[:300]}")
         return match.group(0)
+
+    def save(self, ref: str, path: str) -> None:
+        """`docker save` to a tar file."""
+        with _translated(), open(path, "wb") as fh:
+            for chunk in self._api.get_image(ref):
+                fh.write(chunk)
+
+    def load(self, path: str) -> list[str]:
+        """`docker load` of a tar file; returns what the engine said it loaded."""
+        with _translated(), open(path, "rb") as fh:
+            out = self._api.load_image(fh)
+        messages = []
+        for item in out if isinstance(out, list) else [out]:
+            if isinstance(item, dict) and item.get("error"):
+                raise GpuenvError(f"docker load {path}: {item['error']}")
+            if isinstance(item, dict) and item.get("stream"):
+                messages.append(str(item["stream"]).strip())
+        return messages
+
+    # ------------------------------------------------------------------ registries
+
+    def push(self, ref: str) -> Iterator[dict[str, Any]]:
+        """The decoded push stream. The SDK raises nothing for a failed push: the error is
+        inside the stream, and the caller must read it to the end (gpuenv/publish.py)."""
+        repo, _, tag = ref.rpartition(":")
+        with _translated():
+            yield from self._api.push(repo, tag=tag, stream=True, decode=True)
+
+    def pull(self, ref: str) -> Iterator[dict[str, Any]]:
+        """The decoded pull stream (errors may come inside it, as for push)."""
+        repo, _, tag = ref.rpartition(":")
+        with _translated():
+            yield from self._api.pull(repo, tag=tag, stream=True, decode=True)
 
     # ------------------------------------------------------------------ builds
 
@@ -126,73 +291,160 @@ class Engine:
         The caller tags only after success, so a failed or interrupted build never leaves a
         tag on a half-built image. forcerm removes intermediate containers either way.
         """
-        stream: Iterator[dict[str, Any]] = self.api.build(
-            fileobj=context,
-            custom_context=True,
-            encoding="gzip" if getattr(context, "gzipped", False) else None,
-            labels=labels,
-            nocache=nocache,
-            rm=True,
-            forcerm=True,
-            pull=False,
-            network_mode="host",
-            decode=True,
-        )
         image_id = None  # the full sha256:... ID from the aux message
         short_id = None  # the "Successfully built <12 hex>" line, when no aux message came
-        for chunk in stream:
-            if "stream" in chunk:
-                # The engine passes the step's colour codes through; logs get plain text.
-                for line in _ANSI.sub("", str(chunk["stream"])).splitlines():
-                    on_log(line)
-                    m = re.match(r"Successfully built ([0-9a-f]{12,64})", line)
-                    if m:
-                        short_id = m.group(1)
-            if "aux" in chunk and isinstance(chunk["aux"], dict) and "ID" in chunk["aux"]:
-                image_id = str(chunk["aux"]["ID"])
-            if "error" in chunk or "errorDetail" in chunk:
-                detail = chunk.get("errorDetail") or {}
-                raise BuildFailed(str(detail.get("message") or chunk.get("error")).strip())
+        with _translated():
+            stream: Iterator[dict[str, Any]] = self._api.build(
+                fileobj=context,
+                custom_context=True,
+                encoding="gzip" if getattr(context, "gzipped", False) else None,
+                labels=labels,
+                nocache=nocache,
+                rm=True,
+                forcerm=True,
+                pull=False,
+                network_mode="host",
+                decode=True,
+            )
+            for chunk in stream:
+                if "stream" in chunk:
+                    # The engine passes the step's colour codes through; logs get plain text.
+                    for line in _ANSI.sub("", str(chunk["stream"])).splitlines():
+                        on_log(line)
+                        m = re.match(r"Successfully built ([0-9a-f]{12,64})", line)
+                        if m:
+                            short_id = m.group(1)
+                if "aux" in chunk and isinstance(chunk["aux"], dict) and "ID" in chunk["aux"]:
+                    image_id = str(chunk["aux"]["ID"])
+                if "error" in chunk or "errorDetail" in chunk:
+                    detail = chunk.get("errorDetail") or {}
+                    raise BuildFailed(str(detail.get("message") or chunk.get("error")).strip())
         if image_id is None and short_id is not None:
             info = self.image(short_id)
-            image_id = str(info["Id"]) if info else None
+            image_id = info.id if info else None
         if image_id is None:
             raise BuildFailed("the engine ended the build without an image")
         return image_id
 
+    # ------------------------------------------------------------------ containers
 
-class BuildFailed(Exception):
-    """A build step failed; the message is the engine's."""
+    def create(self, spec: ContainerSpec) -> str:
+        """Create (not start) a container; returns its ID."""
+        api = self._api
+        with _translated():
+            host = api.create_host_config(
+                binds=spec.binds or None,
+                port_bindings=spec.ports or None,
+                device_requests=[_device_request(d) for d in spec.device_requests] or None,
+                init=spec.init,
+                shm_size=spec.shm_size,
+                ipc_mode=spec.ipc,
+                network_mode=spec.network,
+                tmpfs=spec.tmpfs or None,
+                auto_remove=False,
+            )
+            created = api.create_container(
+                image=spec.image,
+                command=spec.command,
+                user=spec.user,
+                working_dir=spec.workdir,
+                environment=spec.env or None,
+                host_config=host,
+                labels=spec.labels or None,
+                tty=spec.tty,
+                stdin_open=spec.stdin,
+                ports=list(spec.ports) or None,
+            )
+        return str(created["Id"])
+
+    def start(self, cid: str) -> None:
+        with _translated():
+            self._api.start(cid)
+
+    def attach(self, cid: str) -> Iterator[tuple[bytes | None, bytes | None]]:
+        """(stdout, stderr) chunks of a created container, from before it starts."""
+        # Attached now (before the caller starts it), read later: nothing is missed.
+        with _translated():
+            stream = self._api.attach(
+                cid, stdout=True, stderr=True, stream=True, logs=True, demux=True
+            )
+        return _translated_stream(stream)
+
+    def attach_socket(self, cid: str) -> Any:
+        """A raw socket to the container's TTY (stdin, stdout, stderr)."""
+        with _translated():
+            sock = self._api.attach_socket(
+                cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
+        return getattr(sock, "_sock", sock)
+
+    def resize(self, cid: str, height: int, width: int) -> None:
+        with _translated():
+            self._api.resize(cid, height=height, width=width)
+
+    def wait(self, cid: str, timeout: float | None = None) -> int:
+        """The container's exit code once it has stopped."""
+        with _translated():
+            return int(self._api.wait(cid, timeout=timeout)["StatusCode"])
+
+    def stop(self, cid: str, timeout: int) -> None:
+        """SIGTERM, then SIGKILL after `timeout` seconds, as `docker stop` does."""
+        with _translated():
+            self._api.stop(cid, timeout=timeout)
+
+    def logs(self, cid: str, *, stderr: bool = False) -> str:
+        with _translated():
+            return bytes(self._api.logs(cid, stdout=True, stderr=stderr)).decode(errors="replace")
+
+    def remove_container(self, cid: str) -> None:
+        """Remove (forcing) a container; one already gone, or going, is no error."""
+        try:
+            self._api.remove_container(cid, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code not in (404, 409):  # 409: removal already in progress
+                raise engine_error(exc) from None
+        except (docker.errors.DockerException, OSError) as exc:
+            raise engine_error(exc) from None
+
+    def exec(self, cid: str, command: list[str], user: str = "") -> tuple[int, str]:
+        """Run a command in a running container; (exit code, stdout)."""
+        api = self._api
+        with _translated():
+            exec_id = api.exec_create(cid, command, stdout=True, stderr=False, user=user)["Id"]
+            out = api.exec_start(exec_id, demux=True)
+            code = api.exec_inspect(exec_id).get("ExitCode") or 0
+        stdout = (out[0] if isinstance(out, tuple) else out) or b""
+        return int(code), stdout.decode(errors="replace")
+
+    def run_capture(self, image: str, command: list[str]) -> tuple[int, str]:
+        """Run a short command in a throwaway container (no network); (exit code, stdout)."""
+        spec = ContainerSpec(image, command, network="none", init=False,
+                             labels=contract.container_labels("probe"))  # fmt: skip
+        cid = self.create(spec)
+        try:
+            self.start(cid)
+            code = self.wait(cid, timeout=120)
+            out = self.logs(cid)
+        finally:
+            self.remove_container(cid)
+        return code, out
 
 
-def engine_error(exc: Exception) -> GpuenvError:
-    text = str(exc)
-    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    if "Permission denied" in text or "PermissionError" in text:
-        return GpuenvError(
-            f"permission denied on the Docker socket ({host}); add your user to the docker "
-            "group (sudo usermod -aG docker $USER, then log in again) or run as root",
-            exit_code=125,
-        )
-    if any(
-        s in text
-        for s in (
-            "No such file",
-            "Connection refused",
-            "Connection aborted",
-            "Failed to establish",
-            "timed out",
-            "FileNotFoundError",
-        )
-    ):
-        return GpuenvError(
-            f"cannot reach the Docker Engine at {host}: is dockerd running? "
-            "(on Debian: sudo scripts/engine.sh starts one)",
-            exit_code=125,
-        )
-    if "no space left on device" in text:
-        return GpuenvError("the engine's disk is full; free space (docker image prune) and retry")
-    return GpuenvError(f"Docker Engine error: {text.splitlines()[0][:300]}", exit_code=125)
+def _translated_stream(stream: Iterator[Any]) -> Iterator[Any]:
+    with _translated():
+        yield from stream
+
+
+def _device_request(body: dict[str, Any]) -> Any:
+    return docker.types.DeviceRequest(
+        driver=body["Driver"],
+        count=body["Count"],
+        device_ids=body["DeviceIDs"],
+        capabilities=body["Capabilities"],
+        options=body["Options"],
+    )
 
 
 @dataclass
@@ -208,120 +460,9 @@ def connect() -> Engine:
     if _conn.engine is not None:
         return _conn.engine
     base_url, extra = _base_url()
-    try:
-        # With the default version="auto" the client asks the engine for its API version
-        # first, which already proves the engine answers: no separate ping.
+    # With the default version="auto" the client asks the engine for its API version
+    # first, which already proves the engine answers: no separate ping.
+    with _translated():
         client = docker.DockerClient(base_url=base_url, **extra) if base_url else docker.from_env()
-    except docker.errors.DockerException as exc:
-        raise engine_error(exc) from None
-    except OSError as exc:
-        raise engine_error(exc) from None
     _conn.engine = Engine(client)
     return _conn.engine
-
-
-# ---------------------------------------------------------------------- containers
-# Thin wrappers so that run.py and doctor.py never touch the SDK themselves.
-
-
-def device_request(body: dict[str, Any]) -> Any:
-    return docker.types.DeviceRequest(
-        driver=body["Driver"],
-        count=body["Count"],
-        device_ids=body["DeviceIDs"],
-        capabilities=body["Capabilities"],
-        options=body["Options"],
-    )
-
-
-def create_container(engine: Engine, spec: dict[str, Any]) -> str:
-    """Create (not start) a container from a plain spec dict; returns its ID."""
-    api = engine.api
-    host = api.create_host_config(
-        binds=spec.get("binds") or None,
-        port_bindings=spec.get("ports") or None,
-        device_requests=[device_request(d) for d in spec.get("device_requests", [])] or None,
-        init=spec.get("init", True),
-        shm_size=spec.get("shm_size"),
-        ipc_mode=spec.get("ipc"),
-        network_mode=spec.get("network"),
-        tmpfs=spec.get("tmpfs") or None,
-        auto_remove=False,
-    )
-    created = api.create_container(
-        image=spec["image"],
-        command=spec["command"],
-        user=spec.get("user"),
-        working_dir=spec.get("workdir"),
-        environment=spec.get("env") or None,
-        host_config=host,
-        labels=spec.get("labels") or None,
-        tty=spec.get("tty", False),
-        stdin_open=spec.get("stdin", False),
-        ports=list(spec.get("ports", {}).keys()) or None,
-    )
-    return str(created["Id"])
-
-
-def remove_container(engine: Engine, cid: str) -> None:
-    try:
-        engine.api.remove_container(cid, force=True, v=True)
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.APIError as exc:
-        if exc.status_code not in (404, 409):  # 409: removal already in progress
-            raise
-
-
-APIError = docker.errors.APIError
-DockerException = docker.errors.DockerException
-
-
-def exec_output(engine: Engine, cid: str, command: list[str], user: str = "") -> tuple[int, str]:
-    """Run a command in a running container; (exit code, stdout)."""
-    api = engine.api
-    exec_id = api.exec_create(cid, command, stdout=True, stderr=False, user=user)["Id"]
-    out = api.exec_start(exec_id, demux=True)
-    stdout = (out[0] if isinstance(out, tuple) else out) or b""
-    code = api.exec_inspect(exec_id).get("ExitCode") or 0
-    return int(code), stdout.decode(errors="replace")
-
-
-def run_capture(engine: Engine, image: str, command: list[str]) -> tuple[int, str]:
-    """Run a short command in a throwaway container (no network); (exit code, stdout)."""
-    spec = {"image": image, "command": command, "network": "none", "init": False,
-            "labels": {"io.gpuenv.probe": "1"}}  # fmt: skip
-    cid = create_container(engine, spec)
-    try:
-        engine.api.start(cid)
-        code = int(engine.api.wait(cid, timeout=120)["StatusCode"])
-        out = engine.api.logs(cid, stdout=True, stderr=False).decode(errors="replace")
-    finally:
-        remove_container(engine, cid)
-    return code, out
-
-
-def save_image(engine: Engine, ref: str, path: str) -> None:
-    """`docker save` to a tar file."""
-    try:
-        with open(path, "wb") as fh:
-            for chunk in engine.api.get_image(ref):
-                fh.write(chunk)
-    except docker.errors.DockerException as exc:
-        raise engine_error(exc) from None
-
-
-def load_image(engine: Engine, path: str) -> list[str]:
-    """`docker load` of a tar file; returns what the engine said it loaded."""
-    try:
-        with open(path, "rb") as fh:
-            out = engine.api.load_image(fh)
-    except docker.errors.DockerException as exc:
-        raise engine_error(exc) from None
-    messages = []
-    for item in out if isinstance(out, list) else [out]:
-        if isinstance(item, dict) and item.get("error"):
-            raise GpuenvError(f"docker load {path}: {item['error']}")
-        if isinstance(item, dict) and item.get("stream"):
-            messages.append(str(item["stream"]).strip())
-    return messages

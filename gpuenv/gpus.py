@@ -127,6 +127,25 @@ def judge_driver(driver: str, cuda: str, cuda_release: str | None, floor: str,
     return Verdict("ok", f"driver {driver} supports CUDA {cuda_release or cuda}")
 
 
+def driver_verdict(driver: str, cuda: str) -> Verdict:
+    """The verdict for a host driver and an image's CUDA (major.minor), with the floors
+    and toolkit minimums from the catalog: the one place run, doctor and validate ask."""
+    from gpuenv import compat
+
+    cat = compat.catalog()
+    floor = cat.driver_floor.get(cuda.split(".")[0])
+    if floor is None:
+        return Verdict("warning", f"unknown CUDA {cuda!r} in the image's labels; rebuild it")
+    toolkit = cat.toolkits.get(cuda)
+    return judge_driver(
+        driver,
+        cuda,
+        toolkit.release if toolkit else None,
+        floor,
+        toolkit.min_driver if toolkit else cat.ga_min_driver.get(cuda),
+    )
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     driver: str

@@ -14,18 +14,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from gpuenv.cell import Cell
 from gpuenv.errors import GpuenvError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from gpuenv.engine import Engine, ImageInfo
+    from gpuenv.project import Project
 
 PLATFORM = "x86_64-manylinux_2_28"
 VERSION = 1
@@ -36,10 +43,6 @@ class CellLock:
     inputs: str
     python_env: str  # requirements.txt text with hashes: the framework + matrix packages
     cuda: str  # the nvidia-* wheels, with hashes ("" for CPU cells)
-
-    def entry(self) -> str:
-        """What the spec hash takes from the lock."""
-        return hashlib.sha256(f"{self.inputs}\0{self.python_env}\0{self.cuda}".encode()).hexdigest()
 
 
 @dataclass
@@ -177,7 +180,15 @@ def write(lock: Lock) -> None:
         "# packages (--require-hashes --no-deps). Re-lock after editing the matrix.\n"
     )
     text = yaml.dump(doc, Dumper=dumper, sort_keys=False, width=120)
-    lock.path.write_text(header + text, encoding="utf-8")
+    # Atomically: an interrupted or concurrent `gpuenv lock` leaves one whole lock.
+    fd, tmp = tempfile.mkstemp(dir=lock.path.parent, prefix=f".{lock.path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(header + text)
+        os.replace(tmp, lock.path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def drift(lock: Lock, cells: list[Cell]) -> dict[str, str]:
@@ -192,28 +203,84 @@ def drift(lock: Lock, cells: list[Cell]) -> dict[str, str]:
     return out
 
 
-def base_identity(image_info: dict[str, Any], packages: list[str]) -> dict[str, Any]:
-    labels = (image_info.get("Config") or {}).get("Labels") or {}
-    return {
-        "id": str(image_info["Id"]),
-        "rootfs": labels.get("io.gpuenv.rootfs"),
-        "packages": packages,
-    }
+def base_identity(image: ImageInfo, packages: list[str]) -> dict[str, Any]:
+    return {"id": image.id, "rootfs": image.claims.rootfs, "packages": packages}
 
 
-def base_drift(lock: Lock, base_image: str, image_info: dict[str, Any]) -> str | None:
+def base_drift(lock: Lock, base_image: str, image: ImageInfo) -> str | None:
     """Why the engine's base differs from the locked one, or None."""
     locked = lock.bases.get(base_image)
     if locked is None:
         # The matrix moved a cell to a base it was not locked on (a lock from before bases
         # were recorded has none at all: nothing to compare with).
         return "not in the lock (the matrix changed its base)" if lock.bases else None
-    labels = (image_info.get("Config") or {}).get("Labels") or {}
-    rootfs = labels.get("io.gpuenv.rootfs")
+    rootfs = image.claims.rootfs
     if locked.get("rootfs"):
         if rootfs != locked["rootfs"]:
             return f"root filesystem {rootfs} is not the locked {locked['rootfs']}"
         return None
-    if str(image_info["Id"]) != locked.get("id"):
-        return f"image {image_info['Id'][:19]} is not the locked {str(locked.get('id'))[:19]}"
+    if image.id != locked.get("id"):
+        return f"image {image.id[:19]} is not the locked {str(locked.get('id'))[:19]}"
     return None
+
+
+# ---------------------------------------------------------------------- the lock verb
+
+
+def exclude_newer_date(given: str | None, current: Lock | None) -> str:
+    """--exclude-newer YYYY-MM-DD, else the current lock's date, else today."""
+    if given is None:
+        return current.exclude_newer if current is not None else today()
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", given):
+        raise GpuenvError(f"--exclude-newer {given!r}: expected YYYY-MM-DD", exit_code=2)
+    return f"{given}T00:00:00Z"
+
+
+def check(engine: Engine, project: Project, cells: list[Cell]) -> dict[str, str]:
+    """Cells whose lock entry, or base, no longer matches: cell -> why."""
+    lock = project.lock
+    if lock is None:
+        raise GpuenvError(f"{project.lock_path}: no lock; write one with: gpuenv lock")
+    drifted = drift(lock, cells)
+    for image in sorted({c.base.image for c in cells}):
+        info = engine.image(image)
+        why = base_drift(lock, image, info) if info else "not in the engine"
+        if why:
+            for c in cells:
+                if c.base.image == image and c.name not in drifted:
+                    drifted[c.name] = f"base {image}: {why}"
+    return drifted
+
+
+def relock(
+    engine: Engine,
+    project: Project,
+    cells: list[Cell],
+    exclude_newer: str | None,
+    say: Callable[[str], None],
+) -> Path:
+    """Resolve the cells again (the others keep their entries when the date is the same),
+    record their bases, drop cells and bases the matrix no longer has, write the lock."""
+    from gpuenv import base as bases
+
+    current = project.lock
+    date = exclude_newer_date(exclude_newer, current)
+    entries = dict(current.cells) if current and current.exclude_newer == date else {}
+    locked_bases = dict(current.bases) if current else {}
+    for image in sorted({c.base.image for c in cells}):
+        cell = next(c for c in cells if c.base.image == image)
+        bases.ensure(engine, cell.base, say)
+        info = engine.image(image)
+        if info is None:
+            raise GpuenvError(f"base {image} vanished from the engine while locking")
+        locked_bases[image] = base_identity(info, bases.package_list(engine, image))
+    build = project.matrix.model.build
+    for cell in cells:
+        entries[cell.name] = lock_cell(cell, date, build.index_url, tuple(build.extra_index_urls))
+        say(f"locked {cell.name}")
+    names = {c.name for c in project.cells}
+    used = {c.base.image for c in project.cells}
+    entries = {k: v for k, v in entries.items() if k in names}
+    locked_bases = {k: v for k, v in locked_bases.items() if k in used}
+    write(Lock(project.lock_path, date, entries, locked_bases))
+    return project.lock_path

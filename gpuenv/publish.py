@@ -9,22 +9,23 @@ hash is the one the matrix gives now and it did not fail `gpuenv validate`.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuenv import cache
 from gpuenv.cell import Cell
 from gpuenv.errors import GpuenvError
-from gpuenv.matrix import LoadedMatrix
 
 if TYPE_CHECKING:
-    from gpuenv.engine import Engine
+    from gpuenv.engine import Engine, ImageInfo
+    from gpuenv.matrix import LoadedMatrix
+    from gpuenv.project import Project
 
 TRANSIENT = (
     "connection reset", "connection refused", "timeout", "timed out", "tls handshake",
@@ -32,7 +33,6 @@ TRANSIENT = (
     "temporarily unavailable",
 )  # fmt: skip
 RETRIES = 3
-SPEC_LABEL = "io.gpuenv.spec-hash"
 REGISTRY_ENV = "GPUENV_REGISTRY"  # where `gpuenv build` looks for published images first
 _REGISTRY = re.compile(r"[A-Za-z0-9.-]+(:\d+)?(/[a-z0-9._-]+)*")
 
@@ -68,31 +68,17 @@ def target_repository(name: str, registry: str | None) -> str:
 # ---------------------------------------------------------------- validation records
 
 
-def _records_path() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "gpuenv" / "validated.json"
+VALIDATED = "validated.json"  # in gpuenv's cache (gpuenv/cache.py)
 
 
 def record_validation(results: dict[str, bool]) -> None:
-    """image ID -> passed, written by `gpuenv validate` for `gpuenv push` to consult."""
-    path = _records_path()
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        data = {}
-    data.update(results)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=1, sort_keys=True))
-    except OSError:
-        pass  # a read-only home: push then treats images as not validated
+    """image ID -> passed, written by `gpuenv validate` for `gpuenv push` to consult. An
+    unwritable cache leaves push treating the images as not validated."""
+    cache.update_record(VALIDATED, results)
 
 
 def validation_of(image_id: str) -> bool | None:
-    try:
-        value = json.loads(_records_path().read_text()).get(image_id)
-    except (OSError, ValueError, AttributeError):
-        return None
+    value = cache.read_record(VALIDATED).get(image_id)
     return bool(value) if value is not None else None
 
 
@@ -111,13 +97,6 @@ class TagResult:
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("cell", "ref", "status", "digest", "error",
                                                "attempts")}  # fmt: skip
-
-
-@dataclass
-class PushPlan:
-    cell: Cell
-    image_id: str
-    refs: list[str] = field(default_factory=list)
 
 
 def _chunk_error(chunk: dict[str, Any]) -> str | None:
@@ -169,16 +148,15 @@ def push_ref(
     return result
 
 
-def check_pushable(cell: Cell, info: dict[str, Any] | None, spec_hash: str) -> str | None:
+def check_pushable(cell: Cell, info: ImageInfo | None, spec_hash: str | None) -> str | None:
     """Why this image must not be pushed, or None."""
     if info is None:
         return f"{cell.image} is not built; gpuenv build {cell.name}"
-    labels = (info.get("Config") or {}).get("Labels") or {}
-    if labels.get("io.gpuenv.spec-hash") != spec_hash:
+    if spec_hash is None or info.claims.spec_hash != spec_hash:
         return (
             f"{cell.image} is stale (its spec hash is not the matrix's); gpuenv build {cell.name}"
         )
-    if validation_of(str(info["Id"])) is False:
+    if validation_of(info.id) is False:
         return f"{cell.image} failed validation; fix it and run gpuenv validate {cell.name}"
     return None
 
@@ -192,31 +170,30 @@ def pull_matching(engine: Engine, ref: str, spec: str, keep_as: str) -> tuple[st
     Otherwise (not there, registry down, another spec hash) return None and why, leaving
     nothing behind that the pull added; a tag `ref` that was already there stays where it
     was."""
-    repo, _, tag = ref.rpartition(":")
     before = engine.image(ref)
     try:
-        for chunk in engine.api.pull(repo, tag=tag, stream=True, decode=True):
+        for chunk in engine.pull(ref):
             error = _chunk_error(chunk) if isinstance(chunk, dict) else None
             if error:
                 return None, f"pull {ref}: {error.splitlines()[0][:300]}"
-    except Exception as exc:  # the SDK raises for a missing tag, a refused login, ...
-        text = str(exc).strip().splitlines()
-        return None, f"pull {ref}: {text[0][:300] if text else type(exc).__name__}"
+    except GpuenvError as exc:  # a missing tag, a refused login, an unreachable registry
+        detail = getattr(exc, "detail", exc.message)
+        text = str(detail).strip().splitlines()
+        return None, f"pull {ref}: {text[0][:300] if text else exc.message}"
     info = engine.image(ref)
     if info is None:
         return None, f"pull {ref}: the engine has no such image after pulling"
-    labels = (info.get("Config") or {}).get("Labels") or {}
-    if labels.get(SPEC_LABEL) != spec:
+    if info.claims.spec_hash != spec:
         if before is None:
             engine.remove_image(ref)  # the tag, and the image unless something else uses it
-        elif before.get("Id") != info.get("Id"):
-            engine.tag(str(before["Id"]), ref)  # the tag back where it was
-            engine.remove_image(str(info["Id"]))  # and what the pull brought
+        elif before.id != info.id:
+            engine.tag(before.id, ref)  # the tag back where it was
+            engine.remove_image(info.id)  # and what the pull brought
         return None, f"{ref} has another spec hash (built from another matrix or base)"
-    engine.tag(str(info["Id"]), keep_as)
+    engine.tag(info.id, keep_as)
     if before is None:
         engine.remove_image(ref)  # untags only: keep_as holds the image
-    return str(info["Id"]), ""
+    return info.id, ""
 
 
 def registry_from_env() -> str | None:
@@ -228,3 +205,51 @@ def registry_from_env() -> str | None:
     if why:
         raise GpuenvError(f"${REGISTRY_ENV}={why}")
     return value
+
+
+# ---------------------------------------------------------------------- the push verb
+
+
+def push_cells(
+    engine: Engine,
+    project: Project,
+    cells: list[Cell],
+    *,
+    registry: str | None,
+    aliases: bool,
+    ca_bundle: Path | None,
+    on_result: Callable[[TagResult], None] = lambda result: None,
+) -> list[TagResult]:
+    """Tag and push each cell's image under its name and aliases; one result per tag.
+    Stale, unbuilt or failed-validation images are refused, not pushed."""
+    from gpuenv.plan import make_plan
+
+    if registry is not None and registry_problem(registry):
+        raise GpuenvError(f"--registry {registry_problem(registry)}", exit_code=2)
+    alias_tags = aliases_by_cell(project.matrix, project.cells) if aliases else {}
+    plan = make_plan(engine, project, cells, ca_bundle=ca_bundle)
+    repo = target_repository(project.matrix.model.name, registry)
+    results: list[TagResult] = []
+    for p in plan.cells:
+        cell, info = p.cell, p.existing
+        refused = check_pushable(cell, info, p.spec_hash)
+        for tag in [cell.name, *alias_tags.get(cell.name, [])]:
+            ref = f"{repo}:{tag}"
+            if refused or info is None:
+                result = TagResult(cell.name, ref, "refused", error=refused)
+            else:
+                result = _tag_and_push(engine, cell, info.id, ref)
+            results.append(result)
+            on_result(result)
+    return results
+
+
+def _tag_and_push(engine: Engine, cell: Cell, image_id: str, ref: str) -> TagResult:
+    try:
+        engine.tag(image_id, ref)
+    except GpuenvError as exc:  # e.g. a reference the engine refuses
+        why = str(getattr(exc, "detail", exc.message)).strip().splitlines()[0][:300]
+        return TagResult(cell.name, ref, "failed", error=f"tag: {why}")
+    result = push_ref(lambda r, t: engine.push(f"{r}:{t}"), ref)
+    result.cell = cell.name
+    return result

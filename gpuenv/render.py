@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jinja2
 
+from gpuenv import contract
 from gpuenv.cell import Cell
 from gpuenv.compat import driver_floor
 from gpuenv.lock import CellLock
@@ -22,21 +23,6 @@ from gpuenv.lock import CellLock
 # The uv release bootstrapped (and removed) inside each install step. Part of the rendered
 # line, so changing it rebuilds, as it should.
 UV_VERSION = "0.13.9"
-VENV = "/opt/venv"
-LOCK_DIR = "/opt/gpuenv"  # the locked requirements the image was installed from
-USER = "gpuenv"
-UID = 1000
-# The CA bundle is served to the build on this fixed loopback address (see ca_server.py).
-CA_PORT = 47811
-CA_URL = f"http://127.0.0.1:{CA_PORT}/ca.pem"
-CA_PATH = "/tmp/gpuenv-ca.pem"
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Library directories of the nvidia-*-cu12 wheels (TF 2.16/2.17 need them on the path).
-NVIDIA_LIB_DIRS = (
-    "cublas", "cuda_cupti", "cuda_nvrtc", "cuda_runtime", "cudnn", "cufft",
-    "curand", "cusolver", "cusparse", "nccl", "nvjitlink",
-)  # fmt: skip
-OCI = "org.opencontainers.image"
 
 
 @dataclass(frozen=True)
@@ -80,6 +66,18 @@ def templates_dir() -> Path:
 
 
 @cache
+def templates_digest(root: Path | None = None) -> str:
+    """sha256 over every template file (names and contents): what `build --dry-run` compares
+    to say "template" when a cell's Dockerfile changed because images/ did."""
+    root = root or templates_dir()
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f"{path.relative_to(root)}\0".encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@cache
 def _environment(root: Path) -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(root),
@@ -91,40 +89,16 @@ def _environment(root: Path) -> jinja2.Environment:
     )
 
 
-def site_packages(cell: Cell) -> str:
-    return f"{VENV}/lib/python{cell.python}/site-packages"
-
-
-def labels(cell: Cell) -> dict[str, str]:
-    """Every label but io.gpuenv.spec-hash, which build.py adds (it hashes this file)."""
-    what = f"{cell.framework} {cell.framework_version}, Python {cell.python}, {cell.variant}"
-    if cell.is_gpu:
-        what += f", CUDA {cell.cuda_release}, cuDNN {cell.wheels['nvidia-cudnn-cu12']}"
-    return {
-        f"{OCI}.title": cell.image,
-        f"{OCI}.description": what,
-        f"{OCI}.version": cell.name,
-        f"{OCI}.base.name": cell.base.image,
-        "io.gpuenv.cell": cell.name,
-        "io.gpuenv.variant": cell.variant,
-        "io.gpuenv.python": cell.python,
-        "io.gpuenv.framework": cell.framework,
-        "io.gpuenv.framework-version": cell.framework_version,
-        "io.gpuenv.cuda": cell.cuda or "",
-        "io.gpuenv.cudnn": cell.cudnn or "",
-    }
-
-
 def render(
     cell: Cell, options: RenderOptions | None = None, lock: CellLock | None = None
 ) -> BuildContext:
     options = options or RenderOptions()
     env = _environment(templates_dir())
-    sp = site_packages(cell)
-    path = f"{VENV}/bin:{SYSTEM_PATH}"
+    venv, sp = contract.VENV, contract.site_packages(cell.python)
+    path = f"{venv}/bin:{contract.SYSTEM_PATH}"
     if cell.is_gpu:
         # ptxas, for XLA's and TensorFlow's own PTX compilation.
-        path = f"{VENV}/bin:{sp}/nvidia/cuda_nvcc/bin:{SYSTEM_PATH}"
+        path = f"{venv}/bin:{sp}/nvidia/cuda_nvcc/bin:{contract.SYSTEM_PATH}"
     # Requirements such as pandas<3 hold shell metacharacters (a redirection, unquoted);
     # plain pins like tensorflow==2.21.0 come out unchanged.
     python_packages = [
@@ -133,22 +107,22 @@ def render(
     dockerfile = env.get_template("Dockerfile.j2").render(
         cell=cell,
         ca=options.ca,
-        ca_url=CA_URL,
-        ca_path=CA_PATH,
+        ca_url=contract.CA_URL,
+        ca_path=contract.CA_PATH,
         index_url=options.index_url,
         extra_index_urls=list(options.extra_index_urls),
         uv_version=UV_VERSION,
-        venv=VENV,
-        user=USER,
-        uid=UID,
+        venv=venv,
+        user=contract.USER,
+        uid=contract.UID,
         path=path,
         python_packages=python_packages,
         locked=lock is not None,
-        lock_dir=LOCK_DIR,
+        lock_dir=contract.LOCK_DIR,
         cuda_packages=[f"{name}=={version}" for name, version in cell.wheels.items()],
         require_cuda=driver_cuda_floor(cell) if cell.is_gpu else None,
-        ld_library_path=":".join(f"{sp}/nvidia/{d}/lib" for d in NVIDIA_LIB_DIRS),
-        labels=labels(cell),
+        ld_library_path=":".join(f"{sp}/nvidia/{d}/lib" for d in contract.NVIDIA_LIB_DIRS),
+        labels=contract.image_labels(cell),
     )
     cell_json = json.dumps(cell.to_json(), indent=2, sort_keys=True) + "\n"
     files = {"Dockerfile": dockerfile, "cell.json": cell_json}

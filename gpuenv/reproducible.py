@@ -23,10 +23,12 @@ import tarfile
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuenv import engine as engines
 from gpuenv.errors import GpuenvError
+
+if TYPE_CHECKING:
+    from gpuenv.engine import Engine, ImageInfo
 
 
 def epoch_iso(epoch: int) -> str:
@@ -61,11 +63,11 @@ def normalize_config(config: dict[str, Any], diff_ids: list[str], epoch: int) ->
     return config
 
 
-def normalize(engine: engines.Engine, ref: str, epoch: int) -> str:
+def normalize(engine: Engine, ref: str, epoch: int) -> str:
     """Rewrite the image tagged ref in place; returns its new (deterministic) ID."""
     with tempfile.TemporaryDirectory(prefix="gpuenv-repro-") as tmp:
         saved = Path(tmp) / "saved.tar"
-        engines.save_image(engine, ref, str(saved))
+        engine.save(ref, str(saved))
         out = Path(tmp) / "normalized.tar"
         with tarfile.open(saved) as src, tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as dst:
             manifest = json.load(_member(src, "manifest.json"))[0]
@@ -90,11 +92,11 @@ def normalize(engine: engines.Engine, ref: str, epoch: int) -> str:
             _add_bytes(dst, config_name, blob, epoch)
             new_manifest = [{"Config": config_name, "RepoTags": [ref], "Layers": layer_names}]
             _add_bytes(dst, "manifest.json", json.dumps(new_manifest).encode(), epoch)
-        engines.load_image(engine, str(out))
+        engine.load(str(out))
     info = engine.image(ref)
     if info is None:
         raise GpuenvError(f"normalising {ref}: the engine lost the image on load")
-    return str(info["Id"])
+    return info.id
 
 
 def _member(tar: tarfile.TarFile, name: str) -> Any:
@@ -130,5 +132,28 @@ def epoch_for(lock_exclude_newer: str | None, default: int) -> int:
     return default
 
 
-def is_normalized(info: dict[str, Any], epoch: int) -> bool:
-    return str(info.get("Created", "")).startswith(epoch_iso(epoch)[:19])
+def is_normalized(info: ImageInfo, epoch: int) -> bool:
+    return info.created.startswith(epoch_iso(epoch)[:19])
+
+
+def normalize_images(
+    engine: Engine, refs: list[str], lock_exclude_newer: str | None
+) -> list[tuple[str, str, bool]]:
+    """`build --reproducible`: normalise each image; (ref, image ID, changed) per image.
+    The image a normalisation supersedes is removed once nothing tags it."""
+    from gpuenv.base import SOURCE_DATE_EPOCH
+
+    epoch = epoch_for(lock_exclude_newer, int(SOURCE_DATE_EPOCH))
+    out = []
+    for ref in refs:
+        info = engine.image(ref)
+        if info is None:
+            raise GpuenvError(f"normalising {ref}: no such image")
+        if is_normalized(info, epoch):
+            out.append((ref, info.id, False))
+            continue
+        image_id = normalize(engine, ref, epoch)
+        if info.id != image_id:
+            engine.remove_if_untagged(info.id)
+        out.append((ref, image_id, True))
+    return out

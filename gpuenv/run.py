@@ -20,11 +20,16 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuenv import engine as engines
+from gpuenv import cache, contract
+from gpuenv.engine import ContainerSpec, Engine, EngineError
 from gpuenv.errors import GpuenvError
 from gpuenv.gpus import GpuRequest, explain_start_error
+
+if TYPE_CHECKING:
+    from gpuenv.cell import Cell
+    from gpuenv.project import Project
 
 GRACE_SECONDS = 10
 GRACE_ENV = "GPUENV_STOP_GRACE"
@@ -111,37 +116,37 @@ def parse_ports(items: list[str]) -> dict[str, Any]:
     return ports
 
 
-def container_spec(opts: RunOptions) -> dict[str, Any]:
+def container_spec(opts: RunOptions) -> ContainerSpec:
     cwd = str(opts.cwd)
     if cwd == "/":
         raise fail("run gpuenv from your project directory: it mounts the current directory")
     env = {"HOME": HOME, **parse_env(opts.env)}
-    return {
-        "image": opts.image,
-        "command": opts.command,
-        "user": f"{opts.uid}:{opts.gid}",
-        "workdir": opts.workdir or cwd,
-        "env": env,
-        "binds": [f"{cwd}:{cwd}", *(parse_volume(v, opts.cwd) for v in opts.volumes)],
-        "ports": parse_ports(opts.ports),
+    return ContainerSpec(
+        image=opts.image,
+        command=opts.command,
+        user=f"{opts.uid}:{opts.gid}",
+        workdir=opts.workdir or cwd,
+        env=env,
+        binds=[f"{cwd}:{cwd}", *(parse_volume(v, opts.cwd) for v in opts.volumes)],
+        ports=parse_ports(opts.ports),
         # A writable HOME owned by the caller, even for a uid with no passwd entry.
-        "tmpfs": {HOME: f"rw,exec,uid={opts.uid},gid={opts.gid},mode=0755"},
-        "device_requests": [opts.gpus.as_api()] if opts.gpus else [],
-        "init": True,
-        "shm_size": None if opts.ipc else SHM_SIZE,
-        "ipc": opts.ipc,
-        "network": opts.network,
-        "labels": {"io.gpuenv.run": "1"},
-        "tty": opts.interactive,
-        "stdin": opts.interactive,
-    }
+        tmpfs={HOME: f"rw,exec,uid={opts.uid},gid={opts.gid},mode=0755"},
+        device_requests=[opts.gpus.as_api()] if opts.gpus else [],
+        init=True,
+        shm_size=None if opts.ipc else SHM_SIZE,
+        ipc=opts.ipc,
+        network=opts.network,
+        labels=contract.container_labels("run"),
+        tty=opts.interactive,
+        stdin=opts.interactive,
+    )
 
 
 class _Stopper:
     """First SIGINT/SIGTERM: stop the container (SIGTERM, grace period, SIGKILL).
     A second one: kill it at once."""
 
-    def __init__(self, engine: engines.Engine, cid: str) -> None:
+    def __init__(self, engine: Engine, cid: str) -> None:
         self.engine, self.cid = engine, cid
         self.signals = 0
         self.previous: dict[int, Any] = {}
@@ -159,36 +164,36 @@ class _Stopper:
 
     def _stop(self, timeout: int) -> None:
         # The container may already be gone; removal happens in run() either way.
-        with contextlib.suppress(Exception):
-            self.engine.api.stop(self.cid, timeout=timeout)
+        with contextlib.suppress(GpuenvError):
+            self.engine.stop(self.cid, timeout=timeout)
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
 
-def run(engine: engines.Engine, opts: RunOptions) -> int:
+def run(engine: Engine, opts: RunOptions) -> int:
     spec = container_spec(opts)
     try:
-        cid = engines.create_container(engine, spec)
-    except engines.APIError as exc:
+        cid = engine.create(spec)
+    except EngineError as exc:
         raise _start_error(exc, opts) from None
     try:
         with _Stopper(engine, cid):
             if opts.interactive and sys.stdin.isatty():
                 return _run_tty(engine, cid)
             return _run_streaming(engine, cid)
-    except engines.APIError as exc:
+    except EngineError as exc:
         raise _start_error(exc, opts) from None
-    except engines.DockerException as exc:
-        raise engines.engine_error(exc) from None
     finally:
-        with contextlib.suppress(engines.DockerException):
-            engines.remove_container(engine, cid)
+        with contextlib.suppress(GpuenvError):
+            engine.remove_container(cid)
 
 
 def _start_error(exc: Exception, opts: RunOptions) -> GpuenvError:
-    text = str(exc)
+    """The engine's refusal, explained: the NVIDIA toolkit's errors, a command that is not
+    there (127) or cannot be executed (126), else the engine's own message (125)."""
+    text = str(getattr(exc, "detail", "") or exc)
     explained = explain_start_error(text, opts.image)
     if explained:
         return fail(explained)
@@ -196,13 +201,16 @@ def _start_error(exc: Exception, opts: RunOptions) -> GpuenvError:
         return fail(f"{opts.command[0]}: command not found in {opts.image}", 127)
     if "permission denied" in text.lower() and "exec" in text:
         return fail(f"{opts.command[0]}: cannot be executed in {opts.image}", 126)
-    return engines.engine_error(exc)
+    if isinstance(exc, GpuenvError):
+        return exc
+    from gpuenv.engine import engine_error
+
+    return engine_error(exc)
 
 
-def _run_streaming(engine: engines.Engine, cid: str) -> int:
-    api = engine.api
-    stream = api.attach(cid, stdout=True, stderr=True, stream=True, logs=True, demux=True)
-    api.start(cid)
+def _run_streaming(engine: Engine, cid: str) -> int:
+    stream = engine.attach(cid)
+    engine.start(cid)
     out, err = sys.stdout.buffer, sys.stderr.buffer
     for stdout, stderr in stream:
         if stdout:
@@ -211,26 +219,24 @@ def _run_streaming(engine: engines.Engine, cid: str) -> int:
         if stderr:
             err.write(stderr)
             err.flush()
-    return int(api.wait(cid)["StatusCode"])
+    return engine.wait(cid)
 
 
-def _run_tty(engine: engines.Engine, cid: str) -> int:
+def _run_tty(engine: Engine, cid: str) -> int:
     """Relay a raw terminal to the container's TTY (REPL, pdb, a shell)."""
     import select
     import termios
     import tty
 
-    api = engine.api
-    sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-    raw = getattr(sock, "_sock", sock)
-    api.start(cid)
+    raw = engine.attach_socket(cid)
+    engine.start(cid)
     fd = sys.stdin.fileno()
     saved = termios.tcgetattr(fd)
 
     def resize(*_: object) -> None:
         try:
             size = os.get_terminal_size(fd)
-            api.resize(cid, height=size.lines, width=size.columns)
+            engine.resize(cid, height=size.lines, width=size.columns)
         except Exception:
             pass
 
@@ -253,123 +259,156 @@ def _run_tty(engine: engines.Engine, cid: str) -> int:
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
         signal.signal(signal.SIGWINCH, previous)
-    return int(api.wait(cid)["StatusCode"])
+    return engine.wait(cid)
 
 
-# ---------------------------------------------------------------------- preflight
+# ---------------------------------------------------------------------- target
 
 
 @dataclass
 class Target:
     image: str
     labels: dict[str, str]
-    cell: Any = None  # gpuenv.cell.Cell when chosen from the matrix
+    cell: Cell | None = None  # when chosen from the matrix
 
 
-def looks_like_image(ref: str) -> bool:
-    """Cell names never hold ':', '/' or '@'; image references usually do."""
-    return any(c in ref for c in ":/@") and not any(c in ref for c in "*?[")
+def target_for(engine: Engine, image: str | None, want_gpu: bool, file: Path | None) -> Target:
+    """The image `gpuenv run` uses: -i IMAGE as is, else a cell (the default CPU or GPU
+    cell without -i), built first if it is missing."""
+    from gpuenv.project import looks_like_image, open_project
+
+    if image is not None and looks_like_image(image):
+        labels = engine.labels(image)
+        if labels is None:
+            raise fail(f"image {image} not found in the engine")
+        return Target(image, labels)
+    project = open_project(file)
+    cell = project.default_cell(want_gpu) if image is None else project.one_cell(image, "-i")
+    labels = engine.labels(cell.image)
+    if labels is None:
+        _build_for_run(engine, project, cell)
+        labels = engine.labels(cell.image) or {}
+    return Target(cell.image, labels, cell)
+
+
+def _build_for_run(engine: Engine, project: Project, cell: Cell) -> None:
+    from gpuenv import build, plan
+    from gpuenv.progress import ConsoleReporter
+
+    print(f"gpuenv: {cell.image} is not built yet; building it first", file=sys.stderr)
+    reporter = ConsoleReporter()
+    try:
+        ca_bundle = plan.ca_bundle_for(project.matrix, None)
+        results = build.plan_and_build(engine, project, [cell], reporter, ca_bundle=ca_bundle)
+    finally:
+        reporter.close()
+    if results[0].status == "failed":
+        raise fail(f"building {cell.image} failed: {results[0].error}")
+
+
+# ---------------------------------------------------------------------- preflight
 
 
 def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-def gpu_preflight(engine: engines.Engine, target: Target, gpus: GpuRequest | None) -> None:
+def gpu_preflight(engine: Engine, target: Target, gpus: GpuRequest | None) -> None:
     """Refuse or warn before the workload starts, never after it trained on the CPU."""
-    variant = target.labels.get("io.gpuenv.variant")
+    claims = contract.ImageLabels(target.labels)
     if gpus is None:
-        if variant == "gpu":
+        if claims.is_gpu:
             warn(
                 f"{target.image} is a GPU image but no --gpus was given: TensorFlow will "
                 "fall back to the CPU (add --gpus all)"
             )
         return
-    if variant == "cpu":
+    if claims.variant == "cpu":
         warn(
             f"{target.image} is a CPU image: TensorFlow in it cannot use the GPUs; the devices "
             "are passed anyway (for nvidia-smi and the like). Use a GPU cell to train on them"
         )
-    cuda = target.labels.get("io.gpuenv.cuda")
     driver = probe_driver(engine, target.image, gpus)
-    if driver is None or not cuda:
+    if driver is None or not claims.cuda:
         return
-    from gpuenv import compat
-    from gpuenv.gpus import judge_driver
+    from gpuenv.gpus import driver_verdict
 
-    cat = compat.catalog()
-    toolkit = cat.toolkits.get(cuda)
-    verdict = judge_driver(
-        driver,
-        cuda,
-        toolkit.release if toolkit else None,
-        cat.driver_floor.get(cuda.split(".")[0], "0"),
-        toolkit.min_driver if toolkit else cat.ga_min_driver.get(cuda),
-    )
+    verdict = driver_verdict(driver, claims.cuda)
     if verdict.level == "error":
         raise fail(verdict.message)
     if verdict.level == "warning":
         warn(verdict.message)
 
 
-def _cache_file() -> Path | None:
-    """~/.cache/gpuenv/drivers.json, or None for a uid with neither HOME nor a passwd entry
-    (Path.home() would then be "~", a directory created in the current one)."""
-    root = os.environ.get("XDG_CACHE_HOME")
-    if not root:
-        home = os.path.expanduser("~")
-        if not os.path.isabs(home):
-            return None
-        root = os.path.join(home, ".cache")
-    return Path(root) / "gpuenv" / "drivers.json"
+DRIVERS = "drivers.json"  # in gpuenv's cache (gpuenv/cache.py)
+DRIVER_MAX_AGE = 24 * 3600  # seconds; a driver can be upgraded without a reboot
 
 
-def probe_driver(engine: engines.Engine, image: str, gpus: GpuRequest) -> str | None:
-    """The host driver version, learnt once per engine by a probe container.
+def _engine_identity(engine: Engine) -> tuple[str, str]:
+    """(engine ID, what changes when the engine's host may have a new driver): a reboot
+    or new kernel, a daemon restart (its ID stays, its start changes the boot's view)."""
+    info = engine.info()
+    return str(info.get("ID") or engine.url), str(info.get("KernelVersion") or "")
+
+
+def cached_driver(engine: Engine, now: float | None = None) -> str | None:
+    """The driver learnt earlier for this engine, unless it may be stale: another kernel
+    (a reboot, where driver upgrades take effect), past DRIVER_MAX_AGE, or
+    $GPUENV_REPROBE=1 (on demand)."""
+    import time
+
+    if os.environ.get("GPUENV_REPROBE") == "1":
+        return None
+    engine_id, kernel = _engine_identity(engine)
+    entry = cache.read_record(DRIVERS).get(engine_id)
+    if isinstance(entry, str):  # written by gpuenv before entries carried their context
+        return None
+    if not isinstance(entry, dict) or entry.get("kernel") != kernel:
+        return None
+    age = (now if now is not None else time.time()) - float(entry.get("at") or 0)
+    return str(entry["driver"]) if 0 <= age <= DRIVER_MAX_AGE and entry.get("driver") else None
+
+
+def remember_driver(engine: Engine, driver: str) -> None:
+    import time
+
+    engine_id, kernel = _engine_identity(engine)
+    entry = {"driver": driver, "kernel": kernel, "at": int(time.time())}
+    cache.update_record(DRIVERS, {engine_id: entry})
+
+
+def probe_driver(engine: Engine, image: str, gpus: GpuRequest) -> str | None:
+    """The host driver version, learnt by a probe container and cached per engine.
 
     The Docker API reports neither the driver nor the runtime hook, and a remote engine's
     host is not this machine, so the only honest source is nvidia-smi inside a container
     that got GPUs. The probe also surfaces the toolkit's own errors before the workload.
     """
-    import json
-
     from gpuenv.gpus import parse_nvidia_smi_query
 
-    engine_id = engine.info().get("ID", engine.url)
-    cache = _cache_file()
+    known = cached_driver(engine)
+    if known is not None:
+        return known
+    command = ["nvidia-smi", "--query-gpu=driver_version,name,compute_cap",
+               "--format=csv,noheader"]  # fmt: skip
+    spec = ContainerSpec(image, command, device_requests=[gpus.as_api()], network="none",
+                         labels=contract.container_labels("probe"), init=False)  # fmt: skip
     try:
-        known = json.loads(cache.read_text()) if cache else {}
-    except (OSError, ValueError):
-        known = {}
-    if not isinstance(known, dict):
-        known = {}
-    if engine_id in known:
-        return str(known[engine_id])
-    spec = {
-        "image": image,
-        "command": ["nvidia-smi", "--query-gpu=driver_version,name,compute_cap",
-                    "--format=csv,noheader"],
-        "device_requests": [gpus.as_api()],
-        "network": "none",
-        "labels": {"io.gpuenv.probe": "1"},
-        "init": False,
-    }  # fmt: skip
+        cid = engine.create(spec)
+    except EngineError as exc:
+        raise _start_error(exc, RunOptions(image=image, command=command)) from None
     try:
-        cid = engines.create_container(engine, spec)
-    except engines.APIError as exc:
-        raise _start_error(exc, RunOptions(image=image, command=list(spec["command"]))) from None
-    try:
-        engine.api.start(cid)
-        code = int(engine.api.wait(cid, timeout=60)["StatusCode"])
-        output = engine.api.logs(cid, stdout=True, stderr=True).decode(errors="replace")
-    except engines.APIError as exc:
-        explained = explain_start_error(str(exc), image)
+        engine.start(cid)
+        code = engine.wait(cid, timeout=60)
+        output = engine.logs(cid, stderr=True)
+    except EngineError as exc:
+        explained = explain_start_error(exc.detail, image)
         if explained:
             raise fail(explained) from None
-        warn(f"could not learn the host's NVIDIA driver: {str(exc).splitlines()[0][:200]}")
+        warn(f"could not learn the host's NVIDIA driver: {exc.detail.splitlines()[0][:200]}")
         return None
     finally:
-        engines.remove_container(engine, cid)
+        engine.remove_container(cid)
     gpus_found = parse_nvidia_smi_query(output) if code == 0 else []
     if not gpus_found:
         warn(
@@ -378,9 +417,5 @@ def probe_driver(engine: engines.Engine, image: str, gpus: GpuRequest) -> str | 
         )
         return None
     driver = gpus_found[0].driver
-    known[engine_id] = driver
-    if cache is not None:
-        with contextlib.suppress(OSError):
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(known))
+    remember_driver(engine, driver)
     return driver

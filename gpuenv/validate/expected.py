@@ -7,24 +7,29 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpuenv import compat
+from gpuenv import compat, contract
 from gpuenv.cell import Cell
+from gpuenv.contract import NVIDIA_LIB_DIRS, UID, VENV, ImageLabels, image_labels, site_packages
 from gpuenv.errors import GpuenvError
 from gpuenv.lock import CellLock
-from gpuenv.render import NVIDIA_LIB_DIRS, UID, VENV, labels, site_packages
 
 
-def from_cell(cell: Cell, lock: CellLock | None = None) -> dict[str, Any]:
+def from_cell(
+    cell: Cell, lock: CellLock | None = None, lock_drift: str | None = None
+) -> dict[str, Any]:
+    """What the cell's image must hold. `lock_drift` says why the matrix's lock entry for
+    the cell no longer matches it: the lock check then fails with that reason."""
     data = cell.to_json()
     data.update(
         uid=UID,
         venv=VENV,
-        site_packages=site_packages(cell),
+        site_packages=site_packages(cell.python),
         nvidia_lib_dirs=list(NVIDIA_LIB_DIRS),
-        labels=labels(cell),
+        labels=image_labels(cell),
         pip_pins=_pins(cell.pip),
         # With a lock, the environment must hold exactly the locked packages.
         locked=locked_versions(lock, cell.is_gpu) if lock else None,
+        lock_drift=lock_drift,
         source="matrix+lock" if lock else "matrix",
     )
     return data
@@ -53,33 +58,33 @@ def _pins(requirements: tuple[str, ...] | list[str]) -> dict[str, str]:
 def from_labels(image: str, found: dict[str, str]) -> dict[str, Any]:
     """Rebuild the cell an image claims to be from the catalog, using only the labels'
     framework minor, Python, variant and CUDA/cuDNN; exact versions come from the catalog."""
-    if "io.gpuenv.cell" not in found:
+    claims = ImageLabels(found)
+    if not claims.is_gpuenv:
         raise GpuenvError(f"{image} has no io.gpuenv.* labels: it was not built by gpuenv")
     cat = compat.catalog()
-    claimed = found.get("io.gpuenv.framework-version", "")
+    claimed = claims.framework_version
     minor = ".".join(claimed.split(".")[:2])
     row = cat.releases.get(minor)
     if row is None:
         raise GpuenvError(
-            f"{image}: its label io.gpuenv.framework-version={claimed!r} is no TensorFlow "
+            f"{image}: its label {contract.FRAMEWORK_VERSION}={claimed!r} is no TensorFlow "
             "release the catalog knows"
         )
-    framework = found.get("io.gpuenv.framework", cat.framework)
+    framework = claims.framework or cat.framework
     if framework != cat.framework:
         raise GpuenvError(
-            f"{image}: its label io.gpuenv.framework={framework!r} is not {cat.framework}"
+            f"{image}: its label {contract.FRAMEWORK}={framework!r} is not {cat.framework}"
         )
-    variant = found.get("io.gpuenv.variant", "cpu")
+    variant = claims.variant or "cpu"
     if variant not in ("cpu", "gpu"):
-        raise GpuenvError(f"{image}: its label io.gpuenv.variant={variant!r} is not cpu or gpu")
-    python = found.get("io.gpuenv.python", "")
+        raise GpuenvError(f"{image}: its label {contract.VARIANT}={variant!r} is not cpu or gpu")
+    python = claims.python
     if python not in row.python:
         raise GpuenvError(
-            f"{image}: its label io.gpuenv.python={python!r} contradicts the catalog: "
+            f"{image}: its label {contract.PYTHON}={python!r} contradicts the catalog: "
             f"TensorFlow {row.version} has wheels for Python {', '.join(row.python)}"
         )
-    cuda = found.get("io.gpuenv.cuda") or None
-    cudnn = found.get("io.gpuenv.cudnn") or None
+    cuda, cudnn = claims.cuda, claims.cudnn
     wheels: dict[str, str] = {}
     release = None
     if variant == "gpu":
@@ -98,7 +103,7 @@ def from_labels(image: str, found: dict[str, str]) -> dict[str, Any]:
     elif cuda or cudnn:
         raise GpuenvError(f"{image}: a CPU image with io.gpuenv.cuda/cudnn labels")
     return {
-        "name": found["io.gpuenv.cell"],
+        "name": claims.cell,
         "image": image,
         "variant": variant,
         "python": python,
@@ -114,8 +119,10 @@ def from_labels(image: str, found: dict[str, str]) -> dict[str, Any]:
         "apt": [],
         "uid": UID,
         "venv": VENV,
-        "site_packages": f"{VENV}/lib/python{python}/site-packages",
+        "site_packages": site_packages(python),
         "nvidia_lib_dirs": list(NVIDIA_LIB_DIRS),
         "labels": {},  # nothing to compare the labels with but themselves
+        "locked": None,
+        "lock_drift": None,
         "source": "labels+catalog",
     }

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuenv import engine as engines
+from gpuenv import contract
+from gpuenv.engine import ContainerSpec, Engine, EngineError, ImageInfo
 from gpuenv.errors import GpuenvError
-from gpuenv.gpus import GpuRequest
+from gpuenv.gpus import GpuRequest, explain_start_error
 
 SUITES = Path(__file__).parent / "suites"
 TARGETS_ENV = "GPUENV_VALIDATE_TARGETS"
@@ -33,11 +34,11 @@ class Target:
     container: str | None = None
     gpu_container: str | None = None
     gpu_error: str | None = None
-    info: dict[str, Any] = field(default_factory=dict)
+    info: ImageInfo | None = None
     layers: list[dict[str, Any]] = field(default_factory=list)  # the largest, for the size gate
 
     def to_json(self, gpus: GpuRequest | None) -> dict[str, Any]:
-        config = self.info.get("Config") or {}
+        info = self.info or ImageInfo(id="")
         return {
             "id": self.id,
             "image": self.image,
@@ -46,12 +47,8 @@ class Target:
             "gpu_container": self.gpu_container,
             "gpu_error": self.gpu_error,
             "gpus": gpus.as_api() if gpus else None,
-            "config": {
-                "User": config.get("User") or "",
-                "Env": config.get("Env") or [],
-                "Labels": config.get("Labels") or {},
-            },
-            "size": int(self.info.get("Size") or 0),
+            "config": {"User": info.user, "Env": list(info.env), "Labels": info.labels},
+            "size": info.size,
             "baseline_size": self.baseline_size,
             "layers": self.layers,
         }
@@ -67,73 +64,64 @@ class ImageSummary:
     skips: list[str] = field(default_factory=list)
 
 
-def _start(engine: engines.Engine, image: str, gpus: GpuRequest | None) -> str:
-    spec: dict[str, Any] = {
-        "image": image,
+def _start(engine: Engine, image: str, gpus: GpuRequest | None) -> str:
+    spec = ContainerSpec(
+        image,
         # Idle until the suites are done; the image's default user, as users get it.
-        "command": ["sleep", "infinity"],
-        "network": "none",
-        "labels": {"io.gpuenv.validate": "1"},
-        "init": True,
-        "device_requests": [gpus.as_api()] if gpus else [],
-    }
-    cid = engines.create_container(engine, spec)
+        ["sleep", "infinity"],
+        network="none",
+        labels=contract.container_labels("validate"),
+        init=True,
+        device_requests=[gpus.as_api()] if gpus else [],
+    )
+    cid = engine.create(spec)
     try:
-        engine.api.start(cid)
-    except engines.APIError:
-        engines.remove_container(engine, cid)
+        engine.start(cid)
+    except EngineError:
+        engine.remove_container(cid)
         raise
     return cid
 
 
-def _largest_layers(engine: engines.Engine, image: str, count: int = 5) -> list[dict[str, Any]]:
+def _largest_layers(engine: Engine, image: str, count: int = 5) -> list[dict[str, Any]]:
     """The image's largest layers (size and the step that made them), for the size gate."""
     try:
-        history = engine.api.history(image)
-    except engines.APIError:
+        history = engine.history(image)
+    except EngineError:
         return []
-    layers = [
-        {
-            "size": int(h.get("Size") or 0),
-            "created_by": " ".join(str(h.get("CreatedBy") or "(imported)").split()),
-        }
-        for h in history
-    ]
-    return sorted(layers, key=lambda layer: int(layer["size"]), reverse=True)[:count]
+    return sorted(history, key=lambda layer: int(layer["size"]), reverse=True)[:count]
 
 
 def validate(
-    engine: engines.Engine,
+    engine: Engine,
     targets: list[Target],
     gpus: GpuRequest | None,
     junitxml: Path | None,
     verbose: bool = False,
 ) -> list[ImageSummary]:
+    """Start a container per image (and, with --gpus, one with the devices for GPU images),
+    run the suites, remove every container. A device request the engine refuses is not
+    a reason to skip: the suites fail every device check with gpu_error (fail closed)."""
     started: list[str] = []
     try:
         for target in targets:
-            target.info = engine.image(target.image) or {}
-            if not target.info:
+            target.info = engine.image(target.image)
+            if target.info is None:
                 raise GpuenvError(f"image {target.image} not found; gpuenv build it first")
             target.layers = _largest_layers(engine, target.image)
-            try:
-                target.container = _start(engine, target.image, None)
-            except engines.APIError as exc:
-                raise engines.engine_error(exc) from None
+            target.container = _start(engine, target.image, None)
             started.append(target.container)
             if gpus is not None and target.expected.get("variant") == "gpu":
                 try:
                     target.gpu_container = _start(engine, target.image, gpus)
                     started.append(target.gpu_container)
-                except engines.APIError as exc:
-                    from gpuenv.gpus import explain_start_error
-
-                    text = str(exc)
-                    target.gpu_error = explain_start_error(text, target.image) or text[:300]
+                except EngineError as exc:
+                    explained = explain_start_error(exc.detail, target.image)
+                    target.gpu_error = explained or exc.detail.strip()[:300]
         return _run_pytest(targets, gpus, junitxml, verbose)
     finally:
         for cid in started:
-            engines.remove_container(engine, cid)
+            engine.remove_container(cid)
 
 
 def _run_pytest(

@@ -42,6 +42,14 @@ def write_matrix(tmp_path: Path) -> WriteMatrix:
 
 
 @pytest.fixture
+def fake_engine() -> type:
+    """The FakeEngine class (tests/unit/fake_engine.py): the one stand-in for the engine."""
+    from fake_engine import FakeEngine
+
+    return FakeEngine
+
+
+@pytest.fixture
 def minimal_matrix() -> str:
     return MINIMAL_MATRIX
 

@@ -11,12 +11,14 @@ import pytest
 
 from gpuenv import compat, matrix
 from gpuenv import lock as locks
-from gpuenv.build import spec_hash
 from gpuenv.cell import Cell
+from gpuenv.contract import LOCK_DIR
 from gpuenv.diff import IDENTITY_LABELS, Inventory, compare, render_text
+from gpuenv.engine import ImageInfo
 from gpuenv.errors import GpuenvError
 from gpuenv.lock import CellLock, Lock
-from gpuenv.render import LOCK_DIR, RenderOptions, render
+from gpuenv.plan import spec_hash
+from gpuenv.render import RenderOptions, render
 from gpuenv.validate.expected import locked_versions
 
 DATE = "2026-11-01T00:00:00Z"
@@ -154,9 +156,9 @@ def test_inputs_digest_ignores_the_image_name(cells):
 # --------------------------------------------------------------------------- base drift
 
 
-def info(image_id: str = BASE_ID, rootfs: str | None = ROOTFS) -> dict:
+def info(image_id: str = BASE_ID, rootfs: str | None = ROOTFS) -> ImageInfo:
     labels = {"io.gpuenv.rootfs": rootfs} if rootfs else {}
-    return {"Id": image_id, "Config": {"Labels": labels}}
+    return ImageInfo(id=image_id, labels=labels)
 
 
 def test_bootstrapped_base_is_pinned_by_its_root_filesystem(tmp_path, cells):
@@ -246,10 +248,10 @@ def test_without_a_lock_nothing_is_copied_or_hash_checked(cells):
 
 def test_the_lock_is_part_of_the_spec_hash(cells):
     cpu = cells["cpu"]
-    plain = spec_hash(render(cpu), BASE_ID)
-    locked = spec_hash(render(cpu, lock=cell_lock(cpu)), BASE_ID)
+    plain = spec_hash(render(cpu).digest(), BASE_ID)
+    locked = spec_hash(render(cpu, lock=cell_lock(cpu)).digest(), BASE_ID)
     other = spec_hash(
-        render(cpu, lock=cell_lock(cpu, PYTHON_ENV.replace("2.3.1", "2.3.2"))), BASE_ID
+        render(cpu, lock=cell_lock(cpu, PYTHON_ENV.replace("2.3.1", "2.3.2"))).digest(), BASE_ID
     )
     assert len({plain, locked, other}) == 3
 

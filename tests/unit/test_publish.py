@@ -17,6 +17,7 @@ import pytest
 
 from gpuenv import compat, publish
 from gpuenv import matrix as matrices
+from gpuenv.engine import EngineError, ImageInfo
 from gpuenv.errors import GpuenvError, MatrixError
 
 RECORDED = Path(__file__).parent / "recorded"
@@ -243,7 +244,7 @@ def test_check_pushable(write_matrix, minimal_matrix, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     _, res = _loaded(write_matrix, minimal_matrix)
     cell = res.cells[0]
-    info = {"Id": "sha256:aaa", "Config": {"Labels": {"io.gpuenv.spec-hash": "h1"}}}
+    info = ImageInfo(id="sha256:aaa", labels={"io.gpuenv.spec-hash": "h1"})
     assert "is not built; gpuenv build" in publish.check_pushable(cell, None, "h1")
     assert "is stale" in publish.check_pushable(cell, info, "h2")
     assert publish.check_pushable(cell, info, "h1") is None  # never validated: allowed
@@ -261,82 +262,37 @@ def test_check_pushable(write_matrix, minimal_matrix, tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- pull before build
 
 
-class FakeEngine:
-    """The few Engine calls pull_matching makes: references (tags) -> image IDs -> info."""
-
-    def __init__(self, remote: dict[str, Any], local: dict[str, Any] | None = None) -> None:
-        self.remote = remote  # ref -> image info, or an exception, or an error stream
-        self.images = {i["Id"]: i for i in (local or {}).values()}
-        self.refs = {ref: i["Id"] for ref, i in (local or {}).items()}
-        self.removed: list[str] = []
-        self.api = self
-
-    @property
-    def local(self) -> dict[str, Any]:
-        return {ref: self.images[i] for ref, i in self.refs.items()}
-
-    def image(self, ref: str) -> dict[str, Any] | None:
-        return self.images.get(self.refs.get(ref, ref))
-
-    def pull(self, repo: str, tag: str, stream: bool, decode: bool) -> Any:
-        assert stream and decode
-        ref = f"{repo}:{tag}"
-        what = self.remote[ref]
-        if isinstance(what, Exception):
-            raise what
-        if isinstance(what, list):
-            return iter(what)
-        self.images[what["Id"]], self.refs[ref] = what, what["Id"]
-        return iter([{"status": "Pulling from x"}, {"status": f"Digest: sha256:{'0' * 64}"}])
-
-    def tag(self, image_id: str, ref: str) -> None:
-        assert image_id in self.images
-        self.refs[ref] = image_id
-
-    def remove_image(self, ref: str) -> bool:
-        self.removed.append(ref)
-        if ref in self.refs:
-            image_id = self.refs.pop(ref)
-        elif ref in self.images and ref not in self.refs.values():
-            image_id = ref
-        else:
-            return False
-        if image_id not in self.refs.values():
-            del self.images[image_id]
-        return True
-
-
 PULLED = "127.0.0.1:5000/x/tensorflow:tf2.21-py3.11-cpu"
 CELL_IMAGE = "gpuenv/tensorflow:tf2.21-py3.11-cpu"
 
 
-def _image(spec: str, image_id: str = "sha256:pulled") -> dict[str, Any]:
-    return {"Id": image_id, "Config": {"Labels": {"io.gpuenv.spec-hash": spec}}}
+def _image(spec: str, image_id: str = "sha256:pulled") -> ImageInfo:
+    return ImageInfo(id=image_id, labels={"io.gpuenv.spec-hash": spec})
 
 
-def test_a_pulled_image_with_the_spec_hash_becomes_the_cells():
-    eng = FakeEngine({PULLED: _image("h1")})
+def test_a_pulled_image_with_the_spec_hash_becomes_the_cells(fake_engine):
+    eng = fake_engine(remote={PULLED: _image("h1")})
     assert publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE) == ("sha256:pulled", "")
     assert eng.local == {CELL_IMAGE: _image("h1")}  # the registry's tag is not left behind
 
 
-def test_a_pulled_image_with_another_spec_hash_is_removed():
-    eng = FakeEngine({PULLED: _image("h-old")})
+def test_a_pulled_image_with_another_spec_hash_is_removed(fake_engine):
+    eng = fake_engine(remote={PULLED: _image("h-old")})
     image_id, why = publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)
     assert image_id is None and "another spec hash" in why
     assert eng.local == {} and eng.removed == [PULLED]
 
 
-def test_a_registry_tag_that_was_already_there_is_kept():
-    eng = FakeEngine({PULLED: _image("h1")}, {PULLED: _image("h1")})
+def test_a_registry_tag_that_was_already_there_is_kept(fake_engine):
+    eng = fake_engine(remote={PULLED: _image("h1")}, local={PULLED: _image("h1")})
     assert publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)[0] == "sha256:pulled"
     assert set(eng.local) == {PULLED, CELL_IMAGE} and eng.removed == []
-    eng = FakeEngine({PULLED: _image("h-old")}, {PULLED: _image("h-old")})
+    eng = fake_engine(remote={PULLED: _image("h-old")}, local={PULLED: _image("h-old")})
     assert publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)[0] is None
     assert set(eng.local) == {PULLED} and eng.removed == []
     # The pull moved the tag to another image, not the one wanted: the tag goes back.
     mine = _image("h-mine", "sha256:mine")
-    eng = FakeEngine({PULLED: _image("h-old")}, {PULLED: mine})
+    eng = fake_engine(remote={PULLED: _image("h-old")}, local={PULLED: mine})
     assert publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)[0] is None
     assert eng.local == {PULLED: mine} and set(eng.images) == {"sha256:mine"}
 
@@ -344,7 +300,12 @@ def test_a_registry_tag_that_was_already_there_is_kept():
 @pytest.mark.parametrize(
     ("remote", "needle"),
     [
-        (RuntimeError("404 Client Error: Not Found (manifest unknown)\ndetails"), "manifest"),
+        (
+            EngineError(
+                "Docker Engine error: 404", "404 Client Error: Not Found (manifest unknown)\nx"
+            ),
+            "manifest",
+        ),
         (
             [
                 {"status": "Pulling"},
@@ -355,8 +316,8 @@ def test_a_registry_tag_that_was_already_there_is_kept():
     ],
     ids=["raised", "in-stream"],
 )
-def test_a_failed_pull_leaves_nothing_and_says_why(remote, needle):
-    eng = FakeEngine({PULLED: remote})
+def test_a_failed_pull_leaves_nothing_and_says_why(fake_engine, remote, needle):
+    eng = fake_engine(remote={PULLED: remote})
     image_id, why = publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)
     assert image_id is None
     assert why.startswith(f"pull {PULLED}: ") and needle in why and "\n" not in why

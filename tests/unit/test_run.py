@@ -7,15 +7,16 @@ integration modules are therefore named test_engine_*.)
 
 from __future__ import annotations
 
-import json
 import os
+import time
 from pathlib import Path
 
 import pytest
 
-from gpuenv import run
+from gpuenv import cache, run
 from gpuenv.errors import GpuenvError
 from gpuenv.gpus import parse_gpus
+from gpuenv.project import looks_like_image
 
 
 def opts(tmp: Path | str = "/home/ana/proj", **kw) -> run.RunOptions:
@@ -28,22 +29,22 @@ def opts(tmp: Path | str = "/home/ana/proj", **kw) -> run.RunOptions:
 
 def test_container_spec_runs_as_the_caller_in_the_current_directory():
     spec = run.container_spec(opts())
-    assert spec["image"] == "acme/tf:cpu"
-    assert spec["command"] == ["python", "train.py"]
-    assert spec["user"] == "1234:5678"
-    assert spec["workdir"] == "/home/ana/proj"
-    assert spec["binds"] == ["/home/ana/proj:/home/ana/proj"]  # same path inside
-    assert spec["env"] == {"HOME": "/home/gpuenv-run"}
+    assert spec.image == "acme/tf:cpu"
+    assert spec.command == ["python", "train.py"]
+    assert spec.user == "1234:5678"
+    assert spec.workdir == "/home/ana/proj"
+    assert spec.binds == ["/home/ana/proj:/home/ana/proj"]  # same path inside
+    assert spec.env == {"HOME": "/home/gpuenv-run"}
     # HOME is a tmpfs owned by the caller: writable even for a uid with no passwd entry.
-    assert spec["tmpfs"] == {"/home/gpuenv-run": "rw,exec,uid=1234,gid=5678,mode=0755"}
-    assert spec["init"] is True  # an init process delivers signals
-    assert spec["shm_size"] == "2g"  # not Docker's 64 MB
-    assert spec["ipc"] is None
-    assert spec["network"] is None  # the engine's default network unless --network
-    assert spec["device_requests"] == []
-    assert spec["labels"] == {"io.gpuenv.run": "1"}
-    assert (spec["tty"], spec["stdin"]) == (False, False)
-    assert spec["ports"] == {}
+    assert spec.tmpfs == {"/home/gpuenv-run": "rw,exec,uid=1234,gid=5678,mode=0755"}
+    assert spec.init is True  # an init process delivers signals
+    assert spec.shm_size == "2g"  # not Docker's 64 MB
+    assert spec.ipc is None
+    assert spec.network is None  # the engine's default network unless --network
+    assert spec.device_requests == []
+    assert spec.labels == {"io.gpuenv.run": "1"}
+    assert (spec.tty, spec.stdin) == (False, False)
+    assert spec.ports == {}
 
 
 def test_container_spec_options():
@@ -59,14 +60,14 @@ def test_container_spec_options():
             interactive=True,
         )
     )
-    assert spec["device_requests"] == [parse_gpus("device=0,2").as_api()]
-    assert spec["env"] == {"HOME": "/data/home", "A": "1"}  # the user's -e wins
-    assert spec["binds"] == ["/home/ana/proj:/home/ana/proj", "/data:/data:ro"]
-    assert spec["ports"] == {"6006/tcp": 6006}
-    assert spec["network"] == "none"
-    assert spec["workdir"] == "/work"
-    assert (spec["ipc"], spec["shm_size"]) == ("host", None)  # --ipc replaces the shm size
-    assert (spec["tty"], spec["stdin"]) == (True, True)
+    assert spec.device_requests == [parse_gpus("device=0,2").as_api()]
+    assert spec.env == {"HOME": "/data/home", "A": "1"}  # the user's -e wins
+    assert spec.binds == ["/home/ana/proj:/home/ana/proj", "/data:/data:ro"]
+    assert spec.ports == {"6006/tcp": 6006}
+    assert spec.network == "none"
+    assert spec.workdir == "/work"
+    assert (spec.ipc, spec.shm_size) == ("host", None)  # --ipc replaces the shm size
+    assert (spec.tty, spec.stdin) == (True, True)
 
 
 def test_container_spec_refuses_the_root_directory():
@@ -211,7 +212,7 @@ def test_grace_seconds(monkeypatch, value, seconds):
     ],
 )
 def test_looks_like_image(ref, image):
-    assert run.looks_like_image(ref) is image
+    assert looks_like_image(ref) is image
 
 
 @pytest.mark.parametrize(
@@ -240,27 +241,18 @@ def test_start_errors(text, code, needle):
 # --------------------------------------------------------------------------- preflight
 
 
-class FakeEngine:
-    """Stands for gpuenv.engine.Engine where preflight never reaches the engine."""
-
-    url = "unix:///var/run/docker.sock"
-
-    def info(self):
-        return {"ID": "ENGINE-1"}
-
-
 GPU_LABELS = {"io.gpuenv.variant": "gpu", "io.gpuenv.cuda": "12.5"}
 
 
-def test_gpu_image_without_gpus_warns(capsys):
-    run.gpu_preflight(FakeEngine(), run.Target("acme/tf:gpu", GPU_LABELS), None)
+def test_gpu_image_without_gpus_warns(fake_engine, capsys):
+    run.gpu_preflight(fake_engine(), run.Target("acme/tf:gpu", GPU_LABELS), None)
     err = capsys.readouterr().err
     assert err.startswith("warning: acme/tf:gpu is a GPU image but no --gpus")
     assert "fall back to the CPU" in err
 
 
-def test_cpu_image_without_gpus_is_quiet(capsys):
-    run.gpu_preflight(FakeEngine(), run.Target("acme/tf:cpu", {"io.gpuenv.variant": "cpu"}), None)
+def test_cpu_image_without_gpus_is_quiet(fake_engine, capsys):
+    run.gpu_preflight(fake_engine(), run.Target("acme/tf:cpu", {"io.gpuenv.variant": "cpu"}), None)
     assert capsys.readouterr().err == ""
 
 
@@ -268,16 +260,18 @@ def test_cpu_image_without_gpus_is_quiet(capsys):
     ("driver", "outcome"),
     [("470.256.02", "error"), ("535.104.05", "warning"), ("560.35.03", "ok"), (None, "ok")],
 )
-def test_gpu_preflight_applies_the_driver_verdicts(monkeypatch, capsys, driver, outcome):
+def test_gpu_preflight_applies_the_driver_verdicts(
+    fake_engine, monkeypatch, capsys, driver, outcome
+):
     monkeypatch.setattr(run, "probe_driver", lambda engine, image, gpus: driver)
     target = run.Target("acme/tf:gpu", GPU_LABELS)
     if outcome == "error":
         with pytest.raises(GpuenvError) as err:
-            run.gpu_preflight(FakeEngine(), target, parse_gpus("all"))
+            run.gpu_preflight(fake_engine(), target, parse_gpus("all"))
         assert err.value.exit_code == 125
         assert "470.256.02" in err.value.message and "525.60.13" in err.value.message
         return
-    run.gpu_preflight(FakeEngine(), target, parse_gpus("all"))
+    run.gpu_preflight(fake_engine(), target, parse_gpus("all"))
     err = capsys.readouterr().err
     if outcome == "warning":
         assert err.startswith("warning: the host's NVIDIA driver 535.104.05")
@@ -286,44 +280,96 @@ def test_gpu_preflight_applies_the_driver_verdicts(monkeypatch, capsys, driver, 
         assert err == ""
 
 
-def test_cpu_image_with_gpus_warns_and_goes_on(monkeypatch, capsys):
+def test_cpu_image_with_gpus_warns_and_goes_on(fake_engine, monkeypatch, capsys):
     monkeypatch.setattr(run, "probe_driver", lambda engine, image, gpus: "560.35.03")
     target = run.Target("acme/tf:cpu", {"io.gpuenv.variant": "cpu"})
-    run.gpu_preflight(FakeEngine(), target, parse_gpus("all"))
+    run.gpu_preflight(fake_engine(), target, parse_gpus("all"))
     assert "is a CPU image: TensorFlow in it cannot use the GPUs" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- driver cache
 
+NVIDIA_SMI = "560.35.03, NVIDIA H100 80GB HBM3, 9.0\n"
+GPU_IMAGE = "acme/tf:gpu"
 
-def test_probe_uses_the_per_engine_cache(tmp_path, monkeypatch):
+
+def test_probe_learns_the_driver_once_and_caches_it(tmp_path, monkeypatch, fake_engine):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    cache = tmp_path / "gpuenv" / "drivers.json"
-    cache.parent.mkdir()
-    cache.write_text(json.dumps({"ENGINE-1": "550.54.14", "OTHER": "470.1"}))
-    # FakeEngine has no api: any container would fail, so the answer is the cache's.
-    assert run.probe_driver(FakeEngine(), "acme/tf:gpu", parse_gpus("all")) == "550.54.14"
+    monkeypatch.delenv("GPUENV_REPROBE", raising=False)
+    eng = fake_engine()
+    eng.outcomes[GPU_IMAGE] = (0, NVIDIA_SMI)
+    assert run.probe_driver(eng, GPU_IMAGE, parse_gpus("all")) == "560.35.03"
+    assert len(eng.created) == 1 and eng.containers == {}  # the probe container is removed
+    probe = eng.created[0]
+    assert probe.device_requests == [parse_gpus("all").as_api()]
+    assert probe.network == "none" and probe.labels == {"io.gpuenv.probe": "1"}
+    eng.outcomes[GPU_IMAGE] = (0, NVIDIA_SMI.replace("560.35.03", "999.1"))
+    assert run.probe_driver(eng, GPU_IMAGE, parse_gpus("all")) == "560.35.03"  # cached
+    assert len(eng.created) == 1
 
 
-@pytest.mark.parametrize("content", ["not json", "[1, 2]"])
-def test_probe_cache_that_is_not_a_mapping_is_ignored(tmp_path, monkeypatch, content):
+@pytest.mark.parametrize(
+    ("change", "reprobes"),
+    [
+        ({}, False),
+        ({"kernel": "6.12.0-1-amd64"}, True),  # a reboot into another kernel
+        ({"age": 2 * 24 * 3600}, True),  # a driver upgraded without a reboot
+        ({"reprobe": True}, True),  # on demand: GPUENV_REPROBE=1
+    ],
+)
+def test_a_cached_driver_that_may_be_stale_is_probed_again(
+    tmp_path, monkeypatch, fake_engine, change, reprobes
+):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("GPUENV_REPROBE", raising=False)
+    eng = fake_engine()
+    run.remember_driver(eng, "535.104.05")
+    if "kernel" in change:
+        eng._info["KernelVersion"] = change["kernel"]
+    if "age" in change:
+        assert run.cached_driver(eng, now=time.time() + change["age"]) is None
+        return
+    if change.get("reprobe"):
+        monkeypatch.setenv("GPUENV_REPROBE", "1")
+    eng.outcomes[GPU_IMAGE] = (0, NVIDIA_SMI)
+    found = run.probe_driver(eng, GPU_IMAGE, parse_gpus("all"))
+    assert found == ("560.35.03" if reprobes else "535.104.05")
+    assert len(eng.created) == (1 if reprobes else 0)
+
+
+@pytest.mark.parametrize("content", ["not json", "[1, 2]", '{"ENGINE-1": "470.1"}'])
+def test_a_cache_that_is_not_understood_means_probing(tmp_path, monkeypatch, fake_engine, content):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("GPUENV_REPROBE", raising=False)
     (tmp_path / "gpuenv").mkdir()
     (tmp_path / "gpuenv" / "drivers.json").write_text(content)
-    with pytest.raises(AttributeError, match="api"):  # it went on to probe
-        run.probe_driver(FakeEngine(), "acme/tf:gpu", parse_gpus("all"))
+    eng = fake_engine()
+    eng.outcomes[GPU_IMAGE] = (0, NVIDIA_SMI)
+    assert run.probe_driver(eng, GPU_IMAGE, parse_gpus("all")) == "560.35.03"
+
+
+def test_a_probe_that_finds_no_gpu_warns_and_skips_the_driver_check(
+    tmp_path, monkeypatch, fake_engine, capsys
+):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    eng = fake_engine()
+    eng.outcomes[GPU_IMAGE] = (9, "NVIDIA-SMI has failed")
+    assert run.probe_driver(eng, GPU_IMAGE, parse_gpus("all")) is None
+    assert "nvidia-smi in a probe container exited 9" in capsys.readouterr().err
+    assert cache.read_record("drivers.json") == {}
 
 
 def test_cache_file_location(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert run._cache_file() == tmp_path / "gpuenv" / "drivers.json"
+    assert cache.cache_file("drivers.json") == tmp_path / "gpuenv" / "drivers.json"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", "/home/ana")
-    assert run._cache_file() == Path("/home/ana/.cache/gpuenv/drivers.json")
+    assert cache.cache_file("drivers.json") == Path("/home/ana/.cache/gpuenv/drivers.json")
 
 
 def test_no_cache_for_a_uid_without_home(monkeypatch):
     """uid 4242 in CI: no HOME, no passwd entry; expanduser gives "~" back unchanged."""
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    monkeypatch.setattr(run.os.path, "expanduser", lambda path: path)
-    assert run._cache_file() is None
+    monkeypatch.setattr(cache.os.path, "expanduser", lambda path: path)
+    assert cache.cache_file("drivers.json") is None
+    assert cache.write_record("drivers.json", {"a": 1}) is False

@@ -11,8 +11,8 @@ import pytest
 
 from gpuenv import compat, matrix, sizes
 from gpuenv.cell import Cell
+from gpuenv.contract import image_labels as render_labels
 from gpuenv.errors import GpuenvError
-from gpuenv.render import labels as render_labels
 from gpuenv.validate import expected, runner
 
 SHIPPED = Path(__file__).resolve().parents[2] / "matrix.yaml"

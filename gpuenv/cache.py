@@ -1,0 +1,66 @@
+"""gpuenv's host-side cache: $XDG_CACHE_HOME/gpuenv (else ~/.cache/gpuenv).
+
+It holds small JSON records that spare work or carry a verdict between commands: the
+drivers learnt per engine (`run`'s preflight) and the validation outcomes `push`
+consults. Losing them is safe (they are re-learnt, or push treats an image as not
+validated), so every read tolerates a missing or corrupt file; writes are atomic so that
+two gpuenv processes never leave a half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def cache_dir() -> Path | None:
+    """The cache directory, or None for a uid with neither HOME nor a passwd entry
+    (expanduser would then give "~" back, a directory created in the current one)."""
+    root = os.environ.get("XDG_CACHE_HOME")
+    if not root:
+        home = os.path.expanduser("~")
+        if not os.path.isabs(home):
+            return None
+        root = os.path.join(home, ".cache")
+    return Path(root) / "gpuenv"
+
+
+def cache_file(name: str) -> Path | None:
+    root = cache_dir()
+    return None if root is None else root / name
+
+
+def read_record(name: str) -> dict[str, Any]:
+    """The JSON object in the cache file `name`; {} when missing, unreadable or not an object."""
+    path = cache_file(name)
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_record(name: str, data: dict[str, Any]) -> bool:
+    """Replace the cache file `name` atomically; False when it cannot be written (a
+    read-only home), which callers treat as "not remembered"."""
+    path = cache_file(name)
+    if path is None:
+        return False
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        return False
+    return True
+
+
+def update_record(name: str, changes: dict[str, Any]) -> bool:
+    return write_record(name, {**read_record(name), **changes})

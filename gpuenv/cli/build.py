@@ -1,0 +1,135 @@
+"""`gpuenv base` and `gpuenv build`: the bases, then the cells' images."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpuenv.cli.common import (
+    CaOption,
+    FileOption,
+    JsonOption,
+    Patterns,
+    print_json,
+    say,
+    user_errors,
+)
+
+
+def base_cmd(
+    patterns: Patterns = None,
+    file: FileOption = None,
+    save: Annotated[
+        Path | None, typer.Option("--save", help="Also save each base as DIR/<name>.tar")
+    ] = None,
+    load_tar: Annotated[
+        Path | None,
+        typer.Option("--load", help="Load a saved base tarball into the engine, then exit"),
+    ] = None,
+) -> None:
+    """Make the local Debian base images the selected cells need (mmdebstrap).
+
+    Debian's archive moves on, so keep the base a lock names: --save writes it to a
+    tarball, --load brings it back into any engine."""
+    from gpuenv import base, engine
+    from gpuenv.project import open_project
+
+    with user_errors():
+        if load_tar is not None:
+            for line in engine.connect().load(str(load_tar)):
+                print(line)
+            return
+        project = open_project(file)
+        for image, image_id, saved in base.ensure_all(
+            engine.connect(), project.select(patterns), save, say
+        ):
+            print(f"{image}  {image_id[:19]}")
+            if saved is not None:
+                print(f"saved {saved}")
+
+
+def build_cmd(
+    patterns: Patterns = None,
+    file: FileOption = None,
+    jobs: Annotated[int, typer.Option("-j", "--jobs", min=1, help="Cells built at once")] = 1,
+    keep_going: Annotated[
+        bool, typer.Option("--keep-going", help="Build the other cells when one fails")
+    ] = False,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Rebuild even up-to-date cells, without the cache")
+    ] = False,
+    validate: Annotated[
+        bool, typer.Option("--validate", help="Validate the images after building")
+    ] = False,
+    reproducible: Annotated[
+        bool,
+        typer.Option(
+            "--reproducible",
+            help="Normalise the built images (timestamps, build traces) so that the same "
+            "inputs give the same image ID",
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", help="Print what would be built, pulled or left, and why; build nothing"
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+    ca_bundle: CaOption = None,
+) -> None:
+    """Build the selected cells (all by default) into labelled images."""
+    from gpuenv import build, engine, plan
+    from gpuenv.project import open_project
+
+    with user_errors():
+        project = open_project(file)
+        cells = project.select(patterns)
+        bundle = plan.ca_bundle_for(project.matrix, ca_bundle)
+        eng = engine.connect()
+        if dry_run:
+            from gpuenv.publish import registry_from_env
+
+            the_plan = plan.make_plan(
+                eng, project, cells, ca_bundle=bundle, no_cache=no_cache,
+                registry=registry_from_env(),
+            )  # fmt: skip
+            if as_json:
+                print_json(the_plan.to_json())
+            else:
+                print("\n".join(plan.describe(the_plan)))
+            return
+        from gpuenv.progress import ConsoleReporter, summary
+
+        reporter = ConsoleReporter()
+        try:
+            results = build.plan_and_build(
+                eng, project, cells, reporter, ca_bundle=bundle, jobs=jobs,
+                keep_going=keep_going, no_cache=no_cache,
+            )  # fmt: skip
+        finally:
+            reporter.close()
+        if as_json:
+            print_json({"results": [r.to_json() for r in results]})
+        else:
+            summary(results)
+        build.ensure_no_failures(results)
+        if reproducible:
+            from gpuenv.reproducible import normalize_images
+
+            exclude_newer = project.lock.exclude_newer if project.lock else None
+            for ref, image_id, changed in normalize_images(
+                eng, [c.image for c in cells], exclude_newer
+            ):
+                say(f"{ref}  {image_id[:19]}  {'normalised' if changed else 'already normalised'}")
+    if validate:
+        from gpuenv.cli.validate import validate_cmd
+
+        validate_cmd(patterns=[c.name for c in cells], file=file)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("base")(base_cmd)
+    app.command("build")(build_cmd)

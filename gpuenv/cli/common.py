@@ -1,0 +1,82 @@
+"""What every verb shares: the Typer app, the common options, and how errors are printed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(
+    name="gpuenv",
+    help="Reproducible CPU and GPU Docker environments for TensorFlow, from one matrix.yaml.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+FileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "-f",
+        "--file",
+        help="Matrix file [default: ./matrix.yaml, or $GPUENV_MATRIX]",
+        show_default=False,
+    ),
+]
+Patterns = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Shell-style globs over cell names, e.g. 'tf2.21-*-gpu'", show_default=False
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")]
+CaOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--ca-bundle",
+        help="PEM bundle to trust while installing [default: build.ca_bundle, "
+        "$GPUENV_CA_BUNDLE, $PIP_CERT]",
+        show_default=False,
+    ),
+]
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    print(f"error: {message}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+@contextmanager
+def user_errors(exit_code: int | None = None) -> Iterator[None]:
+    """Turn GpuenvError into one `error:` line and an exit code, never a traceback."""
+    from gpuenv.errors import GpuenvError
+
+    try:
+        yield
+    except GpuenvError as exc:
+        # `run` fails with 125 unless the error knows better (126: cannot invoke, 127: not found).
+        code = exc.exit_code if exc.exit_code in (2, 126, 127) else exit_code or exc.exit_code
+        raise fail(exc.message, code) from None
+    except KeyboardInterrupt:
+        raise fail("interrupted", 130) from None
+
+
+def say(message: str) -> None:
+    """Progress for the user, on stderr so that stdout stays the command's result."""
+    print(f"gpuenv: {message}", file=sys.stderr)
+
+
+def print_json(doc: Any) -> None:
+    print(json.dumps(doc, indent=2))
+
+
+def print_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())

@@ -1,0 +1,50 @@
+"""`gpuenv lock`: write, or --check, matrix.lock."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gpuenv.cli.common import FileOption, Patterns, fail, say, user_errors
+
+
+def lock_cmd(
+    patterns: Patterns = None,
+    file: FileOption = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Exit 1 if the lock no longer matches the matrix")
+    ] = False,
+    exclude_newer: Annotated[
+        str | None,
+        typer.Option(
+            "--exclude-newer",
+            help="Resolve as of this date (YYYY-MM-DD) [default: the lock's, else today]",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Write (or --check) matrix.lock: every cell's complete pip resolution, with hashes."""
+    from gpuenv import engine
+    from gpuenv import lock as locks
+    from gpuenv.project import open_project
+
+    with user_errors():
+        project = open_project(file)
+        cells = project.select(patterns)
+        if check:
+            drifted = locks.check(engine.connect(), project, cells)
+            for name, why in drifted.items():
+                print(f"drift: {name}: {why}")
+            if drifted:
+                path = project.lock_path
+                raise fail(f"{path}: {len(drifted)} cell(s) drifted; re-lock: gpuenv lock")
+            print(f"{project.lock_path}: {len(cells)} cell(s) match the matrix")
+            return
+        if exclude_newer is not None:
+            locks.exclude_newer_date(exclude_newer, None)  # a bad date is a usage error, first
+        print(locks.relock(engine.connect(), project, cells, exclude_newer, say))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("lock")(lock_cmd)

@@ -1,0 +1,90 @@
+"""`gpuenv matrix` and `gpuenv render`: the resolved cells, and their build contexts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpuenv.cli.common import (
+    CaOption,
+    FileOption,
+    JsonOption,
+    Patterns,
+    fail,
+    print_json,
+    print_table,
+    user_errors,
+)
+
+
+def matrix_cmd(
+    patterns: Patterns = None,
+    file: FileOption = None,
+    as_json: JsonOption = False,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="Also list rejected combinations, with the reason")
+    ] = False,
+) -> None:
+    """List the matrix's resolved cells."""
+    from gpuenv.project import open_project
+
+    with user_errors():
+        project = open_project(file)
+        cells = project.select(patterns)
+    res = project.resolution
+    defaults = (res.default_cpu, res.default_gpu)
+    if as_json:
+        print_json({
+            "cells": [c.to_json() for c in cells],
+            "rejected": res.rejected,
+            "defaults": {"cpu": res.default_cpu.name if res.default_cpu else None,
+                         "gpu": res.default_gpu.name if res.default_gpu else None},
+        })  # fmt: skip
+        return
+    rows = [("CELL", "IMAGE", "PYTHON", "TENSORFLOW", "CUDA", "CUDNN", "BASE")]
+    for c in cells:
+        rows.append((
+            c.name + (" *" if c in defaults else ""), c.image, c.python, c.framework_version,
+            c.cuda_release or "-", c.wheels.get("nvidia-cudnn-cu12", "-"), c.base.describe(),
+        ))  # fmt: skip
+    print_table(rows)
+    print("(* default cells used by `gpuenv run`)")
+    if show_all and res.rejected:
+        print("\nrejected:")
+        for entry in res.rejected:
+            values = ", ".join(f"{k} {v}" for k, v in entry.items() if k != "reason")
+            print(f"  {values}: {entry['reason']}")
+    elif res.rejected:
+        print(f"({len(res.rejected)} combination(s) rejected; `gpuenv matrix --all` says why)")
+
+
+def render_cmd(
+    patterns: Patterns = None,
+    file: FileOption = None,
+    output: Annotated[
+        Path, typer.Option("-o", "--output", help="Directory for the build contexts")
+    ] = Path("build"),
+    ca_bundle: CaOption = None,
+) -> None:
+    """Write each cell's build context (Dockerfile + cell.json) to OUTPUT/<cell>/."""
+    from gpuenv import plan
+    from gpuenv.project import open_project
+
+    with user_errors():
+        project = open_project(file)
+        cells = project.select(patterns)
+        bundle = plan.ca_bundle_for(project.matrix, ca_bundle)
+        contexts = plan.render_all(project, cells, bundle)  # all rendered before any write
+        for ctx in contexts.values():
+            try:
+                target = ctx.write(output)
+            except OSError as exc:
+                raise fail(f"{output}: cannot write: {exc.strerror}") from None
+            print(target)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("matrix")(matrix_cmd)
+    app.command("render")(render_cmd)

@@ -1,0 +1,64 @@
+"""`gpuenv validate`: prove what images hold, and with --gpus that they see the devices."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpuenv.cli.common import FileOption, JsonOption, Patterns, fail, print_json, user_errors
+
+
+def validate_cmd(
+    patterns: Patterns = None,
+    file: FileOption = None,
+    image: Annotated[
+        list[str] | None, typer.Option("-i", "--image", help="Validate this image (repeatable)")
+    ] = None,
+    gpus: Annotated[
+        str | None, typer.Option("--gpus", help="Also check the devices: all, N, device=...")
+    ] = None,
+    junitxml: Annotated[
+        Path | None, typer.Option("--junitxml", help="Write JUnit XML results here")
+    ] = None,
+    record_sizes: Annotated[
+        bool, typer.Option("--record-sizes", help="Record the images' sizes as the baseline")
+    ] = False,
+    as_json: JsonOption = False,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Show pytest's output")] = False,
+) -> None:
+    """Prove what images hold (pytest-testinfra suites against a container of each)."""
+    from gpuenv import engine
+    from gpuenv.gpus import parse_gpus
+    from gpuenv.validate import session
+
+    with user_errors():
+        request = parse_gpus(gpus) if gpus is not None else None
+        report = session.validate(
+            engine.connect(), file, patterns, image or [], request, junitxml, record_sizes,
+            verbose,
+        )  # fmt: skip
+    if as_json:
+        print_json({"images": [o.to_json() for o in report.outcomes]})
+    else:
+        for o in report.outcomes:
+            s = o.summary
+            mark = "✓" if o.passed else "✗"
+            print(f"{mark} {s.id}: {s.passed} passed, {s.failed} failed, {s.skipped} skipped")
+            if o.devices != "not a GPU image":
+                print(f"    devices: {o.devices}")
+            for line in s.failures:
+                print(f"    FAILED {line}")
+            for line in sorted(set(s.skips)):
+                print(f"    skipped {line}")
+        if junitxml:
+            print(f"JUnit XML: {junitxml}")
+        if report.sizes_recorded is not None:
+            print(f"recorded {report.sizes_count} size(s) in {report.sizes_recorded}")
+    if report.failed_checks:
+        raise fail(f"{report.failed_checks} check(s) failed")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate_cmd)

@@ -1,0 +1,149 @@
+"""The image contract: what every gpuenv image carries and where things are inside it.
+
+One module owns it so that the renderer that writes it, and the builder, publisher,
+validator, doctor, runner and CA server that read it, cannot disagree: the label keys (with
+their emit and parse), the in-image layout (the virtualenv, the default user, the NVIDIA
+library directories) and the loopback address the build fetches the CA bundle from.
+Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuenv.cell import Cell
+
+# ----------------------------------------------------------------------------- labels
+
+OCI = "org.opencontainers.image"
+TITLE = f"{OCI}.title"
+CELL = "io.gpuenv.cell"
+VARIANT = "io.gpuenv.variant"
+PYTHON = "io.gpuenv.python"
+FRAMEWORK = "io.gpuenv.framework"
+FRAMEWORK_VERSION = "io.gpuenv.framework-version"
+CUDA = "io.gpuenv.cuda"
+CUDNN = "io.gpuenv.cudnn"
+# Added by the builder, not the Dockerfile: it is a hash over the Dockerfile itself.
+SPEC_HASH = "io.gpuenv.spec-hash"
+# Also added by the builder: a digest per input (template, base, packages, lock, CA,
+# context), so that `gpuenv build --dry-run` can say which one changed (gpuenv/plan.py).
+INPUTS = "io.gpuenv.inputs"
+# On bases gpuenv bootstraps (gpuenv/base.py): the root filesystem digest the lock pins.
+BASE = "io.gpuenv.base"
+ROOTFS = "io.gpuenv.rootfs"
+SOURCE_DATE_EPOCH = "io.gpuenv.source-date-epoch"
+
+# Labels on the containers gpuenv starts, one per purpose, so that a leftover container
+# says who made it (and tests can find orphans).
+CONTAINER_ROLES = ("run", "probe", "validate", "diff")
+
+
+def container_labels(role: str) -> dict[str, str]:
+    assert role in CONTAINER_ROLES, role
+    return {f"io.gpuenv.{role}": "1"}
+
+
+def image_labels(cell: Cell) -> dict[str, str]:
+    """Every label the Dockerfile sets (all but SPEC_HASH)."""
+    what = f"{cell.framework} {cell.framework_version}, Python {cell.python}, {cell.variant}"
+    if cell.is_gpu:
+        what += f", CUDA {cell.cuda_release}, cuDNN {cell.wheels['nvidia-cudnn-cu12']}"
+    return {
+        TITLE: cell.image,
+        f"{OCI}.description": what,
+        f"{OCI}.version": cell.name,
+        f"{OCI}.base.name": cell.base.image,
+        CELL: cell.name,
+        VARIANT: cell.variant,
+        PYTHON: cell.python,
+        FRAMEWORK: cell.framework,
+        FRAMEWORK_VERSION: cell.framework_version,
+        CUDA: cell.cuda or "",
+        CUDNN: cell.cudnn or "",
+    }
+
+
+@dataclass(frozen=True)
+class ImageLabels:
+    """What an image's labels claim, parsed. A claim, not a proof: validation checks it
+    against the catalog (gpuenv/validate/expected.py)."""
+
+    raw: dict[str, str]
+
+    @property
+    def is_gpuenv(self) -> bool:
+        return CELL in self.raw
+
+    @property
+    def cell(self) -> str | None:
+        return self.raw.get(CELL)
+
+    @property
+    def title(self) -> str:
+        return self.raw.get(TITLE) or self.raw.get(CELL) or "?"
+
+    @property
+    def variant(self) -> str | None:
+        return self.raw.get(VARIANT)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.variant == "gpu"
+
+    @property
+    def python(self) -> str:
+        return self.raw.get(PYTHON, "")
+
+    @property
+    def framework(self) -> str | None:
+        return self.raw.get(FRAMEWORK)
+
+    @property
+    def framework_version(self) -> str:
+        return self.raw.get(FRAMEWORK_VERSION, "")
+
+    @property
+    def cuda(self) -> str | None:
+        return self.raw.get(CUDA) or None
+
+    @property
+    def cudnn(self) -> str | None:
+        return self.raw.get(CUDNN) or None
+
+    @property
+    def spec_hash(self) -> str | None:
+        return self.raw.get(SPEC_HASH)
+
+    @property
+    def rootfs(self) -> str | None:
+        return self.raw.get(ROOTFS)
+
+
+# ----------------------------------------------------------------------------- layout
+
+VENV = "/opt/venv"
+LOCK_DIR = "/opt/gpuenv"  # the locked requirements the image was installed from
+USER = "gpuenv"
+UID = 1000
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Library directories of the nvidia-*-cu12 wheels (TF 2.16/2.17 need them on the path).
+NVIDIA_LIB_DIRS = (
+    "cublas", "cuda_cupti", "cuda_nvrtc", "cuda_runtime", "cudnn", "cufft",
+    "curand", "cusolver", "cusparse", "nccl", "nvjitlink",
+)  # fmt: skip
+
+
+def site_packages(python: str) -> str:
+    return f"{VENV}/lib/python{python}/site-packages"
+
+
+# ----------------------------------------------------------------------------- CA address
+
+# The CA bundle is served to the build on this fixed loopback address (gpuenv/ca.py). It is
+# part of the rendered RUN line, which must stay byte-identical for the layer cache to hit.
+CA_PORT = 47811
+CA_URL = f"http://127.0.0.1:{CA_PORT}/ca.pem"
+CA_PATH = "/tmp/gpuenv-ca.pem"

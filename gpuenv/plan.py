@@ -1,0 +1,263 @@
+"""The build plan: what `gpuenv build` will do for each cell, and why, computed once.
+
+From the project (matrix, catalog, lock read once) and the engine's state, `make_plan`
+renders every selected cell, takes its spec hash, and decides: `up-to-date` (the image
+carries that spec hash), `pull` (a published image may carry it: $GPUENV_REGISTRY), or
+`build`, naming which input changed. The builder (gpuenv/build.py) only executes a plan;
+`gpuenv build --dry-run` prints it.
+
+Why a cell rebuilds: each image records a digest per input in the io.gpuenv.inputs label
+(template files, base image, packages, lock entry, CA, the rendered context as a whole),
+so the plan can compare the inputs one by one rather than only say "the hash differs".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from gpuenv import contract
+from gpuenv.errors import GpuenvError
+
+if TYPE_CHECKING:
+    from gpuenv.cell import Cell
+    from gpuenv.engine import Engine, ImageInfo
+    from gpuenv.lock import CellLock, Lock
+    from gpuenv.matrix import LoadedMatrix
+    from gpuenv.project import Project
+    from gpuenv.render import BuildContext, RenderOptions
+
+Action = Literal["up-to-date", "pull", "build"]
+
+# The inputs a rebuild can be blamed on, in the order they are reported.
+INPUTS = ("template", "base", "packages", "lock", "ca", "context")
+REASONS = {
+    "template": "template (images/) changed",
+    "base": "base image changed",
+    "packages": "packages changed",
+    "lock": "lock entry changed",
+    "ca": "CA bundle added or removed",
+    "context": "rendered build context changed",
+}
+
+
+def spec_hash(context_digest: str, base_id: str) -> str:
+    """What the io.gpuenv.spec-hash label holds. The lock reaches it through the context
+    (its requirements files are part of it); the empty "lock" key keeps the hashes of
+    images built before this was noticed valid."""
+    doc = {"context": context_digest, "base": base_id, "lock": ""}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _short(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def input_digests(
+    ctx: BuildContext, base_id: str, lock: CellLock | None, options: RenderOptions
+) -> dict[str, str]:
+    from gpuenv.render import templates_digest
+
+    cell = ctx.cell
+    packages = {
+        "framework": f"{cell.framework}=={cell.framework_version}",
+        "pip": list(cell.pip),
+        "apt": list(cell.apt),
+        "wheels": cell.wheels,
+        "index": [options.index_url, *options.extra_index_urls],
+    }
+    return {
+        "template": templates_digest()[:16],
+        "base": base_id,
+        "packages": _short(json.dumps(packages, sort_keys=True)),
+        "lock": _short(f"{lock.python_env}\0{lock.cuda}") if lock else "",
+        "ca": "1" if options.ca else "",
+        "context": ctx.digest()[:16],
+    }
+
+
+@dataclass
+class CellPlan:
+    cell: Cell
+    context: BuildContext
+    base_id: str | None  # None: the base is missing (the build bootstraps it first)
+    spec_hash: str | None  # None until the base exists
+    inputs: dict[str, str]
+    lock: CellLock | None
+    existing: ImageInfo | None
+    action: Action = "build"
+    reasons: list[str] = field(default_factory=list)
+    pull_ref: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cell": self.cell.name,
+            "image": self.cell.image,
+            "action": self.action,
+            "reasons": self.reasons,
+            "spec_hash": self.spec_hash,
+            "base": self.cell.base.image,
+            "base_id": self.base_id,
+            "locked": self.lock is not None,
+            "pull_from": self.pull_ref,
+            "existing_image_id": self.existing.id if self.existing else None,
+        }
+
+
+@dataclass
+class BuildPlan:
+    cells: list[CellPlan]
+    ca_bundle: Path | None
+    no_cache: bool
+    lock: Lock | None
+
+    @property
+    def needs_ca(self) -> bool:
+        return self.ca_bundle is not None and any(p.action != "up-to-date" for p in self.cells)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"no_cache": self.no_cache, "cells": [p.to_json() for p in self.cells]}
+
+
+def ca_bundle_for(m: LoadedMatrix, explicit: Path | None) -> Path | None:
+    from gpuenv.ca import find_bundle
+
+    try:
+        return find_bundle(explicit, m.model.build.ca_bundle, m.dir)
+    except GpuenvError as exc:
+        if explicit is None and m.model.build.ca_bundle:
+            raise m.error(exc.message, ("build", "ca_bundle")) from None
+        raise
+
+
+def render_options(m: LoadedMatrix, ca_bundle: Path | None) -> RenderOptions:
+    from gpuenv.render import RenderOptions
+
+    b = m.model.build
+    return RenderOptions(
+        ca=ca_bundle is not None,
+        index_url=b.index_url,
+        extra_index_urls=tuple(b.extra_index_urls),
+    )
+
+
+def lock_entries(project: Project, cells: list[Cell]) -> dict[str, CellLock]:
+    """The cells' entries of matrix.lock, when there is one; a stale lock is an error."""
+    from gpuenv import lock as locks
+
+    lock = project.lock
+    if lock is None:
+        return {}
+    drifted = locks.drift(lock, cells)
+    if drifted:
+        why = "; ".join(f"{name}: {reason}" for name, reason in drifted.items())
+        raise GpuenvError(f"{lock.path} does not match the matrix ({why}); re-lock: gpuenv lock")
+    return {c.name: lock.cells[c.name] for c in cells}
+
+
+def render_all(
+    project: Project, cells: list[Cell], ca_bundle: Path | None
+) -> dict[str, BuildContext]:
+    """Every cell's build context, with its lock entries; a template error, or a lock that
+    no longer matches, stops here, before anything touches the engine."""
+    from gpuenv.render import render
+
+    options = render_options(project.matrix, ca_bundle)
+    locked = lock_entries(project, cells)
+    return {c.name: render(c, options, locked.get(c.name)) for c in cells}
+
+
+def _base_ids(engine: Engine, project: Project, cells: list[Cell]) -> dict[str, str | None]:
+    """Each base's image ID (None when missing); a base that drifted from the lock is an
+    error: building on it would not give the locked environment."""
+    from gpuenv import lock as locks
+
+    lock = project.lock
+    out: dict[str, str | None] = {}
+    for cell in cells:
+        image = cell.base.image
+        if image in out:
+            continue
+        info = engine.image(image)
+        out[image] = info.id if info else None
+        why = locks.base_drift(lock, image, info) if (lock is not None and info) else None
+        if lock is not None and why:
+            raise GpuenvError(
+                f"base {image} differs from {lock.path} ({why}): load the saved "
+                "base (gpuenv base --load FILE) or re-lock (gpuenv lock)"
+            )
+    return out
+
+
+def _why_rebuild(existing: ImageInfo, inputs: dict[str, str]) -> list[str]:
+    try:
+        recorded = json.loads(existing.labels.get(contract.INPUTS, ""))
+    except ValueError:
+        recorded = None
+    if not isinstance(recorded, dict):
+        return ["spec hash differs (the image records no inputs: built by an older gpuenv)"]
+    changed = [REASONS[k] for k in INPUTS if k != "context" and recorded.get(k) != inputs[k]]
+    return changed or [REASONS["context"]]
+
+
+def make_plan(
+    engine: Engine,
+    project: Project,
+    cells: list[Cell],
+    *,
+    ca_bundle: Path | None,
+    no_cache: bool = False,
+    registry: str | None = None,
+    contexts: dict[str, BuildContext] | None = None,
+) -> BuildPlan:
+    """Decide per cell what a build would do. `contexts` are the cells' rendered contexts
+    when the caller already has them (render_all); they are rendered here otherwise."""
+    options = render_options(project.matrix, ca_bundle)
+    locked = lock_entries(project, cells)
+    if contexts is None:
+        contexts = render_all(project, cells, ca_bundle)
+    bases = _base_ids(engine, project, cells)
+    plans = []
+    for cell in cells:
+        ctx = contexts[cell.name]
+        base_id = bases[cell.base.image]
+        digest = spec_hash(ctx.digest(), base_id) if base_id else None
+        inputs = input_digests(ctx, base_id or "", locked.get(cell.name), options)
+        existing = engine.image(cell.image)
+        p = CellPlan(cell, ctx, base_id, digest, inputs, locked.get(cell.name), existing)
+        if base_id is None:
+            p.reasons = [f"base {cell.base.image} is missing (it is made first)"]
+        elif no_cache:
+            p.reasons = ["--no-cache"]
+        elif existing is None:
+            p.reasons = ["image missing"]
+        elif existing.labels.get(contract.SPEC_HASH) == digest:
+            p.action = "up-to-date"
+        else:
+            p.reasons = _why_rebuild(existing, inputs)
+        if p.action == "build" and registry and not no_cache and base_id:
+            from gpuenv.publish import target_repository
+
+            p.action = "pull"
+            p.pull_ref = f"{target_repository(project.matrix.model.name, registry)}:{cell.name}"
+        plans.append(p)
+    return BuildPlan(plans, ca_bundle, no_cache, project.lock)
+
+
+def describe(plan: BuildPlan) -> list[str]:
+    """The plan as lines for `gpuenv build --dry-run`."""
+    lines = []
+    for p in plan.cells:
+        if p.action == "up-to-date":
+            lines.append(f"{p.cell.name}: up to date ({p.cell.image})")
+            continue
+        why = "; ".join(p.reasons)
+        if p.action == "pull":
+            lines.append(f"{p.cell.name}: pull {p.pull_ref} if its spec hash matches, else build")
+            lines.append(f"    because: {why}")
+        else:
+            lines.append(f"{p.cell.name}: build ({why})")
+    return lines

@@ -1,0 +1,116 @@
+"""One `gpuenv validate`: choose the targets and what each must hold, run the suites,
+record the outcome for `push`, and, on request, the sizes as the new baseline.
+
+What each image is checked against (never its labels alone): a cell's resolution from the
+matrix and catalog plus its lock entry, where a lock entry that no longer matches the
+matrix fails the lock check naming why; for `-i IMAGE`, its labels cross-checked against
+the catalog. A GPU image validated without --gpus is reported as "devices not checked",
+so a CPU-side pass is never mistaken for proof of device visibility.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpuenv.errors import GpuenvError
+
+if TYPE_CHECKING:
+    from gpuenv.engine import Engine
+    from gpuenv.gpus import GpuRequest
+    from gpuenv.validate.runner import ImageSummary, Target
+
+
+@dataclass
+class Outcome:
+    summary: ImageSummary
+    image: str
+    image_id: str
+    devices: str  # "checked" | "not checked: ..." | "failed: ..." | "not a GPU image"
+
+    @property
+    def passed(self) -> bool:
+        return self.summary.failed == 0
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.summary
+        return {
+            "id": s.id,
+            "image": self.image,
+            "image_id": self.image_id,
+            "passed": self.passed,
+            "devices": self.devices,
+            "counts": {"passed": s.passed, "failed": s.failed, "skipped": s.skipped},
+            "failures": s.failures,
+            "skips": sorted(set(s.skips)),
+        }
+
+
+@dataclass
+class Report:
+    outcomes: list[Outcome] = field(default_factory=list)
+    sizes_recorded: Path | None = None
+    sizes_count: int = 0
+
+    @property
+    def failed_checks(self) -> int:
+        return sum(o.summary.failed for o in self.outcomes)
+
+
+def _devices(target: Target, gpus: GpuRequest | None) -> str:
+    if target.expected.get("variant") != "gpu":
+        return "not a GPU image"
+    if gpus is None:
+        return "not checked: no --gpus given"
+    if target.gpu_error:
+        return f"failed: {target.gpu_error}"
+    return "checked"
+
+
+def validate(
+    engine: Engine,
+    file: Path | None,
+    patterns: list[str] | None,
+    images: list[str],
+    gpus: GpuRequest | None,
+    junitxml: Path | None = None,
+    record_sizes: bool = False,
+    verbose: bool = False,
+) -> Report:
+    from gpuenv import publish, sizes
+    from gpuenv.validate import expected, runner
+
+    targets: list[runner.Target] = []
+    baseline_path = None
+    if patterns or not images:
+        from gpuenv import lock as locks
+        from gpuenv.project import open_project
+
+        project = open_project(file)
+        baseline_path = sizes.baseline_path(project.path)
+        baseline = sizes.load(baseline_path)
+        lock = project.lock
+        for cell in project.select(patterns):
+            entry = lock.cells.get(cell.name) if lock else None
+            drift = locks.drift(lock, [cell]).get(cell.name) if lock else None
+            exp = expected.from_cell(cell, None if drift else entry, drift)
+            targets.append(runner.Target(cell.name, cell.image, exp, baseline.get(cell.name)))
+    for ref in images:
+        labels = engine.labels(ref)
+        if labels is None:
+            raise GpuenvError(f"image {ref} not found in the engine")
+        targets.append(runner.Target(ref, ref, expected.from_labels(ref, labels)))
+    summaries = {s.id: s for s in runner.validate(engine, targets, gpus, junitxml, verbose)}
+    report = Report()
+    for t in targets:
+        if t.id in summaries and t.info is not None:
+            report.outcomes.append(Outcome(summaries[t.id], t.image, t.info.id, _devices(t, gpus)))
+    # push refuses what failed; only a full pass records an image as validated.
+    publish.record_validation({o.image_id: o.passed for o in report.outcomes})
+    if record_sizes and baseline_path is not None:
+        passed = {o.summary.id for o in report.outcomes if o.passed}
+        recorded = {t.id: t.info.size for t in targets if t.id in passed and t.info is not None}
+        sizes.record(baseline_path, recorded)
+        report.sizes_recorded, report.sizes_count = baseline_path, len(recorded)
+    return report
