@@ -193,7 +193,8 @@ ENV PATH=/opt/venv/bin:$PATH
 
 
 def handwritten_contexts(cell: dict, ca: Path | None, tmp: Path) -> dict[str, Path]:
-    from gpuenv.render import CA_URL, UV_VERSION
+    from gpuenv.contract import CA_URL
+    from gpuenv.render import UV_VERSION
 
     fetch_ca, rm_ca = "", ""
     if ca is not None:

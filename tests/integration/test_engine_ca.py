@@ -152,7 +152,7 @@ def wheel_record_hash(package: str, version: str, path: str) -> str:
 @pytest.fixture(scope="module")
 def ca_build(tmp_path_factory, shipped_cpu, gpuenv, parse_build, extra_pip):
     """A cell built with --ca-bundle = fresh test CA + the proxy's CA, without the cache."""
-    from gpuenv.render import CA_PORT
+    from gpuenv.contract import CA_PORT
 
     tmp = tmp_path_factory.mktemp("ca")
     pem, cn = make_ca(tmp)

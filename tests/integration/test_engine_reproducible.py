@@ -44,13 +44,13 @@ def test_two_no_cache_builds_normalise_to_the_same_image(tmp_path, gpuenv):
     try:
         for ref in refs:
             _build(tmp_path, ref)
-            originals.append(eng.image(ref)["Id"])
+            originals.append(eng.image(ref).id)
         assert originals[0] != originals[1]  # the premise: the builder is not reproducible
         ids = [reproducible.normalize(eng, ref, EPOCH) for ref in refs]
         assert ids[0] == ids[1]
         info = eng.image(refs[0])
         assert reproducible.is_normalized(info, EPOCH)
-        assert info["Config"]["Labels"]["x"] == "y" and "A=1" in info["Config"]["Env"]
+        assert info.labels["x"] == "y" and "A=1" in info.env
         out = subprocess.run(
             ["docker", "run", "--rm", "--network", "none", refs[0], "sh", "-c",
              "cat /opt/x/f; stat -c '%a %Y' /opt/x/f; id -u zed"],

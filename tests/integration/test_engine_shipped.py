@@ -52,14 +52,15 @@ def test_labels_match_the_matrix(shipped, inspect):
 def test_spec_hash_label_is_what_gpuenv_computes(shipped, inspect, shipped_matrix):
     """The label is the hash of the rendered context and the base image's ID, recomputed here
     through the Python API from the same matrix file."""
-    from gpuenv import build, compat, engine, matrix, render
+    from gpuenv import contract, engine, plan, render
+    from gpuenv.project import open_project
 
-    m = matrix.load(shipped_matrix)
-    cell = next(c for c in compat.resolve(m).cells if c.name == shipped["cell"])
-    ctx = render.render(cell, build.render_options(m, None))
-    base_id = engine.connect().image(cell.base.image)["Id"]
+    project = open_project(shipped_matrix)
+    cell = project.one_cell(shipped["cell"], "-i")
+    ctx = render.render(cell, plan.render_options(project.matrix, None))
+    base_id = engine.connect().image(cell.base.image).id
     labels = inspect(shipped["image"])["Config"]["Labels"]
-    assert labels[build.SPEC_LABEL] == build.spec_hash(ctx, base_id)
+    assert labels[contract.SPEC_HASH] == plan.spec_hash(ctx.digest(), base_id)
 
 
 def test_tensorflow_imports_and_user_is_not_root(shipped, in_image, inspect):

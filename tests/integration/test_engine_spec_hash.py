@@ -11,12 +11,16 @@ cell adds ~3 GB of CUDA wheels):
 * A per-cell package change is a real build of that one cell; the pin is the one the CA
   test builds with, so that layer is usually in the cache too.
 * A changed base image ID and a matrix-wide package change would rebuild every layer of the
-  GPU cell (TF and 3 GB of wheels again). Those run gpuenv's real decision path
-  (``build_cells`` against the real, built images) with an engine whose ``build`` records
-  the request instead of building.
+  GPU cell (TF and 3 GB of wheels again). Those run gpuenv's real decision path (the build
+  plan and its execution against the real, built images) with an engine whose ``build``
+  records the request instead of building.
 * A lock (``gpuenv lock``, real) makes every cell it covers rebuild: real decision path, as
   above, since building from it reinstalls everything. That a later change to one cell's
   lock entry touches that cell's spec hash only is checked on the hashes themselves.
+
+Each change is also put to ``gpuenv build --dry-run`` (the CLI with --json where the change
+is in a file; the same plan function in-process where the test patches the templates or
+the base): it must name exactly the affected cells, and the input that changed.
 """
 
 from __future__ import annotations
@@ -34,23 +38,47 @@ REPOSITORY = "gpuenv-test/tf"
 
 
 def _load(path: Path):
-    from gpuenv import compat, matrix
+    from gpuenv.project import open_project
 
-    m = matrix.load(path)
-    return m, compat.resolve(m).cells
+    project = open_project(path)
+    return project, project.cells
 
 
 def _build_api(path: Path, engine=None) -> dict:
-    """build_cells through the Python API, as the CLI calls it; results by cell name."""
-    from gpuenv import build
+    """A build through the Python API, as the CLI calls it; results by cell name."""
+    from gpuenv import build, plan
     from gpuenv import engine as engines
 
-    m, cells = _load(path)
-    request = build.BuildRequest(
-        matrix=m, cells=cells, ca_bundle=build.ca_bundle_for(m, None), keep_going=True
+    project, cells = _load(path)
+    bundle = plan.ca_bundle_for(project.matrix, None)
+    eng = engine or engines.connect()
+    results = build.plan_and_build(
+        eng, project, cells, build.Reporter(), ca_bundle=bundle, keep_going=True
     )
-    results = build.build_cells(engine or engines.connect(), request, build.Reporter())
     return {r.cell.name: r for r in results}
+
+
+def _plan(path: Path, engine=None) -> dict[str, dict]:
+    """`gpuenv build --dry-run --json`, in-process (sees monkeypatched templates)."""
+    from gpuenv import engine as engines
+    from gpuenv import plan
+
+    project, cells = _load(path)
+    bundle = plan.ca_bundle_for(project.matrix, None)
+    the_plan = plan.make_plan(engine or engines.connect(), project, cells, ca_bundle=bundle)
+    return {p["cell"]: p for p in the_plan.to_json()["cells"]}
+
+
+def _dry_run(gpuenv, path: Path) -> dict[str, dict]:
+    """`gpuenv build --dry-run --json` through the CLI."""
+    import json
+
+    doc = json.loads(gpuenv("build", "-f", str(path), "--dry-run", "--json").stdout)
+    return {p["cell"]: p for p in doc["cells"]}
+
+
+def actions(plan: dict[str, dict]) -> dict[str, tuple[str, list[str]]]:
+    return {name: (p["action"], p["reasons"]) for name, p in plan.items()}
 
 
 @pytest.fixture
@@ -74,16 +102,26 @@ def templates(tmp_path, monkeypatch):
 
 
 class RecordingEngine:
-    """The real engine for every question; a build is recorded and reported as failed."""
+    """The real engine for every question; a build is recorded and reported as failed.
+    With `base_id` set, the bookworm base reports that ID (as if it had been rebuilt)."""
 
-    def __init__(self) -> None:
+    def __init__(self, base_id: str | None = None) -> None:
         from gpuenv import engine
 
         self.real = engine.connect()
         self.builds = 0
+        self.base_id = base_id
 
     def __getattr__(self, name: str):
         return getattr(self.real, name)
+
+    def image(self, ref: str):
+        import dataclasses
+
+        info = self.real.image(ref)
+        if self.base_id and info is not None and ref == "gpuenv/debian:bookworm":
+            return dataclasses.replace(info, id=self.base_id)
+        return info
 
     def build(self, context, **kwargs):
         from gpuenv.engine import BuildFailed
@@ -98,6 +136,7 @@ def statuses(results: dict) -> dict[str, str]:
 
 def test_unchanged_matrix_rebuilds_nothing(baseline, gpuenv, parse_build):
     path, first = baseline
+    assert actions(_dry_run(gpuenv, path)) == {CPU: ("up-to-date", []), GPU: ("up-to-date", [])}
     again = parse_build(gpuenv("build", "-f", str(path), "--json"))
     assert statuses(again) == {CPU: "cached", GPU: "cached"}
     assert {n: r["image_id"] for n, r in again.items()} == {
@@ -106,16 +145,21 @@ def test_unchanged_matrix_rebuilds_nothing(baseline, gpuenv, parse_build):
 
 
 def test_gpu_only_template_change_rebuilds_only_the_gpu_cell(baseline, templates):
-    from gpuenv import build, render
+    from gpuenv import plan, render
 
     path, first = baseline
-    m, cells = _load(path)
-    options = build.render_options(m, None)
+    project, cells = _load(path)
+    options = plan.render_options(project.matrix, None)
     before = {c.name: render.render(c, options).dockerfile for c in cells}
     partial = templates / "partials" / "cuda-wheels.j2"
     partial.write_text(partial.read_text() + "ENV GPUENV_TEST_TEMPLATE=gpu-only\n")
+    render.templates_digest.cache_clear()
     after = {c.name: render.render(c, options).dockerfile for c in cells}
     assert after[CPU] == before[CPU] and after[GPU] != before[GPU]  # the premise
+    assert actions(_plan(path)) == {
+        CPU: ("up-to-date", []),
+        GPU: ("build", ["template (images/) changed"]),
+    }
 
     results = _build_api(path)
     assert statuses(results) == {CPU: "cached", GPU: "built"}
@@ -123,7 +167,7 @@ def test_gpu_only_template_change_rebuilds_only_the_gpu_cell(baseline, templates
     assert results[GPU].image_id != first[GPU]["image_id"]
     from gpuenv import engine
 
-    env = engine.connect().image(f"{REPOSITORY}:{GPU}")["Config"]["Env"]
+    env = engine.connect().image(f"{REPOSITORY}:{GPU}").env
     assert "GPUENV_TEST_TEMPLATE=gpu-only" in env
 
 
@@ -131,6 +175,11 @@ def test_shared_template_change_rebuilds_every_cell(baseline, templates):
     path, first = baseline
     partial = templates / "partials" / "runtime.j2"
     partial.write_text(partial.read_text() + "LABEL io.gpuenv.test-template=shared\n")
+    from gpuenv import render
+
+    render.templates_digest.cache_clear()
+    reason = ["template (images/) changed"]
+    assert actions(_plan(path)) == {CPU: ("build", reason), GPU: ("build", reason)}
     results = _build_api(path)
     assert statuses(results) == {CPU: "built", GPU: "built"}
     for name in (CPU, GPU):
@@ -143,29 +192,37 @@ def test_cell_package_change_rebuilds_only_that_cell(
     _path, first = baseline
     include = {"tensorflow": "2.21", "python": "3.11", "variant": "cpu", "pip": [extra_pip]}
     changed = write_test_matrix("matrix-package.yaml", include=[include])
+    assert actions(_dry_run(gpuenv, changed)) == {
+        CPU: ("build", ["packages changed"]),
+        GPU: ("up-to-date", []),
+    }
     results = parse_build(gpuenv("build", "-f", str(changed), "--json"))
     assert statuses(results) == {CPU: "built", GPU: "cached"}
     assert results[GPU]["image_id"] == first[GPU]["image_id"]
     assert results[CPU]["image_id"] != first[CPU]["image_id"]
 
 
-def test_base_image_change_rebuilds_the_cells_on_it(baseline, monkeypatch):
-    """Decision path only (see the module docstring): build_cells asks for a build of every
+def test_base_image_change_rebuilds_the_cells_on_it(baseline):
+    """Decision path only (see the module docstring): the build asks for a build of every
     cell on a base whose ID changed, and of none when the ID is the real one."""
-    import gpuenv.base
-
     path, _first = baseline
     spy = RecordingEngine()
     assert statuses(_build_api(path, spy)) == {CPU: "cached", GPU: "cached"}
     assert spy.builds == 0
-    monkeypatch.setattr(gpuenv.base, "ensure", lambda *a, **k: "sha256:" + "f" * 64)
+    spy = RecordingEngine(base_id="sha256:" + "f" * 64)
+    reason = ["base image changed"]
+    assert actions(_plan(path, spy)) == {CPU: ("build", reason), GPU: ("build", reason)}
     assert statuses(_build_api(path, spy)) == {CPU: "failed", GPU: "failed"}
     assert spy.builds == 2
 
 
-def test_matrix_wide_package_change_rebuilds_every_cell(baseline, write_test_matrix, extra_pip):
+def test_matrix_wide_package_change_rebuilds_every_cell(
+    baseline, write_test_matrix, extra_pip, gpuenv
+):
     spy = RecordingEngine()
     changed = write_test_matrix("matrix-global.yaml", pip=[extra_pip])
+    reason = ["packages changed"]
+    assert actions(_dry_run(gpuenv, changed)) == {CPU: ("build", reason), GPU: ("build", reason)}
     assert statuses(_build_api(changed, spy)) == {CPU: "failed", GPU: "failed"}
     assert spy.builds == 2
 
@@ -173,23 +230,25 @@ def test_matrix_wide_package_change_rebuilds_every_cell(baseline, write_test_mat
 def test_lock_change_rebuilds_only_the_cells_whose_entry_changed(baseline, gpuenv):
     import dataclasses
 
-    from gpuenv import build, engine, render
+    from gpuenv import engine, plan, render
     from gpuenv import lock as locks
 
     path, _first = baseline
     gpuenv("lock", "-f", str(path))
+    reason = ["lock entry changed"]
+    assert actions(_dry_run(gpuenv, path)) == {CPU: ("build", reason), GPU: ("build", reason)}
     spy = RecordingEngine()
     assert statuses(_build_api(path, spy)) == {CPU: "failed", GPU: "failed"}
     assert spy.builds == 2
 
-    m, cells = _load(path)
-    options = build.render_options(m, None)
-    base_id = engine.connect().image(cells[0].base.image)["Id"]
+    options = plan.render_options(_load(path)[0].matrix, None)
+    base_id = engine.connect().image("gpuenv/debian:bookworm").id
 
     def hashes() -> dict[str, str]:
-        entries = build.lock_entries(m, cells)  # from the file on disk, drift-checked
+        project, cells = _load(path)  # the lock is read from the file on disk, drift-checked
+        entries = plan.lock_entries(project, cells)
         return {
-            c.name: build.spec_hash(render.render(c, options, entries[c.name]), base_id)
+            c.name: plan.spec_hash(render.render(c, options, entries[c.name]).digest(), base_id)
             for c in cells
         }
 
@@ -202,17 +261,18 @@ def test_lock_change_rebuilds_only_the_cells_whose_entry_changed(baseline, gpuen
     after = hashes()
     assert after[GPU] == before[GPU]
     assert after[CPU] != before[CPU]
+    assert actions(_dry_run(gpuenv, path))[CPU] == ("build", reason)
 
 
 def test_spec_hash_is_deterministic_and_keyed_on_its_inputs(baseline):
-    from gpuenv import build, engine, render
+    from gpuenv import engine, plan, render
 
     path, _first = baseline
-    m, cells = _load(path)
-    ctx = render.render(cells[0], build.render_options(m, None))
-    base_id = engine.connect().image(cells[0].base.image)["Id"]
-    plain = build.spec_hash(ctx, base_id)
-    again = render.render(_load(path)[1][0], build.render_options(m, None))
-    assert build.spec_hash(again, base_id) == plain  # no timestamps, stable order
-    assert build.spec_hash(ctx, base_id, "a lock entry") != plain
-    assert build.spec_hash(ctx, "sha256:" + "f" * 64) != plain
+    project, cells = _load(path)
+    options = plan.render_options(project.matrix, None)
+    ctx = render.render(cells[0], options)
+    base_id = engine.connect().image(cells[0].base.image).id
+    plain = plan.spec_hash(ctx.digest(), base_id)
+    again = render.render(_load(path)[1][0], options)
+    assert plan.spec_hash(again.digest(), base_id) == plain  # no timestamps, stable order
+    assert plan.spec_hash(ctx.digest(), "sha256:" + "f" * 64) != plain
