@@ -126,15 +126,15 @@ def plan_and_build(
 ) -> list[CellResult]:
     """`gpuenv build`: bases, then the plan, then its execution."""
     from gpuenv import plan as plans
-    from gpuenv.publish import registry_from_env
+    from gpuenv.publish import pull_repository
 
-    registry = registry_from_env()  # a malformed $GPUENV_REGISTRY stops before any build
+    pull_from = pull_repository(project)  # a malformed $GPUENV_REGISTRY stops the run here
     # Render everything before touching the engine: a template error must stop the run
     # before a base is bootstrapped.
     contexts = plans.render_all(project, cells, ca_bundle)
     prepare_bases(engine, cells, reporter)
     plan = plans.make_plan(
-        engine, project, cells, ca_bundle=ca_bundle, no_cache=no_cache, registry=registry,
+        engine, project, cells, ca_bundle=ca_bundle, no_cache=no_cache, pull_from=pull_from,
         contexts=contexts,
     )  # fmt: skip
     return execute(engine, plan, reporter, jobs=jobs, keep_going=keep_going)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from gpuenv.engine import Engine, ImageInfo
-    from gpuenv.project import Project
+    from gpuenv.matrix import LoadedMatrix
 
 PLATFORM = "x86_64-manylinux_2_28"
 VERSION = 1
@@ -236,11 +236,10 @@ def exclude_newer_date(given: str | None, current: Lock | None) -> str:
     return f"{given}T00:00:00Z"
 
 
-def check(engine: Engine, project: Project, cells: list[Cell]) -> dict[str, str]:
+def check(engine: Engine, lock: Lock | None, path: Path, cells: list[Cell]) -> dict[str, str]:
     """Cells whose lock entry, or base, no longer matches: cell -> why."""
-    lock = project.lock
     if lock is None:
-        raise GpuenvError(f"{project.lock_path}: no lock; write one with: gpuenv lock")
+        raise GpuenvError(f"{path}: no lock; write one with: gpuenv lock")
     drifted = drift(lock, cells)
     for image in sorted({c.base.image for c in cells}):
         info = engine.image(image)
@@ -254,16 +253,19 @@ def check(engine: Engine, project: Project, cells: list[Cell]) -> dict[str, str]
 
 def relock(
     engine: Engine,
-    project: Project,
+    matrix: LoadedMatrix,
     cells: list[Cell],
+    *,
+    every_cell: list[Cell],
+    current: Lock | None,
     exclude_newer: str | None,
     say: Callable[[str], None],
 ) -> Path:
     """Resolve the cells again (the others keep their entries when the date is the same),
-    record their bases, drop cells and bases the matrix no longer has, write the lock."""
+    record their bases, drop cells and bases the matrix no longer has (`every_cell` is
+    what it has), write the lock next to the matrix."""
     from gpuenv import base as bases
 
-    current = project.lock
     date = exclude_newer_date(exclude_newer, current)
     entries = dict(current.cells) if current and current.exclude_newer == date else {}
     locked_bases = dict(current.bases) if current else {}
@@ -274,13 +276,14 @@ def relock(
         if info is None:
             raise GpuenvError(f"base {image} vanished from the engine while locking")
         locked_bases[image] = base_identity(info, bases.package_list(engine, image))
-    build = project.matrix.model.build
+    build = matrix.model.build
     for cell in cells:
         entries[cell.name] = lock_cell(cell, date, build.index_url, tuple(build.extra_index_urls))
         say(f"locked {cell.name}")
-    names = {c.name for c in project.cells}
-    used = {c.base.image for c in project.cells}
+    names = {c.name for c in every_cell}
+    used = {c.base.image for c in every_cell}
     entries = {k: v for k, v in entries.items() if k in names}
     locked_bases = {k: v for k, v in locked_bases.items() if k in used}
-    write(Lock(project.lock_path, date, entries, locked_bases))
-    return project.lock_path
+    path = lock_path(matrix.path)
+    write(Lock(path, date, entries, locked_bases))
+    return path

@@ -210,11 +210,13 @@ def make_plan(
     *,
     ca_bundle: Path | None,
     no_cache: bool = False,
-    registry: str | None = None,
+    pull_from: str | None = None,
     contexts: dict[str, BuildContext] | None = None,
 ) -> BuildPlan:
-    """Decide per cell what a build would do. `contexts` are the cells' rendered contexts
-    when the caller already has them (render_all); they are rendered here otherwise."""
+    """Decide per cell what a build would do. `pull_from` is the repository published
+    images are pulled from before building ($GPUENV_REGISTRY's, gpuenv/publish.py);
+    `contexts` are the cells' rendered contexts when the caller already has them
+    (render_all); they are rendered here otherwise."""
     options = render_options(project.matrix, ca_bundle)
     locked = lock_entries(project, cells)
     if contexts is None:
@@ -238,11 +240,8 @@ def make_plan(
             p.action = "up-to-date"
         else:
             p.reasons = _why_rebuild(existing, inputs)
-        if p.action == "build" and registry and not no_cache and base_id:
-            from gpuenv.publish import target_repository
-
-            p.action = "pull"
-            p.pull_ref = f"{target_repository(project.matrix.model.name, registry)}:{cell.name}"
+        if p.action == "build" and pull_from and not no_cache and base_id:
+            p.action, p.pull_ref = "pull", f"{pull_from}:{cell.name}"
         plans.append(p)
     return BuildPlan(plans, ca_bundle, no_cache, project.lock)
 

@@ -196,6 +196,13 @@ def pull_matching(engine: Engine, ref: str, spec: str, keep_as: str) -> tuple[st
     return info.id, ""
 
 
+def pull_repository(project: Project) -> str | None:
+    """Where `gpuenv build` looks for published images first: REG/<last part of name>
+    with $GPUENV_REGISTRY=REG; None when it is unset."""
+    registry = registry_from_env()
+    return target_repository(project.matrix.model.name, registry) if registry else None
+
+
 def registry_from_env() -> str | None:
     """$GPUENV_REGISTRY, checked; None when unset or empty."""
     value = os.environ.get(REGISTRY_ENV, "").strip()

@@ -90,11 +90,11 @@ def build_cmd(
         bundle = plan.ca_bundle_for(project.matrix, ca_bundle)
         eng = engine.connect()
         if dry_run:
-            from gpuenv.publish import registry_from_env
+            from gpuenv.publish import pull_repository
 
             the_plan = plan.make_plan(
                 eng, project, cells, ca_bundle=bundle, no_cache=no_cache,
-                registry=registry_from_env(),
+                pull_from=pull_repository(project),
             )  # fmt: skip
             if as_json:
                 print_json(the_plan.to_json())

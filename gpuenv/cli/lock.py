@@ -33,7 +33,7 @@ def lock_cmd(
         project = open_project(file)
         cells = project.select(patterns)
         if check:
-            drifted = locks.check(engine.connect(), project, cells)
+            drifted = locks.check(engine.connect(), project.lock, project.lock_path, cells)
             for name, why in drifted.items():
                 print(f"drift: {name}: {why}")
             if drifted:
@@ -43,7 +43,11 @@ def lock_cmd(
             return
         if exclude_newer is not None:
             locks.exclude_newer_date(exclude_newer, None)  # a bad date is a usage error, first
-        print(locks.relock(engine.connect(), project, cells, exclude_newer, say))
+        path = locks.relock(
+            engine.connect(), project.matrix, cells, every_cell=project.cells,
+            current=project.lock, exclude_newer=exclude_newer, say=say,
+        )  # fmt: skip
+        print(path)
 
 
 def register(app: typer.Typer) -> None:
