@@ -49,7 +49,7 @@ class Cell:
         return self.variant == "gpu"
 
     def to_json(self) -> dict[str, Any]:
-        """The shape `gpuenv matrix --json` promises (DESIGN.md), plus the pins."""
+        """The shape `gpuenv matrix --json` promises (docs/architecture.md), plus the pins."""
         data = {
             "name": self.name,
             "image": self.image,

@@ -106,7 +106,7 @@ class Verdict:
 
 def judge_driver(driver: str, cuda: str, cuda_release: str | None, floor: str,
                  toolkit_min: str | None) -> Verdict:  # fmt: skip
-    """DESIGN.md's driver verdicts for one host driver and one cell's CUDA."""
+    """docs/architecture.md's driver verdicts for one host driver and one cell's CUDA."""
     have = driver_tuple(driver)
     if have < driver_tuple(floor):
         return Verdict(

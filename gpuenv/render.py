@@ -65,11 +65,14 @@ def templates_dir() -> Path:
     return packaged if packaged.is_dir() else Path(__file__).parent.parent / "images"
 
 
-@cache
-def templates_digest(root: Path | None = None) -> str:
+def templates_digest() -> str:
     """sha256 over every template file (names and contents): what `build --dry-run` compares
     to say "template" when a cell's Dockerfile changed because images/ did."""
-    root = root or templates_dir()
+    return _digest_of(templates_dir())
+
+
+@cache
+def _digest_of(root: Path) -> str:
     h = hashlib.sha256()
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         h.update(f"{path.relative_to(root)}\0".encode())

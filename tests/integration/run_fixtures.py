@@ -12,9 +12,9 @@ directory under /tmp (world-traversable, so that other uids can use it too), wit
   the test's working directory, or a driver probe container, is still there.
 - ``docker_user``: a throw-away non-root user in the docker group (useradd/userdel).
 - ``gpu_engine``: a second dockerd started by the session with a stand-in
-  ``nvidia-container-runtime-hook`` on its PATH (DESIGN.md, "The engine on these machines"),
-  so that the engine accepts ``--gpus``. The stand-in records its argv and stdin and exits
-  0; it never makes a GPU, a driver or nvidia-smi appear.
+  ``nvidia-container-runtime-hook`` on its PATH (docs/architecture.md, "The engine on these
+  machines"), so that the engine accepts ``--gpus``. The stand-in records its argv and
+  stdin and exits 0; it never makes a GPU, a driver or nvidia-smi appear.
 """
 
 from __future__ import annotations

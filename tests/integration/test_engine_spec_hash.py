@@ -153,7 +153,7 @@ def test_gpu_only_template_change_rebuilds_only_the_gpu_cell(baseline, templates
     before = {c.name: render.render(c, options).dockerfile for c in cells}
     partial = templates / "partials" / "cuda-wheels.j2"
     partial.write_text(partial.read_text() + "ENV GPUENV_TEST_TEMPLATE=gpu-only\n")
-    render.templates_digest.cache_clear()
+    render._digest_of.cache_clear()
     after = {c.name: render.render(c, options).dockerfile for c in cells}
     assert after[CPU] == before[CPU] and after[GPU] != before[GPU]  # the premise
     assert actions(_plan(path)) == {
@@ -177,7 +177,7 @@ def test_shared_template_change_rebuilds_every_cell(baseline, templates):
     partial.write_text(partial.read_text() + "LABEL io.gpuenv.test-template=shared\n")
     from gpuenv import render
 
-    render.templates_digest.cache_clear()
+    render._digest_of.cache_clear()
     reason = ["template (images/) changed"]
     assert actions(_plan(path)) == {CPU: ("build", reason), GPU: ("build", reason)}
     results = _build_api(path)

@@ -1,5 +1,5 @@
 """The compatibility catalog: a walk over every TensorFlow row, the legal CUDA/cuDNN
-overrides, and the sanity of the CUDA data, checked against DESIGN.md's facts."""
+overrides, and the sanity of the CUDA data, checked against docs/architecture.md's facts."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _data(name: str) -> dict:
 TF_ROWS = _data("tensorflow.yaml")["releases"]
 CUDA = _data("cuda.yaml")
 
-# DESIGN.md, "The compatibility catalog": TF -> (Python range, cuDNN, CUDA), Linux GPU.
+# docs/architecture.md, "The compatibility catalog": TF -> (Python range, cuDNN, CUDA), Linux GPU.
 DESIGN_TABLE = {
     "2.21": (("3.10", "3.13"), "9.3", "12.5"),
     "2.20": (("3.9", "3.13"), "9.3", "12.5"),
@@ -36,7 +36,7 @@ DESIGN_TABLE = {
     "2.13": (("3.8", "3.11"), "8.6", "11.8"),
     "2.12": (("3.8", "3.11"), "8.6", "11.8"),
 }
-# DESIGN.md: CUDA minimum Linux driver of each GA release, and the per-major floors.
+# docs/architecture.md: CUDA minimum Linux driver of each GA release, and the per-major floors.
 DESIGN_GA_DRIVER = {
     "13.0": "580.65.06", "12.9": "575.51.03", "12.8": "570.26", "12.6": "560.28.03",
     "12.5": "555.42.02", "12.4": "550.54.14", "12.3": "545.23.06", "12.2": "535.54.03",
@@ -157,7 +157,7 @@ def test_walk_every_row(write_matrix, tf, python):
 
 
 def test_2_16_is_not_2_16_0(write_matrix):
-    # DESIGN.md: 2.16.0 never reached PyPI.
+    # docs/architecture.md: 2.16.0 never reached PyPI.
     res = resolve(write_matrix, matrix_text("2.16", "3.11"))
     versions = {c.framework_version for c in res.cells}
     assert len(versions) == 1
@@ -201,7 +201,8 @@ def test_illegal_overrides_are_errors(write_matrix, tf, cuda, cudnn):
 
 
 def test_override_ranges_follow_design(write_matrix):
-    """DESIGN.md: exact pins for TF 2.15-2.19; CUDA >=12.5,<13 / cuDNN >=9.3,<10 for 2.20-2.21.
+    """docs/architecture.md: exact pins for TF 2.15-2.19; CUDA >=12.5,<13 / cuDNN >=9.3,<10
+    for 2.20-2.21.
     So every catalog pair is legal for 2.20/2.21 exactly when it is in those ranges, and
     only the tested pair is legal for 2.15-2.19."""
     cat = compat.catalog()
@@ -259,7 +260,7 @@ def test_driver_numbers_match_design():
     assert CUDA["ga_min_driver"] == DESIGN_GA_DRIVER
     for major, floor in DESIGN_FLOOR.items():
         assert CUDA["driver_floor"][major] == floor
-    # 12.5.1's own minimum, as DESIGN.md states it.
+    # 12.5.1's own minimum, as docs/architecture.md states it.
     assert CUDA["toolkits"]["12.5"]["min_driver"] == "555.42.06"
 
 

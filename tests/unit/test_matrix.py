@@ -194,7 +194,7 @@ def test_package_lists_add_up(write_matrix):
 
 
 def test_shipped_matrix_cells(shipped_matrix):
-    """DESIGN.md: TF 2.17 and 2.21 on Python 3.11 and 3.13, CPU and GPU; 2.17 has no 3.13
+    """docs/architecture.md: TF 2.17 and 2.21 on Python 3.11 and 3.13, CPU and GPU; 2.17 has no 3.13
     wheels; GPU cells use the tested CUDA (2.17: 12.3, 2.21: 12.5)."""
     res = compat.resolve(matrix.load(shipped_matrix))
     names = [c.name for c in res.cells]

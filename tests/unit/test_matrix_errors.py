@@ -220,7 +220,7 @@ def test_unknown_framework_version(write_matrix, tmp_path, line_of):
 
 
 def test_unknown_framework_patch_release(write_matrix, tmp_path):
-    # 2.16.0 never reached PyPI (DESIGN.md).
+    # 2.16.0 never reached PyPI (docs/architecture.md).
     text = BASE.replace('tensorflow: ["2.21"]', 'tensorflow: ["2.16.0"]')
     assert_rejected(write_matrix(text), tmp_path, "2.16.0")
 

@@ -57,9 +57,9 @@ def templates(tmp_path, monkeypatch):
     copy = tmp_path / "images"
     shutil.copytree(render.templates_dir(), copy)
     monkeypatch.setattr(render, "templates_dir", lambda: copy)
-    render.templates_digest.cache_clear()
+    render._digest_of.cache_clear()
     yield copy
-    render.templates_digest.cache_clear()
+    render._digest_of.cache_clear()
 
 
 def test_nothing_built_means_build_every_cell(fake_engine, matrix):
@@ -92,7 +92,7 @@ def test_a_gpu_only_partial_rebuilds_only_gpu_cells(fake_engine, matrix, templat
     first = make(fake_engine, matrix)
     partial = templates / "partials" / "cuda-wheels.j2"
     partial.write_text(partial.read_text() + "ENV X=1\n")
-    render.templates_digest.cache_clear()
+    render._digest_of.cache_clear()
     assert actions(make(fake_engine, matrix, images=built(first))) == {
         CPU: ("up-to-date", []),
         GPU: ("build", ["template (images/) changed"]),

@@ -1,4 +1,4 @@
-"""Rendered Dockerfiles: golden files, and the properties DESIGN.md's GPU rules demand of
+"""Rendered Dockerfiles: golden files, and the properties docs/architecture.md's GPU rules demand of
 every rendered cell. Set GPUENV_UPDATE_GOLDEN=1 to rewrite the golden files (then read the
 diff before committing it)."""
 

@@ -56,7 +56,7 @@ def test_shipped_matrix_validates(validator, shipped_matrix):
 
 
 def test_design_example_validates(validator):
-    # The matrix.yaml example of DESIGN.md, "matrix.yaml core".
+    # The matrix.yaml example of docs/architecture.md, "matrix.yaml core".
     data = {
         "name": "acme/gpuenv",
         "matrix": {

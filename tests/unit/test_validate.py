@@ -1,6 +1,6 @@
-"""What `gpuenv validate` checks against (DESIGN.md, "What validation checks against"): the
-resolved cell, or an image's labels cross-checked with the catalog, never the labels alone;
-the per-image summary read back from JUnit XML; the size baseline file."""
+"""What `gpuenv validate` checks against (docs/architecture.md, "What validation checks
+against"): the resolved cell, or an image's labels cross-checked with the catalog, never
+the labels alone; the per-image summary read back from JUnit XML; the size baseline file."""
 
 from __future__ import annotations
 
