@@ -345,3 +345,14 @@ def combine(verdicts: Sequence[Verdict]) -> Verdict:
     ranked = sorted(verdicts, key=lambda v: -LEVEL_ORDER.get(v.level, 1))
     messages = list(dict.fromkeys(v.message for v in ranked))
     return Verdict(level, "; ".join(messages) if len(messages) > 1 else messages[0])
+
+
+def gpu_verdict(gpus: Sequence[GpuInfo], framework: str, release: str) -> Verdict:
+    """What run's preflight, doctor and validate say of these GPUs for an image of this
+    framework release: the worst per-GPU verdict, suggesting only releases gpuenv can make
+    GPU images of."""
+    from gpuenv import compat
+
+    cat = compat.catalog()
+    gpu_minors = [minor for minor, row in cat.releases.items() if not row.gpu_unsupported]
+    return combine(judge_gpus(gpus, framework, release, candidates=gpu_minors))

@@ -94,7 +94,14 @@ def image_verdict(labels: dict[str, str], facts: Facts, gpu_ok: bool) -> Finding
         )
     if not gpu_ok:
         return Finding(name, "error", "GPU image, but the engine cannot pass GPUs (see above)")
-    verdict = driver_verdict(facts.gpus[0].driver, claims.cuda or "")
+    from gpuenv.capability import combine, gpu_verdict
+
+    verdicts = [driver_verdict(facts.gpus[0].driver, claims.cuda or "")]
+    if claims.framework:
+        kernels = gpu_verdict(facts.gpus, claims.framework, claims.framework_version)
+        if kernels.level in ("warning", "error"):
+            verdicts.append(kernels)
+    verdict = combine(verdicts)
     return Finding(name, verdict.level, verdict.message)
 
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from gpuenv import cache, contract
 from gpuenv.engine import ContainerSpec, Engine, EngineError
 from gpuenv.errors import GpuenvError
-from gpuenv.gpus import GpuRequest, explain_start_error
+from gpuenv.gpus import GpuInfo, GpuRequest, explain_start_error
 
 if TYPE_CHECKING:
     from gpuenv.cell import Cell
@@ -328,16 +328,23 @@ def gpu_preflight(engine: Engine, target: Target, gpus: GpuRequest | None) -> No
             f"{target.image} is a CPU image: TensorFlow in it cannot use the GPUs; the devices "
             "are passed anyway (for nvidia-smi and the like). Use a GPU cell to train on them"
         )
-    driver = probe_driver(engine, target.image, gpus)
-    if driver is None or not claims.cuda:
+    found = probe_gpus(engine, target.image, gpus)
+    if not found:
         return
+    from gpuenv.capability import gpu_verdict
     from gpuenv.gpus import driver_verdict
 
-    verdict = driver_verdict(driver, claims.cuda)
-    if verdict.level == "error":
-        raise fail(verdict.message)
-    if verdict.level == "warning":
-        warn(verdict.message)
+    verdicts = []
+    if claims.cuda:
+        verdicts.append(driver_verdict(found[0].driver, claims.cuda))
+    if claims.is_gpu and claims.framework:
+        verdicts.append(gpu_verdict(found, claims.framework, claims.framework_version))
+    for verdict in verdicts:
+        if verdict.level == "error":
+            raise fail(verdict.message)
+    for verdict in verdicts:
+        if verdict.level == "warning":
+            warn(verdict.message)
 
 
 DRIVERS = "drivers.json"  # in gpuenv's cache (gpuenv/cache.py)
@@ -351,34 +358,39 @@ def _engine_identity(engine: Engine) -> tuple[str, str]:
     return str(info.get("ID") or engine.url), str(info.get("KernelVersion") or "")
 
 
-def cached_driver(engine: Engine, now: float | None = None) -> str | None:
-    """The driver learnt earlier for this engine, unless it may be stale: another kernel
-    (a reboot, where driver upgrades take effect), past DRIVER_MAX_AGE, or
-    $GPUENV_REPROBE=1 (on demand)."""
+def cached_gpus(engine: Engine, now: float | None = None) -> list[GpuInfo] | None:
+    """The GPUs (driver, name, compute capability) learnt earlier for this engine, unless
+    they may be stale: another kernel (a reboot, where driver upgrades take effect), past
+    DRIVER_MAX_AGE, or $GPUENV_REPROBE=1 (on demand)."""
     import time
 
     if os.environ.get("GPUENV_REPROBE") == "1":
         return None
     engine_id, kernel = _engine_identity(engine)
     entry = cache.read_record(DRIVERS).get(engine_id)
-    if isinstance(entry, str):  # written by gpuenv before entries carried their context
-        return None
     if not isinstance(entry, dict) or entry.get("kernel") != kernel:
-        return None
+        return None  # also an entry from before entries carried their context
     age = (now if now is not None else time.time()) - float(entry.get("at") or 0)
-    return str(entry["driver"]) if 0 <= age <= DRIVER_MAX_AGE and entry.get("driver") else None
+    if not 0 <= age <= DRIVER_MAX_AGE:
+        return None
+    try:
+        return [GpuInfo(str(g["driver"]), str(g["name"]), str(g["compute_cap"]))
+                for g in entry["gpus"]] or None  # fmt: skip
+    except (KeyError, TypeError):
+        return None
 
 
-def remember_driver(engine: Engine, driver: str) -> None:
+def remember_gpus(engine: Engine, gpus: list[GpuInfo]) -> None:
     import time
+    from dataclasses import asdict
 
     engine_id, kernel = _engine_identity(engine)
-    entry = {"driver": driver, "kernel": kernel, "at": int(time.time())}
+    entry = {"gpus": [asdict(g) for g in gpus], "kernel": kernel, "at": int(time.time())}
     cache.update_record(DRIVERS, {engine_id: entry})
 
 
-def probe_driver(engine: Engine, image: str, gpus: GpuRequest) -> str | None:
-    """The host driver version, learnt by a probe container and cached per engine.
+def probe_gpus(engine: Engine, image: str, gpus: GpuRequest) -> list[GpuInfo] | None:
+    """The host's GPUs and driver, learnt by a probe container and cached per engine.
 
     The Docker API reports neither the driver nor the runtime hook, and a remote engine's
     host is not this machine, so the only honest source is nvidia-smi inside a container
@@ -386,7 +398,7 @@ def probe_driver(engine: Engine, image: str, gpus: GpuRequest) -> str | None:
     """
     from gpuenv.gpus import parse_nvidia_smi_query
 
-    known = cached_driver(engine)
+    known = cached_gpus(engine)
     if known is not None:
         return known
     command = ["nvidia-smi", "--query-gpu=driver_version,name,compute_cap",
@@ -409,13 +421,12 @@ def probe_driver(engine: Engine, image: str, gpus: GpuRequest) -> str | None:
         return None
     finally:
         engine.remove_container(cid)
-    gpus_found = parse_nvidia_smi_query(output) if code == 0 else []
-    if not gpus_found:
+    found = parse_nvidia_smi_query(output) if code == 0 else []
+    if not found:
         warn(
             "could not learn the host's NVIDIA driver (nvidia-smi in a probe container "
             f"exited {code}); the driver check is skipped"
         )
         return None
-    driver = gpus_found[0].driver
-    remember_driver(engine, driver)
-    return driver
+    remember_gpus(engine, found)
+    return found

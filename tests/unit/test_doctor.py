@@ -409,3 +409,21 @@ def test_unrelated_start_errors_are_left_alone() -> None:
     first = recorded("docker-could-not-select-device-driver.txt").split("\n\n")[1]
     assert "unknown or invalid runtime name: nvidia" in first
     assert explain_start_error(first, "x") is None
+
+
+# ---------------------------------------------------------------------------- compute capability
+
+
+@pytest.mark.parametrize(
+    ("gpu", "level", "needle"),
+    [
+        (GpuInfo("560.35.03", "Tesla K80", "3.7"), "error", "sm_37"),  # no kernel image
+        (GpuInfo("570.86.15", "NVIDIA B200", "10.0"), "warning", "PTX JIT"),
+        (GpuInfo("560.35.03", "NVIDIA H100 80GB HBM3", "9.0"), "ok", "supports CUDA"),
+    ],
+)
+def test_gpu_image_verdict_includes_the_compute_capability(gpu, level, needle) -> None:
+    labels = {**GPU_IMAGE, "io.gpuenv.framework": "tensorflow",
+              "io.gpuenv.framework-version": "2.21.0"}  # fmt: skip
+    f = image_verdict(labels, Facts(gpus=[gpu]), gpu_ok=True)
+    assert (f.level, needle in f.message) == (level, True), f.message

@@ -15,7 +15,7 @@ import pytest
 
 from gpuenv import cache, run
 from gpuenv.errors import GpuenvError
-from gpuenv.gpus import parse_gpus
+from gpuenv.gpus import GpuInfo, parse_gpus
 from gpuenv.project import looks_like_image
 
 
@@ -263,7 +263,8 @@ def test_cpu_image_without_gpus_is_quiet(fake_engine, capsys):
 def test_gpu_preflight_applies_the_driver_verdicts(
     fake_engine, monkeypatch, capsys, driver, outcome
 ):
-    monkeypatch.setattr(run, "probe_driver", lambda engine, image, gpus: driver)
+    found = [GpuInfo(driver, "NVIDIA A100-SXM4-80GB", "8.0")] if driver else None
+    monkeypatch.setattr(run, "probe_gpus", lambda engine, image, gpus: found)
     target = run.Target("acme/tf:gpu", GPU_LABELS)
     if outcome == "error":
         with pytest.raises(GpuenvError) as err:
@@ -281,7 +282,8 @@ def test_gpu_preflight_applies_the_driver_verdicts(
 
 
 def test_cpu_image_with_gpus_warns_and_goes_on(fake_engine, monkeypatch, capsys):
-    monkeypatch.setattr(run, "probe_driver", lambda engine, image, gpus: "560.35.03")
+    found = [GpuInfo("560.35.03", "NVIDIA A100-SXM4-80GB", "8.0")]
+    monkeypatch.setattr(run, "probe_gpus", lambda engine, image, gpus: found)
     target = run.Target("acme/tf:cpu", {"io.gpuenv.variant": "cpu"})
     run.gpu_preflight(fake_engine(), target, parse_gpus("all"))
     assert "is a CPU image: TensorFlow in it cannot use the GPUs" in capsys.readouterr().err
@@ -290,6 +292,12 @@ def test_cpu_image_with_gpus_warns_and_goes_on(fake_engine, monkeypatch, capsys)
 # --------------------------------------------------------------------------- driver cache
 
 NVIDIA_SMI = "560.35.03, NVIDIA H100 80GB HBM3, 9.0\n"
+
+
+def drivers(found):
+    return found[0].driver if found else None
+
+
 GPU_IMAGE = "acme/tf:gpu"
 
 
@@ -298,13 +306,13 @@ def test_probe_learns_the_driver_once_and_caches_it(tmp_path, monkeypatch, fake_
     monkeypatch.delenv("GPUENV_REPROBE", raising=False)
     eng = fake_engine()
     eng.outcomes[GPU_IMAGE] = (0, NVIDIA_SMI)
-    assert run.probe_driver(eng, GPU_IMAGE, parse_gpus("all")) == "560.35.03"
+    assert drivers(run.probe_gpus(eng, GPU_IMAGE, parse_gpus("all"))) == "560.35.03"
     assert len(eng.created) == 1 and eng.containers == {}  # the probe container is removed
     probe = eng.created[0]
     assert probe.device_requests == [parse_gpus("all").as_api()]
     assert probe.network == "none" and probe.labels == {"io.gpuenv.probe": "1"}
     eng.outcomes[GPU_IMAGE] = (0, NVIDIA_SMI.replace("560.35.03", "999.1"))
-    assert run.probe_driver(eng, GPU_IMAGE, parse_gpus("all")) == "560.35.03"  # cached
+    assert drivers(run.probe_gpus(eng, GPU_IMAGE, parse_gpus("all"))) == "560.35.03"  # cached
     assert len(eng.created) == 1
 
 
@@ -323,16 +331,16 @@ def test_a_cached_driver_that_may_be_stale_is_probed_again(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("GPUENV_REPROBE", raising=False)
     eng = fake_engine()
-    run.remember_driver(eng, "535.104.05")
+    run.remember_gpus(eng, [GpuInfo("535.104.05", "Tesla T4", "7.5")])
     if "kernel" in change:
         eng._info["KernelVersion"] = change["kernel"]
     if "age" in change:
-        assert run.cached_driver(eng, now=time.time() + change["age"]) is None
+        assert run.cached_gpus(eng, now=time.time() + change["age"]) is None
         return
     if change.get("reprobe"):
         monkeypatch.setenv("GPUENV_REPROBE", "1")
     eng.outcomes[GPU_IMAGE] = (0, NVIDIA_SMI)
-    found = run.probe_driver(eng, GPU_IMAGE, parse_gpus("all"))
+    found = drivers(run.probe_gpus(eng, GPU_IMAGE, parse_gpus("all")))
     assert found == ("560.35.03" if reprobes else "535.104.05")
     assert len(eng.created) == (1 if reprobes else 0)
 
@@ -345,7 +353,7 @@ def test_a_cache_that_is_not_understood_means_probing(tmp_path, monkeypatch, fak
     (tmp_path / "gpuenv" / "drivers.json").write_text(content)
     eng = fake_engine()
     eng.outcomes[GPU_IMAGE] = (0, NVIDIA_SMI)
-    assert run.probe_driver(eng, GPU_IMAGE, parse_gpus("all")) == "560.35.03"
+    assert drivers(run.probe_gpus(eng, GPU_IMAGE, parse_gpus("all"))) == "560.35.03"
 
 
 def test_a_probe_that_finds_no_gpu_warns_and_skips_the_driver_check(
@@ -354,7 +362,7 @@ def test_a_probe_that_finds_no_gpu_warns_and_skips_the_driver_check(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     eng = fake_engine()
     eng.outcomes[GPU_IMAGE] = (9, "NVIDIA-SMI has failed")
-    assert run.probe_driver(eng, GPU_IMAGE, parse_gpus("all")) is None
+    assert run.probe_gpus(eng, GPU_IMAGE, parse_gpus("all")) is None
     assert "nvidia-smi in a probe container exited 9" in capsys.readouterr().err
     assert cache.read_record("drivers.json") == {}
 
@@ -373,3 +381,28 @@ def test_no_cache_for_a_uid_without_home(monkeypatch):
     monkeypatch.setattr(cache.os.path, "expanduser", lambda path: path)
     assert cache.cache_file("drivers.json") is None
     assert cache.write_record("drivers.json", {"a": 1}) is False
+
+
+@pytest.mark.parametrize(
+    ("gpu", "outcome"),
+    [
+        (GpuInfo("560.35.03", "Tesla K80", "3.7"), "error"),  # no kernel image for sm_37
+        (GpuInfo("570.86.15", "NVIDIA B200", "10.0"), "warning"),  # PTX JIT from compute_90
+        (GpuInfo("560.35.03", "NVIDIA L4", "8.9"), "ok"),
+    ],
+)
+def test_gpu_preflight_judges_the_compute_capability(
+    fake_engine, monkeypatch, capsys, gpu, outcome
+):
+    monkeypatch.setattr(run, "probe_gpus", lambda engine, image, gpus: [gpu])
+    labels = {**GPU_LABELS, "io.gpuenv.framework": "tensorflow",
+              "io.gpuenv.framework-version": "2.21.0"}  # fmt: skip
+    target = run.Target("acme/tf:gpu", labels)
+    if outcome == "error":
+        with pytest.raises(GpuenvError) as err:
+            run.gpu_preflight(fake_engine(), target, parse_gpus("all"))
+        assert err.value.exit_code == 125 and "sm_37" in err.value.message
+        return
+    run.gpu_preflight(fake_engine(), target, parse_gpus("all"))
+    err = capsys.readouterr().err
+    assert ("PTX JIT" in err) if outcome == "warning" else err == ""
