@@ -193,6 +193,17 @@ class Engine:
         info = self.image(ref)
         return None if info is None else dict(info.labels)
 
+    def container_image(self, container: str) -> ImageInfo | None:
+        """The image a container runs (one gpuenv may not have started), or None when
+        there is no such container."""
+        try:
+            data = self._api.inspect_container(container)
+        except docker.errors.NotFound:
+            return None
+        except (docker.errors.DockerException, OSError) as exc:
+            raise engine_error(exc) from None
+        return self.image(str(data["Image"]))
+
     def gpuenv_images(self) -> list[dict[str, str]]:
         """Labels of every tagged image gpuenv built (they carry io.gpuenv.cell)."""
         with _translated():

@@ -9,6 +9,12 @@ import typer
 
 from gpuenv.cli.common import FileOption, JsonOption, Patterns, fail, print_json, user_errors
 
+HOST_ALONE = (
+    "--host validates one environment: give no PATTERN, -i or --record-sizes with it "
+    "(say what it must hold with --cell NAME)"
+)
+CELL_WITH_HOST = "--cell goes with --host; to validate a cell's image: gpuenv validate CELL"
+
 
 def validate_cmd(
     patterns: Patterns = None,
@@ -25,6 +31,18 @@ def validate_cmd(
     record_sizes: Annotated[
         bool, typer.Option("--record-sizes", help="Record the images' sizes as the baseline")
     ] = False,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            "--host",
+            help="Validate a running environment through a testinfra backend instead: "
+            "local://, ssh://USER@HOST, kubectl://POD?container=C&namespace=N, docker://ID",
+        ),
+    ] = None,
+    cell: Annotated[
+        str | None,
+        typer.Option("--cell", help="With --host: the cell whose contents it must hold"),
+    ] = None,
     as_json: JsonOption = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Show pytest's output")] = False,
 ) -> None:
@@ -35,10 +53,19 @@ def validate_cmd(
 
     with user_errors():
         request = parse_gpus(gpus) if gpus is not None else None
-        report = session.validate(
-            engine.connect(), file, patterns, image or [], request, junitxml, record_sizes,
-            verbose,
-        )  # fmt: skip
+        if host is not None:
+            if patterns or image or record_sizes:
+                raise fail(HOST_ALONE, 2)
+            report = session.validate_host(host, file, cell, request, junitxml, verbose)
+        elif cell is not None:
+            raise fail(
+                "--cell goes with --host; to validate a cell's image: gpuenv validate CELL", 2
+            )
+        else:
+            report = session.validate(
+                engine.connect(), file, patterns, image or [], request, junitxml,
+                record_sizes, verbose,
+            )  # fmt: skip
     if as_json:
         print_json({"images": [o.to_json() for o in report.outcomes]})
     else:

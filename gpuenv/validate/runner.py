@@ -36,6 +36,9 @@ class Target:
     gpu_error: str | None = None
     info: ImageInfo | None = None
     layers: list[dict[str, Any]] = field(default_factory=list)  # the largest, for the size gate
+    # A testinfra backend URL (local://, ssh://, kubectl://, docker://ID) of an environment
+    # gpuenv did not start: the suites run there, and no container is started.
+    host: str | None = None
 
     def to_json(self, gpus: GpuRequest | None) -> dict[str, Any]:
         info = self.info or ImageInfo(id="")
@@ -43,6 +46,8 @@ class Target:
             "id": self.id,
             "image": self.image,
             "expected": self.expected,
+            "host": self.host,
+            "image_known": self.info is not None,  # False: no image config behind --host
             "container": self.container,
             "gpu_container": self.gpu_container,
             "gpu_error": self.gpu_error,
@@ -93,7 +98,7 @@ def _largest_layers(engine: Engine, image: str, count: int = 5) -> list[dict[str
 
 
 def validate(
-    engine: Engine,
+    engine: Engine | None,
     targets: list[Target],
     gpus: GpuRequest | None,
     junitxml: Path | None,
@@ -103,8 +108,12 @@ def validate(
     run the suites, remove every container. A device request the engine refuses is not
     a reason to skip: the suites fail every device check with gpu_error (fail closed)."""
     started: list[str] = []
+    if engine is None:  # every target is a --host: no engine needed
+        return _run_pytest(targets, gpus, junitxml, verbose)
     try:
         for target in targets:
+            if target.host is not None:
+                continue  # an environment someone else runs: nothing to start
             target.info = engine.image(target.image)
             if target.info is None:
                 raise GpuenvError(f"image {target.image} not found; gpuenv build it first")

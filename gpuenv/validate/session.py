@@ -59,6 +59,8 @@ class Report:
 
 
 def _devices(target: Target, gpus: GpuRequest | None) -> str:
+    if target.host is not None and gpus is not None:
+        return "checked"  # on the host as it is (failures, if any, are the device checks')
     if target.expected.get("variant") != "gpu":
         return "not a GPU image"
     if gpus is None:
@@ -104,13 +106,66 @@ def validate(
     summaries = {s.id: s for s in runner.validate(engine, targets, gpus, junitxml, verbose)}
     report = Report()
     for t in targets:
-        if t.id in summaries and t.info is not None:
-            report.outcomes.append(Outcome(summaries[t.id], t.image, t.info.id, _devices(t, gpus)))
+        if t.id in summaries:
+            image_id = t.info.id if t.info is not None else ""
+            report.outcomes.append(Outcome(summaries[t.id], t.image, image_id, _devices(t, gpus)))
     # push refuses what failed; only a full pass records an image as validated.
-    publish.record_validation({o.image_id: o.passed for o in report.outcomes})
+    publish.record_validation({o.image_id: o.passed for o in report.outcomes if o.image_id})
     if record_sizes and baseline_path is not None:
         passed = {o.summary.id for o in report.outcomes if o.passed}
         recorded = {t.id: t.info.size for t in targets if t.id in passed and t.info is not None}
         sizes.record(baseline_path, recorded)
         report.sizes_recorded, report.sizes_count = baseline_path, len(recorded)
     return report
+
+
+def validate_host(
+    url: str,
+    file: Path | None,
+    cell_name: str | None,
+    gpus: GpuRequest | None,
+    junitxml: Path | None = None,
+    verbose: bool = False,
+) -> Report:
+    """`gpuenv validate --host URL`: the same suites through a pytest-testinfra backend,
+    against an environment gpuenv did not start (a GPU VM, a pod). What it must hold comes
+    from `--cell NAME`, or, for docker://ID, from the labels of the container's image.
+    Nothing is recorded for push: no image of ours was proven."""
+    from gpuenv.validate import expected, runner
+
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme not in HOST_SCHEMES:
+        raise GpuenvError(
+            f"--host {url!r}: expected one of {', '.join(s + '://' for s in HOST_SCHEMES)} "
+            "(e.g. local://, ssh://user@gpu-vm, kubectl://POD?container=C&namespace=N, "
+            "docker://CONTAINER)",
+            exit_code=2,
+        )
+    info = None
+    if scheme == "docker":
+        from gpuenv import engine
+
+        info = engine.connect().container_image(url.split("://", 1)[1].split("@")[-1])
+        if info is None:
+            raise GpuenvError(f"--host {url}: no such container in the engine")
+    if cell_name is not None:
+        from gpuenv.project import open_project
+
+        cell = open_project(file).one_cell(cell_name, "--cell")
+        exp = expected.from_cell(cell)
+        image = cell.image
+    elif info is not None:
+        image = info.tags[0] if info.tags else info.id
+        exp = expected.from_labels(image, info.labels)
+    else:
+        raise GpuenvError(
+            f"--host {url}: say what it must hold with --cell NAME (only a docker:// host has "
+            "image labels to read)",
+            exit_code=2,
+        )
+    target = runner.Target(url, image, exp, host=url, info=info)
+    summaries = runner.validate(None, [target], gpus, junitxml, verbose)
+    return Report([Outcome(summaries[0], image, "", _devices(target, gpus))])
+
+
+HOST_SCHEMES = ("local", "ssh", "paramiko", "kubectl", "docker", "podman", "ansible")
