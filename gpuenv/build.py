@@ -123,8 +123,10 @@ def plan_and_build(
     jobs: int = 1,
     keep_going: bool = False,
     no_cache: bool = False,
+    reproducible: bool = False,
 ) -> list[CellResult]:
-    """`gpuenv build`: bases, then the plan, then its execution."""
+    """`gpuenv build`: bases, then the plan, then its execution; with `reproducible`, the
+    built images normalised (gpuenv/reproducible.py) once every cell succeeded."""
     from gpuenv import plan as plans
     from gpuenv.publish import pull_repository
 
@@ -137,7 +139,16 @@ def plan_and_build(
         engine, project, cells, ca_bundle=ca_bundle, no_cache=no_cache, pull_from=pull_from,
         contexts=contexts,
     )  # fmt: skip
-    return execute(engine, plan, reporter, jobs=jobs, keep_going=keep_going)
+    results = execute(engine, plan, reporter, jobs=jobs, keep_going=keep_going)
+    if reproducible and not failed(results):
+        from gpuenv.reproducible import normalize_images
+
+        exclude_newer = project.lock.exclude_newer if project.lock else None
+        for ref, image_id, changed in normalize_images(
+            engine, [c.image for c in cells], exclude_newer
+        ):
+            reporter.info(f"{ref}  {image_id[:19]}  {'' if changed else 'already '}normalised")
+    return results
 
 
 def execute(

@@ -122,17 +122,6 @@ class BuildPlan:
         return {"no_cache": self.no_cache, "cells": [p.to_json() for p in self.cells]}
 
 
-def ca_bundle_for(m: LoadedMatrix, explicit: Path | None) -> Path | None:
-    from gpuenv.ca import find_bundle
-
-    try:
-        return find_bundle(explicit, m.model.build.ca_bundle, m.dir)
-    except GpuenvError as exc:
-        if explicit is None and m.model.build.ca_bundle:
-            raise m.error(exc.message, ("build", "ca_bundle")) from None
-        raise
-
-
 def render_options(m: LoadedMatrix, ca_bundle: Path | None) -> RenderOptions:
     from gpuenv.render import RenderOptions
 
@@ -244,6 +233,18 @@ def make_plan(
             p.action, p.pull_ref = "pull", f"{pull_from}:{cell.name}"
         plans.append(p)
     return BuildPlan(plans, ca_bundle, no_cache, project.lock)
+
+
+def dry_run(
+    engine: Engine, project: Project, cells: list[Cell], ca_bundle: Path | None, no_cache: bool
+) -> BuildPlan:
+    """`gpuenv build --dry-run`: the plan a build would follow now, building nothing."""
+    from gpuenv.publish import pull_repository
+
+    return make_plan(
+        engine, project, cells, ca_bundle=ca_bundle, no_cache=no_cache,
+        pull_from=pull_repository(project),
+    )  # fmt: skip
 
 
 def describe(plan: BuildPlan) -> list[str]:

@@ -63,6 +63,19 @@ class Project:
             self._lock = (locks.load(self.lock_path),)
         return self._lock[0]
 
+    def ca_bundle(self, explicit: Path | None = None) -> Path | None:
+        """The CA bundle installs trust: --ca-bundle, the matrix's build.ca_bundle,
+        $GPUENV_CA_BUNDLE, $PIP_CERT (first found); None when there is none."""
+        from gpuenv.ca import find_bundle
+
+        m = self.matrix
+        try:
+            return find_bundle(explicit, m.model.build.ca_bundle, m.dir)
+        except GpuenvError as exc:
+            if explicit is None and m.model.build.ca_bundle:
+                raise m.error(exc.message, ("build", "ca_bundle")) from None
+            raise
+
     def select(self, patterns: list[str] | None) -> list[Cell]:
         return select(self.cells, patterns, self.path)
 

@@ -292,13 +292,13 @@ def target_for(engine: Engine, image: str | None, want_gpu: bool, file: Path | N
 
 
 def _build_for_run(engine: Engine, project: Project, cell: Cell) -> None:
-    from gpuenv import build, plan
+    from gpuenv import build
     from gpuenv.progress import ConsoleReporter
 
     print(f"gpuenv: {cell.image} is not built yet; building it first", file=sys.stderr)
     reporter = ConsoleReporter()
     try:
-        ca_bundle = plan.ca_bundle_for(project.matrix, None)
+        ca_bundle = project.ca_bundle(None)
         results = build.plan_and_build(engine, project, [cell], reporter, ca_bundle=ca_bundle)
     finally:
         reporter.close()

@@ -87,15 +87,9 @@ def build_cmd(
     with user_errors():
         project = open_project(file)
         cells = project.select(patterns)
-        bundle = plan.ca_bundle_for(project.matrix, ca_bundle)
-        eng = engine.connect()
+        bundle = project.ca_bundle(ca_bundle)
         if dry_run:
-            from gpuenv.publish import pull_repository
-
-            the_plan = plan.make_plan(
-                eng, project, cells, ca_bundle=bundle, no_cache=no_cache,
-                pull_from=pull_repository(project),
-            )  # fmt: skip
+            the_plan = plan.dry_run(engine.connect(), project, cells, bundle, no_cache)
             if as_json:
                 print_json(the_plan.to_json())
             else:
@@ -106,8 +100,8 @@ def build_cmd(
         reporter = ConsoleReporter()
         try:
             results = build.plan_and_build(
-                eng, project, cells, reporter, ca_bundle=bundle, jobs=jobs,
-                keep_going=keep_going, no_cache=no_cache,
+                engine.connect(), project, cells, reporter, ca_bundle=bundle, jobs=jobs,
+                keep_going=keep_going, no_cache=no_cache, reproducible=reproducible,
             )  # fmt: skip
         finally:
             reporter.close()
@@ -116,14 +110,6 @@ def build_cmd(
         else:
             summary(results)
         build.ensure_no_failures(results)
-        if reproducible:
-            from gpuenv.reproducible import normalize_images
-
-            exclude_newer = project.lock.exclude_newer if project.lock else None
-            for ref, image_id, changed in normalize_images(
-                eng, [c.image for c in cells], exclude_newer
-            ):
-                say(f"{ref}  {image_id[:19]}  {'normalised' if changed else 'already normalised'}")
     if validate:
         from gpuenv.cli.validate import validate_cmd
 

@@ -75,7 +75,7 @@ def render_cmd(
     with user_errors():
         project = open_project(file)
         cells = project.select(patterns)
-        bundle = plan.ca_bundle_for(project.matrix, ca_bundle)
+        bundle = project.ca_bundle(ca_bundle)
         contexts = plan.render_all(project, cells, bundle)  # all rendered before any write
         for ctx in contexts.values():
             try:

@@ -32,7 +32,7 @@ def push_cmd(
     ca_bundle: CaOption = None,
 ) -> None:
     """Tag and push the cells' images (and their aliases); report the digest per tag."""
-    from gpuenv import engine, plan, publish
+    from gpuenv import engine, publish
     from gpuenv.project import open_project
 
     def progress(r: publish.TagResult) -> None:
@@ -46,7 +46,7 @@ def push_cmd(
         project = open_project(file)
         results = publish.push_cells(
             engine.connect(), project, project.select(patterns), registry=registry,
-            aliases=aliases, ca_bundle=plan.ca_bundle_for(project.matrix, ca_bundle),
+            aliases=aliases, ca_bundle=project.ca_bundle(ca_bundle),
             on_result=progress,
         )  # fmt: skip
     if as_json:

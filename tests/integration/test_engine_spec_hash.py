@@ -46,11 +46,11 @@ def _load(path: Path):
 
 def _build_api(path: Path, engine=None) -> dict:
     """A build through the Python API, as the CLI calls it; results by cell name."""
-    from gpuenv import build, plan
+    from gpuenv import build
     from gpuenv import engine as engines
 
     project, cells = _load(path)
-    bundle = plan.ca_bundle_for(project.matrix, None)
+    bundle = project.ca_bundle(None)
     eng = engine or engines.connect()
     results = build.plan_and_build(
         eng, project, cells, build.Reporter(), ca_bundle=bundle, keep_going=True
@@ -64,7 +64,7 @@ def _plan(path: Path, engine=None) -> dict[str, dict]:
     from gpuenv import plan
 
     project, cells = _load(path)
-    bundle = plan.ca_bundle_for(project.matrix, None)
+    bundle = project.ca_bundle(None)
     the_plan = plan.make_plan(engine or engines.connect(), project, cells, ca_bundle=bundle)
     return {p["cell"]: p for p in the_plan.to_json()["cells"]}
 
