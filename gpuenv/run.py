@@ -172,8 +172,22 @@ class _Stopper:
             signal.signal(sig, handler)
 
 
+def check_bind_sources(binds: list[str]) -> None:
+    """Refuse a bind whose host path does not exist: Docker's -v would create it, empty and
+    owned by root, and a typo in a data path would train on nothing."""
+    for bind in binds:
+        src = bind.split(":", 1)[0]
+        if src.startswith("/") and not os.path.exists(src):
+            raise fail(
+                f"-v {bind}: {src} does not exist on this machine; fix the path, or create "
+                f"it first (mkdir -p {src})"
+            )
+
+
 def run(engine: Engine, opts: RunOptions) -> int:
     spec = container_spec(opts)
+    if engine.is_local:  # a remote engine's paths are on its host, not here
+        check_bind_sources(spec.binds)
     try:
         cid = engine.create(spec)
     except EngineError as exc:

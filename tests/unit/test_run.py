@@ -406,3 +406,13 @@ def test_gpu_preflight_judges_the_compute_capability(
     run.gpu_preflight(fake_engine(), target, parse_gpus("all"))
     err = capsys.readouterr().err
     assert ("PTX JIT" in err) if outcome == "warning" else err == ""
+
+
+def test_a_missing_bind_source_is_refused(tmp_path):
+    run.check_bind_sources([f"{tmp_path}:/work", "cache:/root/.cache"])  # exists; a volume
+    with pytest.raises(GpuenvError) as err:
+        run.check_bind_sources([f"{tmp_path}/no/such/dir:/data"])
+    assert err.value.exit_code == 125
+    assert "does not exist on this machine" in err.value.message
+    assert f"mkdir -p {tmp_path}/no/such/dir" in err.value.message
+    assert not (tmp_path / "no").exists()
