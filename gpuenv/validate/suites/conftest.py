@@ -50,7 +50,10 @@ class Box:
     def python(self, code: str) -> str:
         """Run Python in the image (its `python` on the PATH); fail with its stderr."""
         result = self.host.run("python -c %s", code)
-        assert result.rc == 0, f"python exited {result.rc}: {result.stderr.strip()[-800:]}"
+        # The exception (stderr's last line) first: the summary shows the first line only.
+        err = result.stderr.strip()
+        last = err.splitlines()[-1] if err else "no output"
+        assert result.rc == 0, f"python exited {result.rc}: {last}\n{err[-800:]}"
         return str(result.stdout)
 
     def python_json(self, code: str) -> Any:
