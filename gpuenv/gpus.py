@@ -170,8 +170,10 @@ def parse_nvidia_smi_banner(text: str) -> str | None:
     return m.group(1) if m else None
 
 
+# Whatever capabilities were asked: --gpus all gives [[gpu]], --gpus
+# 'capabilities=compute,utility' gives [[compute gpu utility]].
 GPU_UNAVAILABLE = re.compile(
-    r'could not select device driver "[^"]*" with capabilities: \[\[gpu\]\]'
+    r'could not select device driver "[^"]*" with capabilities: \[\[[^\]]*\]\]'
 )
 REQUIRE_FAILED = re.compile(r"unsatisfied condition: (cuda\s*>=\s*[\d.]+)")
 NO_DRIVER = re.compile(r"nvidia-container-cli: initialization error: (?:load library failed|nvml "

@@ -12,6 +12,7 @@ import pytest
 from gpuenv import compat
 from gpuenv.errors import GpuenvError
 from gpuenv.gpus import (
+    GPU_UNAVAILABLE,
     GpuInfo,
     GpuRequest,
     driver_tuple,
@@ -229,6 +230,17 @@ NO_TOOLKIT_CLI = (
 NO_TOOLKIT_COMPOSE = (
     'Error response from daemon: could not select device driver "nvidia" with capabilities: [[gpu]]'
 )
+# Recorded on this project's engine with --gpus 'capabilities=compute,utility': gpuenv sends
+# the capabilities sorted (the SDK's text), the docker CLI in its own order.
+NO_TOOLKIT_CAPS_SDK = (
+    "500 Server Error for http+docker://localhost/v1.41/containers/e22725c57c5e/start: "
+    'Internal Server Error ("could not select device driver "" with capabilities: '
+    '[[compute gpu utility]]")'
+)
+NO_TOOLKIT_CAPS_CLI = (
+    'docker: Error response from daemon: could not select device driver "" with '
+    "capabilities: [[compute utility gpu]]."
+)
 # https://github.com/MauriceNino/dashdot/issues/1226
 CUDA_REQUIREMENT = (
     "Error response from daemon: failed to create task for container: failed to create shim "
@@ -250,7 +262,10 @@ NO_DRIVER_LIBRARY = (
 NO_DRIVER_LOADED = "nvidia-container-cli: initialization error: nvml error: driver not loaded"
 
 
-@pytest.mark.parametrize("text", [NO_TOOLKIT_SDK, NO_TOOLKIT_CLI, NO_TOOLKIT_COMPOSE])
+@pytest.mark.parametrize(
+    "text",
+    [NO_TOOLKIT_SDK, NO_TOOLKIT_CLI, NO_TOOLKIT_COMPOSE, NO_TOOLKIT_CAPS_SDK, NO_TOOLKIT_CAPS_CLI],
+)
 def test_no_toolkit_names_the_toolkit_and_how_to_set_it_up(text):
     message = explain_start_error(text, "acme/tf:gpu")
     assert message is not None
@@ -259,6 +274,13 @@ def test_no_toolkit_names_the_toolkit_and_how_to_set_it_up(text):
     assert "nvidia-ctk runtime configure --runtime=docker" in message
     assert "restart dockerd" in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "text", [NO_TOOLKIT_SDK, NO_TOOLKIT_CAPS_SDK, NO_TOOLKIT_CAPS_CLI, NO_TOOLKIT_COMPOSE]
+)
+def test_gpu_unavailable_is_recognised_whatever_capabilities_were_asked(text):
+    assert GPU_UNAVAILABLE.search(text)
 
 
 @pytest.mark.parametrize(

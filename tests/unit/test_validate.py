@@ -271,3 +271,91 @@ def test_sizes_load_broken_file_is_an_error(tmp_path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
     with pytest.raises(GpuenvError, match=r"matrix\.sizes\.json"):
         sizes.load(path)
+
+
+# --------------------------------------------------------------------------- the suites
+# The suites' verdicts that need no container: they are decided before any command runs
+# in it (the fixtures' skips and failures, checks with nothing to compare). pytest runs the
+# suites as `gpuenv validate` does, on a targets file naming a container that does not exist.
+
+
+def run_suites(
+    tmp_path: Path, exp: dict, module: str, select: str, **target: object
+) -> dict[str, tuple[str, str]]:
+    """test name -> (outcome, message) for one target, from the suites' JUnit XML."""
+    import os
+    import subprocess
+    import sys
+    import xml.etree.ElementTree as ET
+
+    doc = {"id": "t", "image": "x", "expected": exp, "container": "no-such-container",
+           "gpu_container": None, "gpu_error": None, "gpus": None,
+           "config": {"User": "1000:1000", "Env": [], "Labels": {}}, "size": 0,
+           "baseline_size": None, "layers": [], **target}  # fmt: skip
+    targets = tmp_path / "targets.json"
+    targets.write_text(json.dumps([doc]))
+    xml = tmp_path / "junit.xml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", str(runner.SUITES / module), "-k", select,
+         "-c", str(runner.SUITES / "pytest.ini"), "--rootdir", str(runner.SUITES),
+         "-p", "no:cacheprovider", f"--junitxml={xml}", "-q"],
+        env={**os.environ, runner.TARGETS_ENV: str(targets)},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert xml.exists(), proc.stdout + proc.stderr
+    found = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        node = next(iter(case), None)
+        outcome = "passed" if node is None else node.tag
+        found[case.get("name", "").split("[")[0]] = (
+            outcome,
+            (node.get("message") or "") if node is not None else "",
+        )
+    return found
+
+
+GPU_DENIED = (
+    'this Docker Engine cannot give containers GPUs (could not select device driver "" '
+    "with capabilities: [[compute gpu utility]]): install the NVIDIA Container Toolkit"
+)
+
+
+def test_device_checks_fail_when_gpus_were_asked_for_but_not_given(tmp_path: Path) -> None:
+    exp = expected.from_cell(shipped(GPU_CELL))
+    request = {"Driver": "", "Count": -1, "DeviceIDs": None,
+               "Capabilities": [["compute", "gpu", "utility"]], "Options": {}}  # fmt: skip
+    found = run_suites(tmp_path, exp, "check_devices.py", "test_", gpus=request,
+                       gpu_error=GPU_DENIED)  # fmt: skip
+    assert len(found) == 4
+    for test, (outcome, message) in found.items():
+        # A fixture's pytest.fail is an error on setup: the summary counts it as failed.
+        assert outcome == "error", (test, outcome, message)
+        assert "--gpus was given but the engine could not start" in message
+        assert "could not select device driver" in message
+        assert "install the NVIDIA Container Toolkit" in message  # the fix
+
+
+def test_device_checks_are_skipped_without_gpus(tmp_path: Path) -> None:
+    found = run_suites(tmp_path, expected.from_cell(shipped(GPU_CELL)), "check_devices.py", "test_")
+    assert len(found) == 4
+    assert {o for o, _ in found.values()} == {"skipped"}
+    assert all("no --gpus given" in m for _, m in found.values())
+
+
+def test_a_check_with_nothing_to_check_is_skipped_not_passed(tmp_path: Path) -> None:
+    exp = expected.from_cell(shipped(CPU_CELL))  # no pip pins, no CUDA wheels
+    found = run_suites(tmp_path, exp, "check_image.py", "pinned_packages")
+    outcome, message = found["test_pinned_packages_are_installed"]
+    assert outcome == "skipped" and "nothing to check" in message, found
+
+
+def test_a_drifted_lock_entry_fails_the_lock_check(tmp_path: Path) -> None:
+    exp = {**expected.from_cell(shipped(CPU_CELL)), "lock_drift": "packages.pip changed"}
+    found = run_suites(tmp_path, exp, "check_image.py", "match_the_lock")
+    outcome, message = found["test_packages_match_the_lock"]
+    assert outcome == "failure", found
+    assert "drifted: packages.pip changed" in message and "gpuenv lock" in message
+    # Without a lock (and no drift) it is skipped with the reason, as before.
+    found = run_suites(tmp_path, expected.from_cell(shipped(CPU_CELL)), "check_image.py",
+                       "match_the_lock")  # fmt: skip
+    assert found["test_packages_match_the_lock"][0] == "skipped"

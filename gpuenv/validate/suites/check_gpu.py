@@ -64,21 +64,64 @@ def test_cuda_libraries_load_without_a_driver(box: Box) -> None:
 
 
 def test_ldd_finds_everything_but_libcuda(box: Box) -> None:
+    # ldd every shared object of the nvidia-* wheels. Fail closed: ldd must be there and
+    # succeed on each, and the libraries examined must include every one TensorFlow loads
+    # and at least one per wheel directory on the library path.
     sp = box.expected["site_packages"]
-    out = box.sh(
-        f"for f in {sp}/nvidia/*/lib/*.so*; do ldd $f | grep 'not found' | sed \"s|^|$f: |\"; done"
-    ).stdout
+    exp = box.expected
+    wanted = {**TF_LOADS, "cudnn": f"libcudnn.so.{exp['cudnn'].split('.')[0]}"}
+    code = (
+        "import glob, json, os, shutil, subprocess\n"
+        f"files = sorted(glob.glob({sp!r} + '/nvidia/*/lib/*.so*'))\n"
+        "ldd = shutil.which('ldd')\nout = {}\n"
+        "for f in files if ldd else []:\n"
+        "    p = subprocess.run([ldd, f], capture_output=True, text=True)\n"
+        "    out[f] = [p.returncode, p.stdout + p.stderr]\n"
+        "print(json.dumps({'ldd': ldd, 'files': files, 'out': out}))"
+    )
+    found = box.python_json(code)
+    assert found["ldd"], "ldd is not in the image: the libraries' dependencies cannot be checked"
+    examined = {f"{f.split('/')[-3]}/{f.split('/')[-1]}" for f in found["out"]}
+    # A library counts under any file name that starts with its soname (libcufft.so.11 or
+    # libcufft.so.11.2.3.61): whether it loads by its soname is the loading check's business.
+    absent = sorted(
+        f"{d}/{so}"
+        for d, so in wanted.items()
+        if not any(e.startswith(f"{d}/{so}") for e in examined)
+    )
+    absent += sorted(
+        f"{d}/*.so*"
+        for d in exp["nvidia_lib_dirs"]
+        if not any(e.startswith(d + "/") for e in examined)
+    )
+    assert not absent, f"ldd examined {len(examined)} libraries, not {absent} (under {sp}/nvidia)"
+    failed = [
+        f"{f}: exit {rc} {text.strip()[:120]}" for f, (rc, text) in found["out"].items() if rc
+    ]
+    assert not failed, "ldd failed on: " + "; ".join(failed[:5])
     missing = [
-        line.strip() for line in out.splitlines() if line.strip() and "libcuda.so.1" not in line
+        f"{f}: {line.strip()}"
+        for f, (_, text) in found["out"].items()
+        for line in text.splitlines()
+        if "not found" in line and "libcuda.so.1" not in line
     ]
     assert not missing, "unresolved libraries: " + "; ".join(missing[:10])
 
 
 def test_ptxas_is_found(box: Box) -> None:
+    import re
+
     result = box.sh("ptxas --version")
-    assert result.rc == 0, "ptxas not on the PATH"
-    release = box.expected["cuda_release"] or box.expected["cuda"]
-    assert f"release {box.expected['cuda']}" in result.stdout or release in result.stdout
+    assert result.rc == 0, f"ptxas not on the PATH: {result.stderr.strip()[:200]}"
+    # "Cuda compilation tools, release 12.5, V12.5.82": the cell's CUDA and, exactly, the
+    # release of the nvidia-cuda-nvcc-cu12 wheel the cell pins.
+    m = re.search(r"release (\d+\.\d+), V(\d+(?:\.\d+)+)", result.stdout)
+    assert m, f"ptxas --version names no release: {result.stdout.strip()[-200:]}"
+    wanted = (box.expected["cuda"], box.expected["wheels"].get("nvidia-cuda-nvcc-cu12"))
+    assert m.groups() == wanted, (
+        f"ptxas is release {m.group(1)}, V{m.group(2)}; expected release {wanted[0]}, "
+        f"V{wanted[1]} (nvidia-cuda-nvcc-cu12=={wanted[1]})"
+    )
 
 
 def test_tensorflow_build_info_agrees(box: Box) -> None:

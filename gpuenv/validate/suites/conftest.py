@@ -1,5 +1,9 @@
 """Fixtures for the validation suites: one parameter per image, a testinfra host for its
-container (the docker:// backend, as the image's default user), and what it must hold."""
+container (the docker:// backend, as the image's default user), and what it must hold.
+
+``box`` runs commands as the image's default user, as users get it. ``root_box`` runs them
+as root, for the checks that must see every file (leftovers under /root, driver files
+anywhere): a check that cannot read a directory must not pass for want of seeing it."""
 
 from __future__ import annotations
 
@@ -46,7 +50,10 @@ class Box:
     def python(self, code: str) -> str:
         """Run Python in the image (its `python` on the PATH); fail with its stderr."""
         result = self.host.run("python -c %s", code)
-        assert result.rc == 0, f"python exited {result.rc}: {result.stderr.strip()[-800:]}"
+        # The exception (stderr's last line) first: the summary shows the first line only.
+        err = result.stderr.strip()
+        last = err.splitlines()[-1] if err else "no output"
+        assert result.rc == 0, f"python exited {result.rc}: {last}\n{err[-800:]}"
         return str(result.stdout)
 
     def python_json(self, code: str) -> Any:
@@ -59,9 +66,22 @@ def box(target: dict[str, Any]) -> Box:
 
 
 @pytest.fixture
+def root_box(target: dict[str, Any]) -> Box:
+    """The same container, commands run as root (docker exec -u root)."""
+    return Box(testinfra.get_host(f"docker://root@{target['container']}"), target)
+
+
+@pytest.fixture
 def gpu_box(target: dict[str, Any]) -> Box:
     if target["gpus"] is None:
         pytest.skip("no --gpus given: device checks need `gpuenv validate --gpus all`")
-    if target["gpu_error"]:
-        pytest.skip(f"no GPU here: {target['gpu_error']}")
+    if target["gpu_error"] or not target["gpu_container"]:
+        # The user asked for GPUs: a container that could not get them is a failure (with
+        # the engine's reason and the fix), never a skip that would read as "nothing wrong".
+        pytest.fail(
+            "--gpus was given but the engine could not start a container with the requested "
+            f"GPUs: {target['gpu_error'] or 'no GPU container was started'} "
+            "(`gpuenv doctor` checks this host's GPU setup)",
+            pytrace=False,
+        )
     return Box(testinfra.get_host(f"docker://{target['gpu_container']}"), target)
