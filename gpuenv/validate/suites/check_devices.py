@@ -48,3 +48,19 @@ def test_cudnn_lstm_runs(gpu_box: Box) -> None:
     )
     last = gpu_box.python(code).strip().splitlines()[-1]
     assert "(4, 16)" in last and "GPU:0" in last
+
+
+def test_gpu_compute_capability_runs_the_framework(gpu_box: Box) -> None:
+    """A GPU the framework's wheel has no kernels for fails at run time with "no kernel image
+    is available"; one it reaches only by PTX JIT is slower to start (gpuenv/capability.py)."""
+    from gpuenv.capability import gpu_verdict
+    from gpuenv.gpus import parse_nvidia_smi_query
+
+    query = "nvidia-smi --query-gpu=driver_version,name,compute_cap --format=csv,noheader"
+    result = gpu_box.sh(query)
+    assert result.rc == 0, result.stderr
+    gpus = parse_nvidia_smi_query(result.stdout)
+    assert gpus, f"nvidia-smi listed no GPU: {result.stdout!r}"
+    expected = gpu_box.expected
+    verdict = gpu_verdict(gpus, expected["framework"], expected["framework_version"])
+    assert verdict.level != "error", verdict.message

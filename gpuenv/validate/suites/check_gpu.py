@@ -140,7 +140,7 @@ def test_tensorflow_build_info_agrees(box: Box) -> None:
 
 
 def test_nvidia_environment(box: Box) -> None:
-    env = dict(e.split("=", 1) for e in box.target["config"]["Env"])
+    env = dict(e.split("=", 1) for e in box.config["Env"])
     assert env.get("NVIDIA_DRIVER_CAPABILITIES") == "compute,utility"
     major = box.expected["cuda"].split(".")[0]
     assert env.get("NVIDIA_REQUIRE_CUDA") == f"cuda>={major}.0"
@@ -148,7 +148,7 @@ def test_nvidia_environment(box: Box) -> None:
 
 
 def test_library_path_reaches_the_wheels(box: Box) -> None:
-    env = dict(e.split("=", 1) for e in box.target["config"]["Env"])
+    env = dict(e.split("=", 1) for e in box.config["Env"])
     paths = env.get("LD_LIBRARY_PATH", "").split(":")
     sp = box.expected["site_packages"]
     wanted = [f"{sp}/nvidia/{d}/lib" for d in box.expected["nvidia_lib_dirs"]]

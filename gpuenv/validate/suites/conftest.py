@@ -47,6 +47,14 @@ class Box:
     def sh(self, command: str) -> Any:
         return self.host.run(command)
 
+    @property
+    def config(self) -> dict[str, Any]:
+        """The image's config (User, Env, Labels). An environment reached with --host has
+        none to read (a VM, a pod's node): checks of it are skipped, saying so."""
+        if not self.target.get("image_known", True):
+            pytest.skip(f"no image config to read behind --host {self.target['host']}")
+        return dict(self.target["config"])
+
     def python(self, code: str) -> str:
         """Run Python in the image (its `python` on the PATH); fail with its stderr."""
         result = self.host.run("python -c %s", code)
@@ -60,21 +68,33 @@ class Box:
         return json.loads(self.python(code).strip().splitlines()[-1])
 
 
+def _url(target: dict[str, Any], root: bool = False) -> str:
+    """The testinfra backend: the container gpuenv started, or the --host URL given."""
+    host = target.get("host")
+    if host is None:
+        return f"docker://{'root@' if root else ''}{target['container']}"
+    if root and host.startswith("docker://"):
+        return "docker://root@" + host.removeprefix("docker://").split("@")[-1]
+    return str(host)  # elsewhere, as whoever --host logs in as
+
+
 @pytest.fixture
 def box(target: dict[str, Any]) -> Box:
-    return Box(testinfra.get_host(f"docker://{target['container']}"), target)
+    return Box(testinfra.get_host(_url(target)), target)
 
 
 @pytest.fixture
 def root_box(target: dict[str, Any]) -> Box:
-    """The same container, commands run as root (docker exec -u root)."""
-    return Box(testinfra.get_host(f"docker://root@{target['container']}"), target)
+    """The same environment, commands run as root (docker exec -u root)."""
+    return Box(testinfra.get_host(_url(target, root=True)), target)
 
 
 @pytest.fixture
 def gpu_box(target: dict[str, Any]) -> Box:
     if target["gpus"] is None:
         pytest.skip("no --gpus given: device checks need `gpuenv validate --gpus all`")
+    if target.get("host") is not None:  # the environment as it is: its devices are its own
+        return Box(testinfra.get_host(_url(target)), target)
     if target["gpu_error"] or not target["gpu_container"]:
         # The user asked for GPUs: a container that could not get them is a failure (with
         # the engine's reason and the fix), never a skip that would read as "nothing wrong".
