@@ -55,9 +55,13 @@ BUILD_TIMEOUT = 1800
 
 
 def free_port() -> int:
+    """A loopback port nothing listens on now. Claimed for the session: a failed push there
+    still leaves the local tags gpuenv made for it, and the janitor removes them."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        port = int(s.getsockname()[1])
+    cleanup.claim_registry(f"127.0.0.1:{port}")
+    return port
 
 
 def shipped_text(*, name: str | None = None, extra: str = "") -> str:
@@ -86,7 +90,7 @@ class Cli:
         env: dict[str, str] | None = None,
         timeout: float = 900,
     ) -> Proc:
-        full = clean_env(XDG_CACHE_HOME=str(self.cache), **(env or {}))
+        full = clean_env(**{"XDG_CACHE_HOME": str(self.cache), **(env or {})})
         return gpuenv_cmd(*args, check=check, env=full, timeout=timeout)
 
 
@@ -189,8 +193,7 @@ def registry() -> Iterator[Registry]:
         [binary, "serve", str(config)], stdin=subprocess.DEVNULL, stdout=log,
         stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
-    reg = Registry(f"127.0.0.1:{port}", proc.pid)
-    cleanup.claim_registry(reg.host)
+    reg = Registry(f"127.0.0.1:{port}", proc.pid)  # claimed by free_port
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -4,8 +4,9 @@ with other people's test sessions, running now, whose images and containers look
 Images. The tests cannot label what the gpuenv CLI builds, so the janitor decides "created by
 this session" from a snapshot taken when the session (or a module) starts:
 
-1. A reference in a registry this session serves (``claim_registry``: the loopback registry
-   on a port it picked), tag or digest, that did not exist at the start: untagged.
+1. A reference under a loopback host:port this session picked (``claim_registry``: its
+   registries, and the closed ports it pushes to), tag or digest, that did not exist at
+   the start: untagged.
 2. An image whose ID did not exist at the start and whose tags all lie in the given test
    repositories (cells.TEST_REPOSITORIES, or a module's own subset): its tags are removed,
    and with the last one the image. An image that also carries a name outside them (say
@@ -43,7 +44,7 @@ from support.engine import SESSION_LABEL, docker
 GPUENV_LABELS = ("io.gpuenv.run", "io.gpuenv.probe", "io.gpuenv.validate", "io.gpuenv.diff")
 TITLE = "org.opencontainers.image.title"
 
-_registries: set[str] = set()  # host:port of the registries this session serves
+_registries: set[str] = set()  # loopback host:port this session picked (registries)
 _dirs: set[Path] = set()  # directories this session made (containers' bind mounts)
 
 
