@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,117 +33,58 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-from dockerd import second_dockerd
+from support import cells, cleanup
+from support.cli import Proc, gpuenv_cmd
+from support.cli import output as output
+from support.dockerd import second_dockerd
+from support.engine import docker as docker
+from support.engine import image_id as image_id
 
-REPO = Path(__file__).resolve().parents[2]
+CELL = cells.CPU_CELL
+BASE = cells.BASE_IMAGE
 REPOSITORY = "gpuenv-test/lock"  # the locked cell's images
 BAD_REPOSITORY = "gpuenv-test/lock-bad"  # builds that must fail (drift, tampered hash)
 # Other tags of the cell's builds. Another repository: removing an image by ID (as a rebuild
 # does with the build it supersedes) also removes its other tags in the same repository.
 KEEP_REPOSITORY = "gpuenv-test/lock-keep"
 OUR_REPOSITORIES = (REPOSITORY, BAD_REPOSITORY, KEEP_REPOSITORY)
-CELL = "tf2.21-py3.11-cpu"
 IMAGE = f"{REPOSITORY}:{CELL}"
 FIRST = f"{KEEP_REPOSITORY}:first"
-BASE = "gpuenv/debian:bookworm"
 # Resolve as of this date: TF 2.21.0 is older, and the lock stays the same month to month.
 EXCLUDE_NEWER = "2026-11-01"
 BUILD_TIMEOUT = 900
 # Labels of the containers gpuenv starts to look into images (none may be left behind).
-CONTAINER_LABELS = ("io.gpuenv.validate=1", "io.gpuenv.diff=1", "io.gpuenv.probe=1")
-
-
-def _gpuenv_argv() -> list[str]:
-    script = Path(sys.executable).parent / "gpuenv"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuenv"]
-
-
-GPUENV = _gpuenv_argv()
-
-
-def docker(
-    *args: str, host: str | None = None, check: bool = True, timeout: float = 600
-) -> subprocess.CompletedProcess[str]:
-    argv = ["docker", *(["-H", host] if host else []), *args]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def image_id(ref: str, host: str | None = None) -> str | None:
-    proc = docker("image", "inspect", "-f", "{{.Id}}", ref, host=host, check=False)
-    return proc.stdout.strip() if proc.returncode == 0 else None
+CONTAINER_LABELS = ("io.gpuenv.validate", "io.gpuenv.diff", "io.gpuenv.probe")
 
 
 def matrix_text(name: str = REPOSITORY, pip: tuple[str, ...] = ()) -> str:
-    """JSON is YAML; json.dumps keeps the version strings quoted."""
-    doc = {
-        "name": name,
-        "matrix": {"tensorflow": ["2.21"], "python": ["3.11"], "variant": ["cpu"]},
-        "bases": {"3.11": {"debian": "bookworm"}},
-        "packages": {"pip": list(pip), "apt": []},
-    }
-    return json.dumps(doc, indent=2) + "\n"
-
-
-def output(proc: subprocess.CompletedProcess[str]) -> str:
-    out, err = proc.stdout[-4000:], proc.stderr[-4000:]
-    return f"exit {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"
+    """The locked cell's matrix (CPU only), under another name or with more pip packages."""
+    return cells.matrix_text(name=name, variants=("cpu",), pip=list(pip))
 
 
 # --------------------------------------------------------------------------- the CLI
 
 
 @pytest.fixture(scope="session")
-def lock_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """lock_cli("build", ..., host=None, timeout=...) -> CompletedProcess (text)."""
+def lock_cli() -> Callable[..., Proc]:
+    """lock_cli("build", ..., host=None, timeout=...) -> CompletedProcess (text), unchecked."""
 
-    def cli(
-        *args: str, host: str | None = None, timeout: float = BUILD_TIMEOUT
-    ) -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ)
-        if host is not None:
-            env["DOCKER_HOST"] = host
-        return subprocess.run(
-            [*GPUENV, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env
-        )
+    def cli(*args: str, host: str | None = None, timeout: float = BUILD_TIMEOUT) -> Proc:
+        return gpuenv_cmd(*args, host=host, timeout=timeout, check=False)
 
     return cli
 
 
-# --------------------------------------------------------------------------- images
-
-
-def _all_ids(host: str | None = None) -> set[str]:
-    return set(docker("images", "-a", "-q", "--no-trunc", host=host).stdout.split())
-
-
-def _our_tags() -> list[str]:
-    out = docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
-    return [t for t in out if t.rpartition(":")[0] in OUR_REPOSITORIES]
-
-
-def _title(ref: str) -> str:
-    proc = docker(
-        "image", "inspect", "-f", '{{index .Config.Labels "org.opencontainers.image.title"}}',
-        ref, check=False,
-    )  # fmt: skip
-    return proc.stdout.strip() if proc.returncode == 0 else ""
+# --------------------------------------------------------------------------- images and containers
 
 
 @pytest.fixture(scope="module")
 def lock_janitor() -> Iterator[None]:
-    """Afterwards: remove the test repositories' tags and the untagged images named after
-    them that this module created. Nothing else (the engine may be shared)."""
-    before = _all_ids()
+    """Afterwards: what the module created in its repositories (support/cleanup.py's rule,
+    applied when the module ends rather than the session, to free the disk sooner)."""
+    before = cleanup.Snapshot.take()
     yield
-    for tag in _our_tags():
-        docker("rmi", tag, check=False)
-    dangling = set(docker("images", "-q", "--no-trunc", "-f", "dangling=true").stdout.split())
-    for iid in dangling - before:
-        if _title(iid).rpartition(":")[0] in OUR_REPOSITORIES:
-            docker("rmi", iid, check=False)
+    cleanup.sweep(before, OUR_REPOSITORIES)
 
 
 @pytest.fixture
@@ -153,22 +93,14 @@ def no_leftover_containers() -> Iterator[None]:
     test repositories' images behind (others' containers on a shared engine are not ours)."""
 
     def ours() -> dict[str, str]:
-        found: dict[str, str] = {}
-        for label in CONTAINER_LABELS:
-            out = docker("ps", "-a", "--no-trunc", "--filter", f"label={label}",
-                         "--format", "{{.ID}} {{.Image}} {{.Status}}").stdout  # fmt: skip
-            for line in out.splitlines():
-                cid, ref, status = line.split(" ", 2)
-                if ref.rpartition(":")[0] in OUR_REPOSITORIES:
-                    found[cid] = f"{cid[:12]} {label} {ref} {status}"
-        return found
+        return {
+            cid: cleanup.describe(c)
+            for cid, c in cleanup.containers(CONTAINER_LABELS).items()
+            if cells.repository(c["Config"]["Image"]) in OUR_REPOSITORIES
+        }
 
-    before = ours()
-    yield
-    left = {cid: what for cid, what in ours().items() if cid not in before}
-    for cid in left:
-        docker("rm", "-f", cid, check=False)
-    assert not left, f"gpuenv left containers behind: {sorted(left.values())}"
+    with cleanup.fails_on_leftovers(ours):
+        yield
 
 
 # --------------------------------------------------------------------------- the locked cell

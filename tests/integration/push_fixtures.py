@@ -10,8 +10,9 @@
   later pushes of the same layers only check or mount them.
 - ``fake_registry``: a tiny http.server on loopback that answers like a broken registry
   (``"5xx"`` or ``"401"``), started and stopped by the test.
-- ``loopback_refs`` (every ``cli`` user has it): after the session, removes every
-  127.0.0.1:* tag and digest reference the session created (pushes tag, pulls add).
+- ``loopback_refs``: lists the engine's 127.0.0.1:* references. The registries above are
+  claimed for the session (support/cleanup.py): the janitor removes every reference the
+  session created under them (pushes tag, pulls add).
 
 Every command runs the installed CLI in a subprocess with XDG_CACHE_HOME in a temporary
 directory, so validation records from this machine's real cache never decide a refusal.
@@ -27,7 +28,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -39,38 +39,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import cleanup
+from support.cells import CPU_CELL as CPU_CELL
+from support.cells import CPU_IMAGE as CPU_IMAGE
+from support.cells import EXTRA_PIP as EXTRA_PIP
+from support.cells import REPO as REPO
+from support.cells import SHIPPED_MATRIX
+from support.cli import Proc, build_json, clean_env, gpuenv_cmd
+from support.engine import docker as docker_cmd
+from support.engine import inspect as inspect
 
-REPO = Path(__file__).resolve().parents[2]
-SHIPPED_MATRIX = REPO / "matrix.yaml"
-CPU_CELL = "tf2.21-py3.11-cpu"
-CPU_IMAGE = f"gpuenv/tensorflow:{CPU_CELL}"
 PUSHPULL = "gpuenv-test/pushpull"  # a repository of its own for the pull-before-build test
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
-EXTRA_PIP = "certifi==2026.10.18"  # as conftest.py's: changes the spec hash, not the contents
 BUILD_TIMEOUT = 1800
 
 
-def gpuenv_argv() -> list[str]:
-    script = Path(sys.executable).parent / "gpuenv"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuenv"]
-
-
 def free_port() -> int:
+    """A loopback port nothing listens on now. Claimed for the session: a failed push there
+    still leaves the local tags gpuenv made for it, and the janitor removes them."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def docker_cmd(*args: str, check: bool = True, timeout: float = 600) -> Any:
-    proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
-    return proc
-
-
-def inspect(ref: str) -> dict[str, Any] | None:
-    proc = docker_cmd("image", "inspect", ref, check=False)
-    return json.loads(proc.stdout)[0] if proc.returncode == 0 else None
+        port = int(s.getsockname()[1])
+    cleanup.claim_registry(f"127.0.0.1:{port}")
+    return port
 
 
 def shipped_text(*, name: str | None = None, extra: str = "") -> str:
@@ -98,20 +89,9 @@ class Cli:
         check: bool = True,
         env: dict[str, str] | None = None,
         timeout: float = 900,
-    ) -> subprocess.CompletedProcess[str]:
-        full = {k: v for k, v in os.environ.items() if not k.startswith("GPUENV_")}
-        full["XDG_CACHE_HOME"] = str(self.cache)
-        full.update(env or {})
-        proc = subprocess.run(
-            [*gpuenv_argv(), *args], capture_output=True, text=True, timeout=timeout,
-            cwd=REPO, env=full,
-        )  # fmt: skip
-        if check and proc.returncode != 0:
-            raise AssertionError(
-                f"gpuenv {' '.join(args)} exited {proc.returncode}\n"
-                f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
-            )
-        return proc
+    ) -> Proc:
+        full = clean_env(**{"XDG_CACHE_HOME": str(self.cache), **(env or {})})
+        return gpuenv_cmd(*args, check=check, env=full, timeout=timeout)
 
 
 @pytest.fixture(scope="session")
@@ -125,7 +105,7 @@ def cli(publish_cache: Path, loopback_refs: Callable[[], set[str]]) -> Cli:
     return Cli(publish_cache)
 
 
-def results_by_ref(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
+def results_by_ref(proc: Proc) -> dict[str, dict[str, Any]]:
     return {r["ref"]: r for r in json.loads(proc.stdout)["results"]}
 
 
@@ -149,13 +129,10 @@ def _loopback_refs() -> set[str]:
 
 
 @pytest.fixture(scope="session")
-def loopback_refs() -> Iterator[Callable[[], set[str]]]:
-    """Removes, after the session, every 127.0.0.1:* reference it created; yields a function
-    listing the current ones."""
-    before = _loopback_refs()
-    yield _loopback_refs
-    for ref in sorted(_loopback_refs() - before, key=lambda r: "@" in r):
-        docker_cmd("rmi", ref, check=False)
+def loopback_refs() -> Callable[[], set[str]]:
+    """A function listing the engine's 127.0.0.1:* references. Those the session creates in
+    its registries are removed by the session janitor (support/cleanup.py, claim_registry)."""
+    return _loopback_refs
 
 
 # --------------------------------------------------------------------------- the registry
@@ -216,7 +193,7 @@ def registry() -> Iterator[Registry]:
         [binary, "serve", str(config)], stdin=subprocess.DEVNULL, stdout=log,
         stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
-    reg = Registry(f"127.0.0.1:{port}", proc.pid)
+    reg = Registry(f"127.0.0.1:{port}", proc.pid)  # claimed by free_port
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -251,8 +228,8 @@ def registry() -> Iterator[Registry]:
 @pytest.fixture(scope="session")
 def cpu_built(cli: Cli) -> dict[str, Any]:
     """The shipped CPU cell's image (built once if missing or stale; cached otherwise)."""
-    proc = cli("build", CPU_CELL, "-f", str(SHIPPED_MATRIX), "--json", timeout=BUILD_TIMEOUT)
-    result = {r["cell"]: r for r in json.loads(proc.stdout)["results"]}[CPU_CELL]
+    result = build_json(cli("build", CPU_CELL, "-f", str(SHIPPED_MATRIX), "--json",
+                            timeout=BUILD_TIMEOUT))[CPU_CELL]  # fmt: skip
     assert result["status"] in ("built", "cached", "pulled"), result
     info = inspect(CPU_IMAGE)
     assert info is not None
@@ -352,7 +329,9 @@ def fake_registry() -> Iterator[Callable[[str], FakeRegistry]]:
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         servers.append(server)
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        return FakeRegistry(f"127.0.0.1:{server.server_address[1]}", seen)
+        host = f"127.0.0.1:{server.server_address[1]}"
+        cleanup.claim_registry(host)
+        return FakeRegistry(host, seen)
 
     yield start
     for server in servers:

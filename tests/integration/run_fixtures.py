@@ -38,56 +38,34 @@ from typing import Any
 
 import docker
 import pytest
-from dockerd import second_dockerd
+from support import cleanup
+from support.cells import BASE_IMAGE, CPU_IMAGE, GPU_IMAGE, REPO
+from support.cells import CPU_CELL as CPU_CELL
+from support.cells import GPU_CELL as GPU_CELL
+from support.cells import SHIPPED_MATRIX as SHIPPED_MATRIX
+from support.cli import GPUENV as GPUENV
+from support.cli import build_cells, clean_env
+from support.dockerd import second_dockerd
+from support.engine import has_image
 
-REPO = Path(__file__).resolve().parents[2]
-SHIPPED_MATRIX = REPO / "matrix.yaml"
-CPU_CELL = "tf2.21-py3.11-cpu"
-GPU_CELL = "tf2.21-py3.11-cuda12.5-gpu"
-CPU_IMAGE = f"gpuenv/tensorflow:{CPU_CELL}"
-GPU_IMAGE = f"gpuenv/tensorflow:{GPU_CELL}"
-SMALL_IMAGE = "gpuenv/debian:bookworm"  # the cells' base: ~125 MB, cheap to copy
+SMALL_IMAGE = BASE_IMAGE  # the cells' base: ~125 MB, cheap to copy
 RUN_LABEL = "io.gpuenv.run=1"
 PROBE_LABEL = "io.gpuenv.probe=1"
 STOP_GRACE = 2  # $GPUENV_STOP_GRACE for the tests (gpuenv's default is 10 s)
 
 
-def _gpuenv_argv() -> list[str]:
-    """The installed CLI next to the interpreter running pytest, else `python -m gpuenv`."""
-    script = Path(sys.executable).parent / "gpuenv"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuenv"]
-
-
-GPUENV = _gpuenv_argv()
-
-
 def base_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUENV_")}
-    env["GPUENV_STOP_GRACE"] = str(STOP_GRACE)
-    env.update(extra)
-    return env
+    return clean_env(GPUENV_STOP_GRACE=str(STOP_GRACE), **extra)
 
 
 # --------------------------------------------------------------------------- images
 
 
-def _has_image(ref: str) -> bool:
-    proc = subprocess.run(["docker", "image", "inspect", ref], capture_output=True, timeout=60)
-    return proc.returncode == 0
-
-
 @pytest.fixture(scope="session")
 def cpu_image() -> str:
     """The shipped CPU cell's image; `gpuenv build` makes it once when it is missing."""
-    if not _has_image(CPU_IMAGE):
-        proc = subprocess.run(
-            [*GPUENV, "build", CPU_CELL, "-f", str(SHIPPED_MATRIX)],
-            capture_output=True,
-            text=True,
-            timeout=1800,
-            cwd=REPO,
-        )
-        assert proc.returncode == 0, f"gpuenv build {CPU_CELL} failed:\n{proc.stderr[-3000:]}"
+    if not has_image(CPU_IMAGE):
+        build_cells(CPU_CELL)
     return CPU_IMAGE
 
 
@@ -95,7 +73,7 @@ def cpu_image() -> str:
 def gpu_image() -> str:
     """The shipped GPU cell's image when it is already built (the run tests never build
     5 GB of CUDA wheels just to check which image `-i` picked)."""
-    if not _has_image(GPU_IMAGE):
+    if not has_image(GPU_IMAGE):
         pytest.skip(f"{GPU_IMAGE} is not built (gpuenv build {GPU_CELL})")
     return GPU_IMAGE
 
@@ -108,6 +86,7 @@ def workdir() -> Iterator[Path]:
     """A fresh working directory that any uid can reach (pytest's tmp_path is root-only)."""
     path = Path(tempfile.mkdtemp(prefix="gpuenv-run-", dir="/tmp"))
     path.chmod(0o755)
+    cleanup.claim_dir(path)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -270,17 +249,14 @@ def containers_of(client: docker.DockerClient, workdir: Path) -> list[Any]:
 
 @pytest.fixture
 def leftovers(docker_client: docker.DockerClient, workdir: Path) -> Iterator[Callable[[], list]]:
-    """leftovers() -> containers gpuenv left for this test; checked again after the test."""
+    """leftovers() -> containers gpuenv left for this test; checked again after the test
+    (support/cleanup.py's fails_on_leftovers: new ones fail it, and are removed)."""
 
     def now() -> list[Any]:
         return containers_of(docker_client, workdir)
 
-    yield now
-    left = now()
-    for c in left:
-        with contextlib.suppress(docker.errors.APIError):
-            c.remove(force=True)
-    assert not left, f"gpuenv left containers behind: {[c.short_id for c in left]}"
+    with cleanup.fails_on_leftovers(lambda: {c.id: c.short_id for c in now()}):
+        yield now
 
 
 def wait_for_container(
@@ -414,7 +390,7 @@ class GpuEngine:
 def gpu_engine() -> Iterator[GpuEngine]:
     """A second dockerd (tests/integration/dockerd.py) with a stand-in hook on its PATH, so
     that it accepts --gpus (and injects NVIDIA_VISIBLE_DEVICES). SMALL_IMAGE is copied in."""
-    if not _has_image(SMALL_IMAGE):
+    if not has_image(SMALL_IMAGE):
         pytest.skip(f"{SMALL_IMAGE} is missing (gpuenv base makes it)")
 
     def install_hook(root: Path) -> Path:

@@ -94,7 +94,7 @@ def failed_checks(stdout: str) -> dict[str, str]:
 # --------------------------------------------------------------------------- (a) lock, build
 
 
-def test_lock_build_and_validate(locked_matrix, first_build, lock_cli, tmp_path):
+def test_lock_build_and_validate(locked_matrix, first_build, lock_cli, in_image, tmp_path):
     lock_file = locked_matrix.with_suffix(".lock")
     text = lock_file.read_text()
     doc = yaml.safe_load(text)
@@ -118,8 +118,7 @@ def test_lock_build_and_validate(locked_matrix, first_build, lock_cli, tmp_path)
     assert lock_file.read_text() == text
 
     # The image holds the lock it was installed from.
-    inside = docker("run", "--rm", "--network", "none", IMAGE, "cat", "/opt/gpuenv/python-env.txt")
-    assert inside.stdout == env
+    assert in_image(IMAGE, "cat", "/opt/gpuenv/python-env.txt") == env
 
     xml = tmp_path / "validate.xml"
     proc = lock_cli("validate", "-f", str(locked_matrix), CELL, "--junitxml", str(xml))

@@ -19,22 +19,23 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from support import cleanup
+from support.cells import CPU_CELL as CPU_CELL
+from support.cells import CPU_IMAGE as CPU_IMAGE
+from support.cells import GPU_CELL as GPU_CELL
+from support.cells import GPU_IMAGE as GPU_IMAGE
+from support.cells import SHIPPED_MATRIX as SHIPPED_MATRIX
+from support.cli import build_cells, gpuenv_cmd
+from support.engine import docker, has_image
 
-REPO = Path(__file__).resolve().parents[2]
-SHIPPED_MATRIX = REPO / "matrix.yaml"
-CPU_CELL = "tf2.21-py3.11-cpu"
-GPU_CELL = "tf2.21-py3.11-cuda12.5-gpu"
-CPU_IMAGE = f"gpuenv/tensorflow:{CPU_CELL}"
-GPU_IMAGE = f"gpuenv/tensorflow:{GPU_CELL}"
 BROKEN_REPOSITORY = "gpuenv-test/broken"
-VALIDATE_LABEL = "io.gpuenv.validate=1"
+VALIDATE_LABEL = "io.gpuenv.validate"
 # The cuDNN release the broken GPU image gets instead of the cell's 9.3.0.75: the catalog's
 # pin for CUDA 12.6 / cuDNN 9.5, so a real wheel (~545 MB).
 OTHER_CUDNN = "9.5.1.17"
@@ -71,27 +72,6 @@ DEVICE_CHECKS = (
 )
 
 
-def _gpuenv_argv() -> list[str]:
-    script = Path(sys.executable).parent / "gpuenv"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gpuenv"]
-
-
-GPUENV = _gpuenv_argv()
-
-
-def _docker(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        ["docker", *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
-    return proc
-
-
-def _has_image(ref: str) -> bool:
-    return _docker("image", "inspect", ref, check=False).returncode == 0
-
-
 # --------------------------------------------------------------------------- the CLI
 
 
@@ -123,9 +103,7 @@ def validate_cli() -> Callable[..., CliResult]:
     """validate_cli("validate", ..., timeout=600) -> CliResult, run from the repo root."""
 
     def cli(*args: str, timeout: float = 600) -> CliResult:
-        proc = subprocess.run(
-            [*GPUENV, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
-        )
+        proc = gpuenv_cmd(*args, check=False, timeout=timeout)
         return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
     return cli
@@ -135,16 +113,9 @@ def validate_cli() -> Callable[..., CliResult]:
 def validate_images() -> tuple[str, str]:
     """The shipped CPU and GPU images (built once by `gpuenv build` when missing)."""
     missing = [cell for cell, ref in ((CPU_CELL, CPU_IMAGE), (GPU_CELL, GPU_IMAGE))
-               if not _has_image(ref)]  # fmt: skip
+               if not has_image(ref)]  # fmt: skip
     if missing:
-        proc = subprocess.run(
-            [*GPUENV, "build", *missing, "-f", str(SHIPPED_MATRIX)],
-            capture_output=True,
-            text=True,
-            timeout=1800,
-            cwd=REPO,
-        )
-        assert proc.returncode == 0, f"gpuenv build {missing} failed:\n{proc.stderr[-3000:]}"
+        build_cells(*missing)
     return CPU_IMAGE, GPU_IMAGE
 
 
@@ -187,19 +158,16 @@ def junit_outcomes() -> Callable[[Path], dict[str, dict[str, Outcome]]]:
 # --------------------------------------------------------------------------- leftovers
 
 
-def _validate_containers() -> set[str]:
-    out = _docker("ps", "-a", "-q", "--no-trunc", "--filter", f"label={VALIDATE_LABEL}").stdout
-    return set(out.split())
-
-
 @pytest.fixture
 def validate_leftovers() -> Iterator[None]:
-    before = _validate_containers()
-    yield
-    left = _validate_containers() - before
-    for cid in left:
-        _docker("rm", "-f", cid, check=False)
-    assert not left, f"gpuenv validate left containers behind: {sorted(left)}"
+    """Fails (and cleans up) when a validation container new since the test started is
+    still there afterwards."""
+
+    def found() -> dict[str, str]:
+        return {cid: cleanup.describe(c) for cid, c in cleanup.containers([VALIDATE_LABEL]).items()}
+
+    with cleanup.fails_on_leftovers(found):
+        yield
 
 
 # --------------------------------------------------------------------------- broken images
@@ -320,11 +288,11 @@ def broken_image(
             _FILES[maker](context, name)
         ref = f"{BROKEN_REPOSITORY}:{case}"
         built[case] = ref  # removed at teardown even when the build fails half-way
-        proc = _docker("build", "--network", "host", "-t", ref, str(context),
+        proc = docker("build", "--network", "host", "-t", ref, str(context),
                        check=False, timeout=1200)  # fmt: skip
         assert proc.returncode == 0, f"building {ref} failed:\n{proc.stdout[-3000:]}{proc.stderr}"
         return ref
 
     yield build
     for ref in built.values():
-        _docker("rmi", ref, check=False)
+        docker("rmi", ref, check=False)

@@ -1,0 +1,69 @@
+"""Names the tests build and look up: the shipped cells, their images and base, and the
+test-only repositories (the only ones the session janitor removes images from)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[3]
+SHIPPED_MATRIX = REPO / "matrix.yaml"
+
+CPU_CELL = "tf2.21-py3.11-cpu"
+GPU_CELL = "tf2.21-py3.11-cuda12.5-gpu"
+CPU_IMAGE = f"gpuenv/tensorflow:{CPU_CELL}"
+GPU_IMAGE = f"gpuenv/tensorflow:{GPU_CELL}"
+BASE_IMAGE = "gpuenv/debian:bookworm"  # the cells' base: ~125 MB
+
+# A package the tests add to one cell. It is already in every TF 2.21 environment (tensorflow
+# -> requests -> certifi), so the pin changes the RUN line (and the spec hash) but not what
+# is installed; whichever test builds it second finds the layer in the engine's cache.
+EXTRA_PIP = "certifi==2026.10.18"
+BUILD_TIMEOUT = 1800  # seconds; a cold GPU build downloads ~3 GB of wheels
+
+TEST_REPOSITORY_PREFIX = "gpuenv-test"
+# Every repository these tests build or tag into. Other suites may use other gpuenv-test/*
+# names on the same engine at the same time; the janitor leaves those alone.
+TEST_REPOSITORIES = frozenset(
+    {
+        "gpuenv-test/tf",  # test matrices (conftest.py)
+        "gpuenv-test/ca",  # test_engine_ca.py
+        "gpuenv-test/fail",  # test_engine_failures.py
+        "gpuenv-test/lock",  # lock_fixtures.py: the locked cell
+        "gpuenv-test/lock-bad",  # builds that must fail
+        "gpuenv-test/lock-keep",  # other tags of the locked cell's builds
+        "gpuenv-test/broken",  # validate_fixtures.py: images broken in one respect
+        "gpuenv-test/pushpull",  # test_engine_push.py: pull before build
+    }
+)
+
+
+def repository(ref: str) -> str:
+    """'host:5000/a/b:tag' -> 'host:5000/a/b' (a digest reference keeps what is before @)."""
+    name = ref.split("@", 1)[0]
+    head, sep, tail = name.rpartition(":")
+    return head if sep and "/" not in tail else name
+
+
+def matrix_text(
+    *,
+    name: str = f"{TEST_REPOSITORY_PREFIX}/tf",
+    variants: tuple[str, ...] = ("cpu", "gpu"),
+    include: list[dict[str, Any]] | None = None,
+    pip: list[str] | None = None,
+) -> str:
+    """A small matrix: TF 2.21 on Python 3.11 (bookworm), as the shipped default cells, so
+    its RUN lines are the shipped ones and the engine's layer cache makes builds cheap.
+
+    JSON is YAML; json.dumps keeps version strings quoted ("2.21", not 2.21)."""
+    assert name in TEST_REPOSITORIES, f"{name}: add it to TEST_REPOSITORIES (the janitor)"
+    doc: dict[str, Any] = {
+        "name": name,
+        "matrix": {"tensorflow": ["2.21"], "python": ["3.11"], "variant": list(variants)},
+        "bases": {"3.11": {"debian": "bookworm"}},
+        "packages": {"pip": pip or [], "apt": []},
+    }
+    if include:
+        doc["matrix"]["include"] = include
+    return json.dumps(doc, indent=2) + "\n"
