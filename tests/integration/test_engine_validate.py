@@ -27,6 +27,7 @@ from validate_fixtures import (  # noqa: E402
     GPU_CELL,
     GPU_CHECKS,
     IMAGE_CHECKS,
+    PINNED_CHECK,
     SHIPPED_MATRIX,
     Outcome,
 )
@@ -86,6 +87,9 @@ def test_the_shipped_cpu_and_gpu_images_pass(
                 assert "--gpus" in outcome.message, (image, test, outcome)
             elif test == LOCK_CHECK:
                 assert outcome.outcome == "skipped" and "lock" in outcome.message, outcome
+            elif test == PINNED_CHECK and image == CPU_CELL:
+                # A CPU cell of the shipped matrix pins nothing: nothing to check is a skip.
+                assert outcome.outcome == "skipped" and outcome.message, outcome
             elif test == SIZE_CHECK:
                 # Skipped with the reason when the repository records no baseline yet.
                 assert outcome.outcome in ("passed", "skipped"), (image, test, outcome)
@@ -94,8 +98,8 @@ def test_the_shipped_cpu_and_gpu_images_pass(
             else:
                 assert outcome.outcome == "passed", (image, test, outcome)
     # The per-image summary.
-    assert f"✓ {CPU_CELL}: 9 passed, 0 failed" in result.stdout or (
-        f"✓ {CPU_CELL}: 10 passed, 0 failed" in result.stdout
+    assert f"✓ {CPU_CELL}: 8 passed, 0 failed" in result.stdout or (
+        f"✓ {CPU_CELL}: 9 passed, 0 failed" in result.stdout
     ), result
     assert f"✓ {GPU_CELL}: " in result.stdout, result
     assert "skipped nvidia smi works: no --gpus given" in result.stdout, result
@@ -103,26 +107,25 @@ def test_the_shipped_cpu_and_gpu_images_pass(
     assert f"JUnit XML: {xml}" in result.stdout
 
 
-def test_device_checks_are_skipped_with_the_reason_when_the_engine_gives_no_gpus(
+def test_device_checks_fail_with_the_reason_when_the_engine_gives_no_gpus(
     validate_images, validate_cli, junit_outcomes, tmp_path
 ) -> None:
-    # `--gpus all` on this engine (no NVIDIA toolkit): the GPU container cannot start, the
-    # checks that need a device say why, everything else still runs and passes.
+    # `--gpus all` on this engine (no NVIDIA toolkit): the GPU container cannot start. The
+    # user asked for the devices, so every device check fails with the engine's reason and
+    # the fix (fail closed); everything else still runs and passes.
     xml = tmp_path / "junit.xml"
     result = validate_cli(
         "validate", GPU_CELL, "-f", str(SHIPPED_MATRIX), "--gpus", "all", "--junitxml", str(xml)
     )
-    assert result.rc == 0, result
+    assert result.rc == 1, result
     tests = junit_outcomes(xml)[GPU_CELL]
     for test in DEVICE_CHECKS:
         outcome = tests[test]
-        if outcome.outcome == "skipped":
-            assert outcome.message.startswith("no GPU here: "), outcome
-            assert "could not select device driver" in outcome.message, outcome
-        else:  # pragma: no cover - an engine that really has GPUs
-            assert outcome.outcome == "passed", (test, outcome)
-    failed = [t for t, o in tests.items() if o.outcome == "failed"]
-    assert not failed, result
+        assert outcome.outcome == "failed", (test, outcome)
+        assert "--gpus was given but the engine could not start" in outcome.message, outcome
+        assert "could not select device driver" in outcome.message, outcome
+    failed = {t for t, o in tests.items() if o.outcome == "failed"}
+    assert failed == set(DEVICE_CHECKS), result
 
 
 # --------------------------------------------------------------------------- broken images
@@ -149,7 +152,9 @@ def test_each_check_fails_on_an_image_broken_in_that_respect(
     for test, outcome in tests.items():
         if check_name(test) in spec.failed:
             continue
-        if test in DEVICE_CHECKS or test in (SIZE_CHECK, LOCK_CHECK):
+        # -i of a CPU image has no pins: nothing to check is a skip, with the reason.
+        unpinned = test == PINNED_CHECK and not gpu
+        if test in DEVICE_CHECKS or test in (SIZE_CHECK, LOCK_CHECK) or unpinned:
             assert outcome.outcome == "skipped" and outcome.message, (test, outcome)
         else:
             assert outcome == Outcome("passed"), (test, outcome)

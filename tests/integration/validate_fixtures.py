@@ -69,7 +69,9 @@ DEVICE_CHECKS = (
     "test_tensorflow_sees_the_requested_gpus",
     "test_matmul_runs_on_gpu0",
     "test_cudnn_lstm_runs",
+    "test_gpu_compute_capability_runs_the_framework",
 )
+PINNED_CHECK = "test_pinned_packages_are_installed"
 
 
 # --------------------------------------------------------------------------- the CLI
