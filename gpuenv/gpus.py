@@ -182,11 +182,12 @@ NO_DRIVER = re.compile(r"nvidia-container-cli: initialization error: (?:load lib
 
 def explain_start_error(text: str, image: str) -> str | None:
     """A one-line, actionable message for the NVIDIA toolkit's own errors, else None."""
-    if GPU_UNAVAILABLE.search(text):
+    m = GPU_UNAVAILABLE.search(text)
+    if m:
         return (
-            "this Docker Engine cannot give containers GPUs (could not select device driver "
-            '"" with capabilities: [[gpu]]): install the NVIDIA Container Toolkit on the '
-            "engine's host (apt-get install nvidia-container-toolkit), run "
+            f"this Docker Engine cannot give containers GPUs ({m.group(0)}): "
+            "install the NVIDIA Container Toolkit on the engine's host "
+            "(apt-get install nvidia-container-toolkit), run "
             "`nvidia-ctk runtime configure --runtime=docker` and restart dockerd"
         )
     m = REQUIRE_FAILED.search(text)
