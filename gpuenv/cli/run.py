@@ -9,10 +9,29 @@ from typing import Annotated
 import typer
 
 from gpuenv.cli.common import FileOption, user_errors
+from gpuenv.cli.kube import (
+    KubeAttach,
+    KubeCode,
+    KubeContext,
+    KubeDetach,
+    KubeDryRun,
+    KubeFlag,
+    KubeLogs,
+    KubeNamespace,
+    KubeNodeAffinity,
+    KubePullSecret,
+    KubePvc,
+    KubeRegistry,
+    KubeRuntimeClass,
+    KubeShmSize,
+    KubeTimeout,
+)
 
 
 def run_cmd(
-    command: Annotated[list[str], typer.Argument(help="SCRIPT.py [ARGS...] or CMD [ARGS...]")],
+    command: Annotated[
+        list[str] | None, typer.Argument(help="SCRIPT.py [ARGS...] or CMD [ARGS...]")
+    ] = None,
     image: Annotated[
         str | None,
         typer.Option("-i", "--image", help="Cell name (or glob matching one) or image reference"),
@@ -34,12 +53,61 @@ def run_cmd(
         bool, typer.Option("--interactive", "-t", help="Interactive terminal (also: -it)")
     ] = False,
     file: FileOption = None,
+    kube: KubeFlag = False,
+    context: KubeContext = None,
+    namespace: KubeNamespace = None,
+    registry: KubeRegistry = None,
+    pvc: KubePvc = None,
+    timeout: KubeTimeout = None,
+    runtime_class: KubeRuntimeClass = None,
+    shm_size: KubeShmSize = None,
+    pull_secret: KubePullSecret = None,
+    node_affinity: KubeNodeAffinity = True,
+    code: KubeCode = True,
+    detach: KubeDetach = False,
+    dry_run: KubeDryRun = False,
+    attach: KubeAttach = None,
+    logs: KubeLogs = None,
 ) -> None:
-    """Run a script or command in a cell's image, with the current directory mounted."""
+    """Run a script or command in a cell's image, with the current directory mounted;
+    --kube runs it as a Kubernetes Job instead."""
+    from gpuenv.cli.kube import kube_flags_given, run_kube
+
+    local = {"-v/--volume": volume, "-p/--publish": publish, "--network": network,
+             "--ipc": ipc, "--interactive/-it": interactive}  # fmt: skip
+    kube_given = kube_flags_given(
+        context=context, namespace=namespace, registry=registry, pvc=pvc, timeout=timeout,
+        runtime_class=runtime_class, shm_size=shm_size, pull_secret=pull_secret,
+        node_affinity=node_affinity, code=code, detach=detach, dry_run=dry_run,
+        attach=attach, logs=logs,
+    )  # fmt: skip
+    if kube or attach or logs:
+        code_ = run_kube(
+            command or [], local, image=image, gpus=gpus, env=env or [], workdir=workdir,
+            context=context, namespace=namespace, registry=registry, pvc=pvc or [],
+            timeout=timeout, runtime_class=runtime_class, shm_size=shm_size,
+            pull_secret=pull_secret or [], node_affinity=node_affinity, code=code,
+            detach=detach, dry_run=dry_run, attach=attach, logs=logs, file=file,
+        )  # fmt: skip
+        raise typer.Exit(code_)
+    run_local(command or [], image, gpus, env, volume, publish, network, workdir, ipc,
+              interactive, file, kube_given)  # fmt: skip
+
+
+def run_local(
+    command: list[str], image: str | None, gpus: str | None, env: list[str] | None,
+    volume: list[str] | None, publish: list[str] | None, network: str | None,
+    workdir: str | None, ipc: str | None, interactive: bool, file: Path | None,
+    kube_given: list[str],
+) -> None:  # fmt: skip
     from gpuenv import engine, run
     from gpuenv.gpus import parse_gpus
 
     with user_errors(exit_code=125):
+        if kube_given:
+            from gpuenv.errors import GpuenvError
+
+            raise GpuenvError(f"{', '.join(kube_given)}: only with --kube")
         request = parse_gpus(gpus) if gpus is not None else None
         cwd = Path.cwd()
         argv = run.command_for(command, cwd)
@@ -57,7 +125,9 @@ def run_cmd(
 
 # Options of `run` that take a value: the word after them is not the command.
 _VALUED = {"-i", "--image", "--gpus", "-e", "--env", "-v", "--volume", "-p", "--publish",
-           "--network", "--workdir", "--ipc", "-f", "--file"}  # fmt: skip
+           "--network", "--workdir", "--ipc", "-f", "--file", "--context", "--namespace",
+           "--registry", "--pvc", "--timeout", "--runtime-class", "--shm-size",
+           "--pull-secret", "--attach", "--logs"}  # fmt: skip
 
 
 def normalise_argv(args: list[str]) -> list[str]:

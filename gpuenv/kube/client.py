@@ -140,9 +140,7 @@ def _is_connection_error(exc: Exception) -> bool:
     return mod.startswith("urllib3") or isinstance(exc, (ConnectionError, TimeoutError))
 
 
-def connect(
-    context: str | None, namespace: str | None, kubeconfig: str | None = None
-) -> KubeApi:
+def connect(context: str | None, namespace: str | None, kubeconfig: str | None = None) -> KubeApi:
     """The cluster of --context (else the kubeconfig's current context, else the pod's own
     service account), and the namespace (--namespace, else the context's, else default)."""
     k = _kubernetes()

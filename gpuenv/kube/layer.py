@@ -33,6 +33,7 @@ DEFAULT_IGNORE = (
     ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints", "node_modules", ".DS_Store",
 )  # fmt: skip
 DIR = "workspace"  # inside the build context
+BASE_LABEL = "io.gpuenv.code-base"  # the digest of the cell image the layer is built on
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,12 @@ class CodeContext:
     size: int  # bytes of file content
 
 
-def dockerfile(base_ref: str, workdir: str) -> str:
+def dockerfile(base_ref: str, workdir: str, base_digest: str = "") -> str:
+    """FROM the cell's pushed tag; its digest is recorded in a label, so that a new cell
+    image gives a new context (and content hash) even under the same tag."""
     uid = contract.UID
-    return (
-        f"FROM {base_ref}\n"
-        f"COPY --chown={uid}:{uid} {DIR} {workdir}\n"
-        f"WORKDIR {workdir}\n"
-    )
+    label = f"LABEL {BASE_LABEL}={base_digest}\n" if base_digest else ""
+    return f"FROM {base_ref}\n{label}COPY --chown={uid}:{uid} {DIR} {workdir}\nWORKDIR {workdir}\n"
 
 
 def read_ignore(root: Path) -> list[str]:
@@ -115,7 +115,9 @@ def _info(name: str, st: os.stat_result, kind: bytes, size: int = 0) -> tarfile.
     return info
 
 
-def build_context(root: Path, base_ref: str, workdir: str = "/workspace") -> CodeContext:
+def build_context(
+    root: Path, base_ref: str, workdir: str = "/workspace", *, base_digest: str = ""
+) -> CodeContext:
     """The code layer's build context for `root`, or KubeError past the limits."""
     paths = collect(root)
     if len(paths) > MAX_FILES:
@@ -126,7 +128,7 @@ def build_context(root: Path, base_ref: str, workdir: str = "/workspace") -> Cod
     buf = io.BytesIO()
     total = 0
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        text = dockerfile(base_ref, workdir).encode()
+        text = dockerfile(base_ref, workdir, base_digest).encode()
         info = tarfile.TarInfo("Dockerfile")
         info.size, info.mtime, info.mode = len(text), 0, 0o644
         tar.addfile(info, io.BytesIO(text))

@@ -333,9 +333,7 @@ def job_manifest(inputs: JobInputs, suffix: str = "") -> dict[str, Any]:
     if inputs.pull_secrets:
         pod["imagePullSecrets"] = [{"name": s} for s in inputs.pull_secrets]
     if inputs.gpus:
-        pod["tolerations"] = [
-            {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-        ]
+        pod["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
     if terms:
         pod["affinity"] = {
             "nodeAffinity": {
@@ -359,4 +357,3 @@ def to_yaml(manifest: dict[str, Any]) -> str:
     import yaml
 
     return yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False, width=1 << 16)
-
