@@ -1,0 +1,220 @@
+"""No cluster, a missing context, 401/403, a missing namespace: one `error:` line, exit 125.
+Also the code layer's context and the verb's refusals. No cluster and no engine here."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from kubernetes.client import ApiException
+
+from gpuenv.kube import KubeError, client
+from gpuenv.kube.layer import MAX_FILES, build_context, collect
+
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: lab
+  cluster: {server: "https://127.0.0.1:6443", insecure-skip-tls-verify: true}
+users:
+- name: me
+  user: {token: abc}
+contexts:
+- name: lab
+  context: {cluster: lab, user: me, namespace: ml}
+- name: other
+  context: {cluster: lab, user: me}
+current-context: lab
+"""
+
+
+@pytest.fixture
+def kubeconfig(tmp_path):
+    path = tmp_path / "config"
+    path.write_text(KUBECONFIG)
+    return str(path)
+
+
+def test_no_cluster_configured(tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(KubeError, match=r"^no Kubernetes cluster configured") as e:
+        client.connect(None, None, kubeconfig=str(tmp_path / "missing"))
+    assert e.value.exit_code == 125
+
+
+def test_a_context_that_does_not_exist(kubeconfig):
+    with pytest.raises(KubeError, match=r"context 'prod' does not exist.*the contexts are: lab, "):
+        client.connect("prod", None, kubeconfig=kubeconfig)
+
+
+def test_the_namespace_comes_from_the_flag_then_the_context(kubeconfig):
+    assert client.connect(None, None, kubeconfig=kubeconfig).where.namespace == "ml"
+    assert client.connect("other", None, kubeconfig=kubeconfig).where.namespace == "default"
+    api = client.connect("lab", "team-a", kubeconfig=kubeconfig)
+    assert (api.where.namespace, api.where.context) == ("team-a", "lab")
+    assert api.where.server == "https://127.0.0.1:6443"
+
+
+WHERE = client.Where("lab", "https://127.0.0.1:6443", "ml")
+
+
+def status(code: int, message: str) -> ApiException:
+    body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                       "message": message, "code": code})  # fmt: skip
+    return ApiException(status=code, reason="x", body=body)
+
+
+def test_api_refusals_are_one_line():
+    e401 = client.api_error(ApiException(status=401, reason="Unauthorized"), WHERE, "creating")
+    assert "refused the credentials of context lab" in e401.message
+    e403 = client.api_error(status(403, 'jobs.batch is forbidden: User "me" cannot create '
+                                   'resource "jobs" in API group "batch" in the namespace "ml"'),
+                            WHERE, "creating the Job")  # fmt: skip
+    assert e403.message.startswith("forbidden (403) while creating the Job on context lab")
+    assert 'cannot create resource "jobs"' in e403.message
+    ns = client.api_error(status(404, 'namespaces "ml" not found'), WHERE, "creating the Job")
+    assert ns.message.startswith("namespace ml does not exist on context lab")
+    for err in (e401, e403, ns):
+        assert err.exit_code == 125 and "\n" not in err.message
+
+
+def test_an_unreachable_api_server():
+    import urllib3
+
+    exc = urllib3.exceptions.MaxRetryError(None, "/apis/batch/v1", "Connection refused")
+    err = client.api_error(exc, WHERE, "creating the Job")
+    assert err.message.startswith("cannot reach the Kubernetes API of context lab")
+
+
+def test_kube_api_translates_the_clients_exceptions(kubeconfig):
+    api = client.connect(None, None, kubeconfig=kubeconfig)
+
+    def refuse(*a, **kw):
+        raise status(404, 'namespaces "ml" not found')
+
+    api.batch.create_namespaced_job = refuse
+    with pytest.raises(KubeError, match=r"^namespace ml does not exist"):
+        api.create_job("ml", {})
+
+
+# ------------------------------------------------------------------- the code layer
+
+
+def _names(ctx) -> list[str]:
+    with tarfile.open(fileobj=io.BytesIO(ctx.tar)) as tar:
+        return tar.getnames()
+
+
+def test_code_layer_is_deterministic_and_leaves_out_caches(tmp_path):
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text("x = 1\n")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD").write_text("ref\n")
+    (tmp_path / "pkg" / "__pycache__").mkdir()
+    (tmp_path / "pkg" / "__pycache__" / "m.pyc").write_bytes(b"\0")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "big.bin").write_bytes(b"\0" * 10)
+    (tmp_path / ".dockerignore").write_text("# data lives on a PVC\ndata\n")
+    a = build_context(tmp_path, "reg/tf:cell", base_digest="sha256:1")
+    assert collect(tmp_path) == [".dockerignore", "pkg", "pkg/m.py", "train.py"]
+    assert _names(a) == ["Dockerfile", "workspace", "workspace/.dockerignore", "workspace/pkg",
+                         "workspace/pkg/m.py", "workspace/train.py"]  # fmt: skip
+    (tmp_path / "train.py").touch()  # a new mtime, same content
+    b = build_context(tmp_path, "reg/tf:cell", base_digest="sha256:1")
+    assert a.tar == b.tar and a.digest == b.digest
+    assert build_context(tmp_path, "reg/tf:cell", base_digest="sha256:2").digest != a.digest
+    with tarfile.open(fileobj=io.BytesIO(a.tar)) as tar:
+        dockerfile = tar.extractfile("Dockerfile").read().decode()
+    assert dockerfile.splitlines() == ["FROM reg/tf:cell", "LABEL io.gpuenv.code-base=sha256:1",
+                                       "COPY --chown=1000:1000 workspace /workspace",
+                                       "WORKDIR /workspace"]  # fmt: skip
+
+
+def test_code_layer_limits(tmp_path, monkeypatch):
+    import gpuenv.kube.layer as layer
+
+    (tmp_path / "a.bin").write_bytes(b"\0" * 100)
+    monkeypatch.setattr(layer, "MAX_BYTES", 50)
+    with pytest.raises(KubeError, match=r"more than 0 MiB.*--pvc"):
+        build_context(tmp_path, "x")
+    monkeypatch.setattr(layer, "MAX_FILES", 0)
+    with pytest.raises(KubeError, match="files, more than the code layer takes"):
+        build_context(tmp_path, "x")
+    assert MAX_FILES == 20_000
+
+
+def test_dockerignore_exceptions_are_refused(tmp_path):
+    (tmp_path / ".dockerignore").write_text("data\n!data/keep\n")
+    with pytest.raises(KubeError, match=r"\.dockerignore:2: '!' exceptions"):
+        collect(tmp_path)
+
+
+# ------------------------------------------------------------------- the verb
+
+
+def gpuenv(args, cwd: Path, **env):
+    import os
+
+    repo = Path(__file__).resolve().parents[2]
+    full = {**os.environ, "PYTHONPATH": str(repo), "KUBECONFIG": str(cwd / "none"), **env}
+    if "GPUENV_REGISTRY" not in env:
+        full.pop("GPUENV_REGISTRY", None)
+    return subprocess.run([sys.executable, "-m", "gpuenv", *args], cwd=cwd, env=full,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["-v", "/data:/data"], "-v/--volume with --kube: a host path is not on the cluster's nodes"
+                            "; mount a PersistentVolumeClaim with --pvc"),
+    (["-p", "8888:8888"], "-p/--publish with --kube: use kubectl port-forward"),
+    (["--ipc", "host"], "--ipc with --kube"),
+    (["--network", "host"], "--network with --kube"),
+    (["--gpus", "all"], "--gpus 'all' with --kube"),
+])  # fmt: skip
+def test_local_only_flags_are_refused_with_kube(tmp_path, flags, needle):
+    proc = gpuenv(["run", "--kube", *flags, "python", "-V"], tmp_path)
+    assert proc.returncode == 125
+    assert proc.stderr.strip() == f"error: {proc.stderr.strip()[7:]}"
+    assert needle in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_kube_flags_are_refused_without_kube(tmp_path):
+    proc = gpuenv(["run", "--pvc", "data:/data", "--timeout", "1h", "python", "-V"], tmp_path)
+    assert proc.returncode == 125
+    assert proc.stderr == "error: --pvc, --timeout: only with --kube\n"
+
+
+def test_no_registry_and_no_cluster(tmp_path):
+    proc = gpuenv(["run", "--kube", "python", "-V"], tmp_path)
+    assert (proc.returncode, proc.stderr) == (125, "error: --kube needs a registry the cluster "
+        "can pull from: --registry HOST[:PORT][/NAMESPACE] or $GPUENV_REGISTRY\n")  # fmt: skip
+    proc = gpuenv(["run", "--kube", "python", "-V"], tmp_path, GPUENV_REGISTRY="localhost:5001",
+                  KUBERNETES_SERVICE_HOST="")  # fmt: skip
+    assert proc.returncode == 125
+    assert proc.stderr.startswith("error: no Kubernetes cluster configured")
+
+
+def test_attach_to_a_context_that_does_not_exist(tmp_path):
+    (tmp_path / "none").write_text(KUBECONFIG)
+    proc = gpuenv(["run", "--kube", "--context", "prod", "--attach", "gpuenv-x-1"], tmp_path)
+    assert proc.returncode == 125
+    assert proc.stderr.startswith("error: Kubernetes context 'prod' does not exist")
+
+
+def test_help_does_not_import_the_kubernetes_client():
+    code = (
+        "import sys, gpuenv.cli as c; sys.argv=['gpuenv','run','--help'];\n"
+        "try:\n    c.main()\nexcept SystemExit:\n    pass\n"
+        "assert 'kubernetes' not in sys.modules and 'gpuenv.kube' not in sys.modules"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert run.returncode == 0, run.stderr
