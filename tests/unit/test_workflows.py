@@ -72,3 +72,17 @@ def test_the_image_workflow_keeps_its_logic_in_gpuenv_commands():
     assert "default_branch" in push["if"] and "startsWith(github.ref, 'refs/tags/v')" in push["if"]
     aliases = push["env"]["ALIASES"]  # aliases only from the default branch
     assert "default_branch" in aliases and aliases.endswith("&& '--aliases' || '--no-aliases' }}")
+
+
+def test_the_kube_workflow_runs_a_cpu_job_on_kind_through_gpuenv():
+    doc = yaml.safe_load((WORKFLOWS / "kube.yml").read_text())
+    job = doc["jobs"]["kind"]
+    uses = {s["uses"].split("@")[0]: s for s in job["steps"] if "uses" in s}
+    assert uses["helm/kind-action"]["with"]["config"] == ".github/kind.yaml"
+    assert (WORKFLOWS.parent / "kind.yaml").is_file()
+    runs = _runs(job)
+    assert job["env"]["GPUENV_REGISTRY"] == "localhost:5001"
+    for command in ('run --kube -i "$CELL" --timeout 15m check.py', "--dry-run check.py",
+                    "cmp a.yaml b.yaml", "--detach check.py", 'run --kube --logs "$JOB"',
+                    'test "$code" = 3'):  # fmt: skip
+        assert command in runs
