@@ -30,6 +30,18 @@ def run_cmd(
     ] = None,
     workdir: Annotated[str | None, typer.Option("--workdir", help="Working directory")] = None,
     ipc: Annotated[str | None, typer.Option("--ipc", help="IPC mode, e.g. host")] = None,
+    monitor: Annotated[
+        str | None,
+        typer.Option(
+            "--monitor",
+            help="Sample the container's GPUs every INTERVAL s (--monitor alone: 0.5 s; "
+            "--monitor=2) and print a summary at exit",
+            metavar="[=INTERVAL]",
+        ),
+    ] = None,
+    monitor_out: Annotated[
+        Path | None, typer.Option("--monitor-out", help="Write the samples as CSV")
+    ] = None,
     interactive: Annotated[
         bool, typer.Option("--interactive", "-t", help="Interactive terminal (also: -it)")
     ] = False,
@@ -38,6 +50,7 @@ def run_cmd(
     """Run a script or command in a cell's image, with the current directory mounted."""
     from gpuenv import engine, run
     from gpuenv.gpus import parse_gpus
+    from gpuenv.monitor import MonitorOptions
 
     with user_errors(exit_code=125):
         request = parse_gpus(gpus) if gpus is not None else None
@@ -50,6 +63,7 @@ def run_cmd(
             image=target.image, command=argv, gpus=request, env=env or [],
             volumes=volume or [], ports=publish or [], network=network, workdir=workdir,
             ipc=ipc, interactive=interactive, cwd=cwd,
+            monitor=MonitorOptions.parse(monitor, monitor_out),
         )  # fmt: skip
         code = run.run(eng, opts)
     raise typer.Exit(code)
@@ -57,11 +71,12 @@ def run_cmd(
 
 # Options of `run` that take a value: the word after them is not the command.
 _VALUED = {"-i", "--image", "--gpus", "-e", "--env", "-v", "--volume", "-p", "--publish",
-           "--network", "--workdir", "--ipc", "-f", "--file"}  # fmt: skip
+           "--network", "--workdir", "--ipc", "-f", "--file", "--monitor-out"}  # fmt: skip
 
 
 def normalise_argv(args: list[str]) -> list[str]:
-    """`-it` (docker's spelling) would parse as `-i t`, because -i takes the image."""
+    """`-it` (docker's spelling) would parse as `-i t`, because -i takes the image; a bare
+    `--monitor` takes the default interval (INTERVAL only with `=`, as in --monitor=2)."""
     args = list(args)
     if args[:1] == ["run"]:
         for i, arg in enumerate(args):
@@ -69,6 +84,8 @@ def normalise_argv(args: list[str]) -> list[str]:
                 break
             if arg in ("-it", "-ti"):
                 args[i] = "--interactive"
+            if arg == "--monitor":  # --monitor[=INTERVAL]: alone, the default interval
+                args[i] = "--monitor=default"
     return args
 
 
