@@ -610,13 +610,13 @@ def monitor_command(argv: list[str], opts: MonitorOptions) -> int:
     import subprocess
 
     if not argv:
-        raise GpuenvError("nothing to run: gpuenv monitor [OPTIONS] -- CMD [ARGS...]", 2)
+        raise GpuenvError("nothing to run: gpuenv monitor [OPTIONS] -- CMD [ARGS...]", exit_code=2)
     try:
         child = subprocess.Popen(argv)
     except FileNotFoundError:
-        raise GpuenvError(f"{argv[0]}: command not found", 127) from None
+        raise GpuenvError(f"{argv[0]}: command not found", exit_code=127) from None
     except PermissionError:
-        raise GpuenvError(f"{argv[0]}: cannot be executed", 126) from None
+        raise GpuenvError(f"{argv[0]}: cannot be executed", exit_code=126) from None
     sampler, no_gpu = None, None
     try:
         sampler = Sampler(NvmlSource(None, lambda: process_tree(child.pid)), opts.interval).start()
