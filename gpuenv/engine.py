@@ -92,7 +92,6 @@ class ContainerSpec:
     init: bool = True
     shm_size: str | None = None
     ipc: str | None = None
-    ulimits: dict[str, int] = field(default_factory=dict)  # name -> soft = hard (-1: unlimited)
     network: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     tty: bool = False
@@ -353,10 +352,6 @@ class Engine:
                 ipc_mode=spec.ipc,
                 network_mode=spec.network,
                 tmpfs=spec.tmpfs or None,
-                ulimits=[
-                    docker.types.Ulimit(name=k, soft=v, hard=v) for k, v in spec.ulimits.items()
-                ]
-                or None,
                 auto_remove=False,
             )
             created = api.create_container(

@@ -139,7 +139,6 @@ def container_spec(opts: RunOptions) -> ContainerSpec:
         init=True,
         shm_size=None if opts.ipc else multi.shm_size,
         ipc=opts.ipc,
-        ulimits=multi.ulimits,
         network=opts.network,
         labels=contract.container_labels("run"),
         tty=opts.interactive,
@@ -151,7 +150,6 @@ def container_spec(opts: RunOptions) -> ContainerSpec:
 class MultiGpu:
     shm_size: str = SHM_SIZE
     env: dict[str, str] = field(default_factory=dict)
-    ulimits: dict[str, int] = field(default_factory=dict)
 
 
 SHM_PER_GPU_GB = 2  # NCCL's shared-memory transport and each GPU's data-loader workers
@@ -170,15 +168,17 @@ def gpu_count(gpus: GpuRequest | None) -> int | None:
 def multi_gpu_settings(gpus: GpuRequest | None, environ: Mapping[str, str]) -> MultiGpu:
     """What a container with several GPUs needs (NVIDIA's advice for NCCL and multi-GPU
     data loading): /dev/shm sized per GPU (2 GB each, 16 GB for all, instead of 2 GB; --ipc
-    host replaces it), unlimited locked memory (NCCL pins host buffers), and the host's
-    NCCL_* settings (NCCL_DEBUG, NCCL_SOCKET_IFNAME, NCCL_P2P_DISABLE...) passed through;
-    -e still overrides them. One GPU, or none, keeps run's defaults."""
+    host replaces it) and the host's NCCL_* settings (NCCL_DEBUG, NCCL_SOCKET_IFNAME,
+    NCCL_P2P_DISABLE...) passed through; -e still overrides them. One GPU, or none, keeps
+    run's defaults. Locked memory (NVIDIA's --ulimit memlock=-1) is left to the engine's
+    default-ulimits: raising it fails the start where dockerd may not (seen on this
+    project's engine: "error setting rlimit type 8: operation not permitted")."""
     n = gpu_count(gpus)
     if n is not None and n <= 1:
         return MultiGpu()
     shm = SHM_ALL_GPUS if n is None else f"{max(2, SHM_PER_GPU_GB * n)}g"
     nccl = {k: v for k, v in environ.items() if k.startswith("NCCL_")}
-    return MultiGpu(shm, nccl, {"memlock": -1})
+    return MultiGpu(shm, nccl)
 
 
 class _Stopper:
