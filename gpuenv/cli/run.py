@@ -78,6 +78,8 @@ def normalise_argv(args: list[str]) -> list[str]:
     """`-it` (docker's spelling) would parse as `-i t`, because -i takes the image; a bare
     `--monitor` takes the default interval (INTERVAL only with `=`, as in --monitor=2)."""
     args = list(args)
+    if args[:1] == ["bench"]:  # options and patterns interleave there; no command follows
+        return [a if a != "--monitor" else "--monitor=default" for a in args]
     if args[:1] == ["run"]:
         for i, arg in enumerate(args):
             if arg == "--" or (i > 0 and not arg.startswith("-") and args[i - 1] not in _VALUED):

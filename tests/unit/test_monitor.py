@@ -295,6 +295,13 @@ def test_run_argv_bare_monitor_takes_the_default():
         1:] == ["--monitor=2", "--monitor-out", "m.csv", "x.py", "--monitor"]  # fmt: skip
 
 
+def test_bench_argv_bare_monitor_takes_the_default():
+    from gpuenv.cli.run import normalise_argv
+
+    assert normalise_argv(["bench", "tf*", "--monitor", "--gpus", "all"]) == [
+        "bench", "tf*", "--monitor=default", "--gpus", "all"]  # fmt: skip
+
+
 def test_watching_a_container_without_gpus_says_so(fake_engine, capsys):
     with monitor.watching(fake_engine(), "c1", "img", None, monitor.MonitorOptions()):
         pass
