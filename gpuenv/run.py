@@ -18,9 +18,10 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from gpuenv import cache, contract
 from gpuenv.engine import ContainerSpec, Engine, EngineError
@@ -29,6 +30,7 @@ from gpuenv.gpus import GpuInfo, GpuRequest, explain_start_error
 
 if TYPE_CHECKING:
     from gpuenv.cell import Cell
+    from gpuenv.monitor import MonitorOptions
     from gpuenv.project import Project
 
 GRACE_SECONDS = 10
@@ -49,6 +51,7 @@ class RunOptions:
     workdir: str | None = None
     ipc: str | None = None
     interactive: bool = False
+    monitor: MonitorOptions | None = None  # --monitor: sample the container's GPUs
     cwd: Path = field(default_factory=Path.cwd)
     uid: int = field(default_factory=os.getuid)
     gid: int = field(default_factory=os.getgid)
@@ -120,7 +123,8 @@ def container_spec(opts: RunOptions) -> ContainerSpec:
     cwd = str(opts.cwd)
     if cwd == "/":
         raise fail("run gpuenv from your project directory: it mounts the current directory")
-    env = {"HOME": HOME, **parse_env(opts.env)}
+    multi = multi_gpu_settings(opts.gpus, os.environ)
+    env = {"HOME": HOME, **multi.env, **parse_env(opts.env)}
     return ContainerSpec(
         image=opts.image,
         command=opts.command,
@@ -133,13 +137,48 @@ def container_spec(opts: RunOptions) -> ContainerSpec:
         tmpfs={HOME: f"rw,exec,uid={opts.uid},gid={opts.gid},mode=0755"},
         device_requests=[opts.gpus.as_api()] if opts.gpus else [],
         init=True,
-        shm_size=None if opts.ipc else SHM_SIZE,
+        shm_size=None if opts.ipc else multi.shm_size,
         ipc=opts.ipc,
         network=opts.network,
         labels=contract.container_labels("run"),
         tty=opts.interactive,
         stdin=opts.interactive,
     )
+
+
+@dataclass(frozen=True)
+class MultiGpu:
+    shm_size: str = SHM_SIZE
+    env: dict[str, str] = field(default_factory=dict)
+
+
+SHM_PER_GPU_GB = 2  # NCCL's shared-memory transport and each GPU's data-loader workers
+SHM_ALL_GPUS = "16g"  # --gpus all: the count is the host's; a tmpfs limit costs nothing unused
+
+
+def gpu_count(gpus: GpuRequest | None) -> int | None:
+    """How many GPUs a request gives: N, the ids named, or None for all (the host's)."""
+    if gpus is None:
+        return 0
+    if gpus.device_ids:
+        return len(gpus.device_ids)
+    return None if gpus.count == -1 else gpus.count
+
+
+def multi_gpu_settings(gpus: GpuRequest | None, environ: Mapping[str, str]) -> MultiGpu:
+    """What a container with several GPUs needs (NVIDIA's advice for NCCL and multi-GPU
+    data loading): /dev/shm sized per GPU (2 GB each, 16 GB for all, instead of 2 GB; --ipc
+    host replaces it) and the host's NCCL_* settings (NCCL_DEBUG, NCCL_SOCKET_IFNAME,
+    NCCL_P2P_DISABLE...) passed through; -e still overrides them. One GPU, or none, keeps
+    run's defaults. Locked memory (NVIDIA's --ulimit memlock=-1) is left to the engine's
+    default-ulimits: raising it fails the start where dockerd may not (seen on this
+    project's engine: "error setting rlimit type 8: operation not permitted")."""
+    n = gpu_count(gpus)
+    if n is not None and n <= 1:
+        return MultiGpu()
+    shm = SHM_ALL_GPUS if n is None else f"{max(2, SHM_PER_GPU_GB * n)}g"
+    nccl = {k: v for k, v in environ.items() if k.startswith("NCCL_")}
+    return MultiGpu(shm, nccl)
 
 
 class _Stopper:
@@ -184,7 +223,16 @@ def check_bind_sources(binds: list[str]) -> None:
             )
 
 
-def run(engine: Engine, opts: RunOptions) -> int:
+def run(
+    engine: Engine,
+    opts: RunOptions,
+    stdout: BinaryIO | None = None,
+    stderr: BinaryIO | None = None,
+) -> int:
+    """Run the container to its end; its exit code. Output goes to this process's streams,
+    or to `stdout`/`stderr` when given (gpuenv bench reads the workload's result there)."""
+    from gpuenv import monitor
+
     spec = container_spec(opts)
     if engine.is_local:  # a remote engine's paths are on its host, not here
         check_bind_sources(spec.binds)
@@ -193,10 +241,13 @@ def run(engine: Engine, opts: RunOptions) -> int:
     except EngineError as exc:
         raise _start_error(exc, opts) from None
     try:
-        with _Stopper(engine, cid):
+        with (
+            _Stopper(engine, cid),
+            monitor.watching(engine, cid, opts.image, opts.gpus, opts.monitor),
+        ):
             if opts.interactive and sys.stdin.isatty():
                 return _run_tty(engine, cid)
-            return _run_streaming(engine, cid)
+            return _run_streaming(engine, cid, stdout, stderr)
     except EngineError as exc:
         raise _start_error(exc, opts) from None
     finally:
@@ -222,10 +273,12 @@ def _start_error(exc: Exception, opts: RunOptions) -> GpuenvError:
     return engine_error(exc)
 
 
-def _run_streaming(engine: Engine, cid: str) -> int:
+def _run_streaming(
+    engine: Engine, cid: str, out: BinaryIO | None = None, err: BinaryIO | None = None
+) -> int:
     stream = engine.attach(cid)
     engine.start(cid)
-    out, err = sys.stdout.buffer, sys.stderr.buffer
+    out, err = out or sys.stdout.buffer, err or sys.stderr.buffer
     for stdout, stderr in stream:
         if stdout:
             out.write(stdout)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import sys
 
-from gpuenv.cli import build, diff, doctor, lock, matrix, push, run, validate
+from gpuenv.cli import bench, build, diff, doctor, lock, matrix, monitor, push, run, validate
 from gpuenv.cli.common import app
 
-for _verbs in (matrix, build, run, validate, lock, diff, push, doctor):
+for _verbs in (matrix, build, run, bench, monitor, validate, lock, diff, push, doctor):
     _verbs.register(app)
 
 

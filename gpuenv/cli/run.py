@@ -49,6 +49,18 @@ def run_cmd(
     ] = None,
     workdir: Annotated[str | None, typer.Option("--workdir", help="Working directory")] = None,
     ipc: Annotated[str | None, typer.Option("--ipc", help="IPC mode, e.g. host")] = None,
+    monitor: Annotated[
+        str | None,
+        typer.Option(
+            "--monitor",
+            help="Sample the container's GPUs every INTERVAL s (--monitor alone: 0.5 s; "
+            "--monitor=2) and print a summary at exit",
+            metavar="[=INTERVAL]",
+        ),
+    ] = None,
+    monitor_out: Annotated[
+        Path | None, typer.Option("--monitor-out", help="Write the samples as CSV")
+    ] = None,
     interactive: Annotated[
         bool, typer.Option("--interactive", "-t", help="Interactive terminal (also: -it)")
     ] = False,
@@ -74,7 +86,8 @@ def run_cmd(
     from gpuenv.cli.kube import kube_flags_given, run_kube
 
     local = {"-v/--volume": volume, "-p/--publish": publish, "--network": network,
-             "--ipc": ipc, "--interactive/-it": interactive}  # fmt: skip
+             "--ipc": ipc, "--interactive/-it": interactive, "--monitor": monitor,
+             "--monitor-out": monitor_out}  # fmt: skip
     kube_given = kube_flags_given(
         context=context, namespace=namespace, registry=registry, pvc=pvc, timeout=timeout,
         runtime_class=runtime_class, shm_size=shm_size, pull_secret=pull_secret,
@@ -91,17 +104,18 @@ def run_cmd(
         )  # fmt: skip
         raise typer.Exit(code_)
     run_local(command or [], image, gpus, env, volume, publish, network, workdir, ipc,
-              interactive, file, kube_given)  # fmt: skip
+              interactive, file, kube_given, monitor, monitor_out)  # fmt: skip
 
 
 def run_local(
     command: list[str], image: str | None, gpus: str | None, env: list[str] | None,
     volume: list[str] | None, publish: list[str] | None, network: str | None,
     workdir: str | None, ipc: str | None, interactive: bool, file: Path | None,
-    kube_given: list[str],
+    kube_given: list[str], monitor: str | None, monitor_out: Path | None,
 ) -> None:  # fmt: skip
     from gpuenv import engine, run
     from gpuenv.gpus import parse_gpus
+    from gpuenv.monitor import MonitorOptions
 
     with user_errors(exit_code=125):
         if kube_given:
@@ -118,6 +132,7 @@ def run_local(
             image=target.image, command=argv, gpus=request, env=env or [],
             volumes=volume or [], ports=publish or [], network=network, workdir=workdir,
             ipc=ipc, interactive=interactive, cwd=cwd,
+            monitor=MonitorOptions.parse(monitor, monitor_out),
         )  # fmt: skip
         code = run.run(eng, opts)
     raise typer.Exit(code)
@@ -127,18 +142,23 @@ def run_local(
 _VALUED = {"-i", "--image", "--gpus", "-e", "--env", "-v", "--volume", "-p", "--publish",
            "--network", "--workdir", "--ipc", "-f", "--file", "--context", "--namespace",
            "--registry", "--pvc", "--timeout", "--runtime-class", "--shm-size",
-           "--pull-secret", "--attach", "--logs"}  # fmt: skip
+           "--pull-secret", "--attach", "--logs", "--monitor-out"}  # fmt: skip
 
 
 def normalise_argv(args: list[str]) -> list[str]:
-    """`-it` (docker's spelling) would parse as `-i t`, because -i takes the image."""
+    """`-it` (docker's spelling) would parse as `-i t`, because -i takes the image; a bare
+    `--monitor` takes the default interval (INTERVAL only with `=`, as in --monitor=2)."""
     args = list(args)
+    if args[:1] == ["bench"]:  # options and patterns interleave there; no command follows
+        return [a if a != "--monitor" else "--monitor=default" for a in args]
     if args[:1] == ["run"]:
         for i, arg in enumerate(args):
             if arg == "--" or (i > 0 and not arg.startswith("-") and args[i - 1] not in _VALUED):
                 break
             if arg in ("-it", "-ti"):
                 args[i] = "--interactive"
+            if arg == "--monitor":  # --monitor[=INTERVAL]: alone, the default interval
+                args[i] = "--monitor=default"
     return args
 
 

@@ -99,6 +99,12 @@ class FakeEngine:
         if isinstance(outcome, Exception):
             raise outcome
 
+    def attach(self, cid: str) -> Iterator[tuple[bytes | None, bytes | None]]:
+        """The outcome's output as one stdout chunk (read after start, as the engine's)."""
+        outcome = self.outcomes.get(self.containers[cid].image, (0, ""))
+        if not isinstance(outcome, Exception):
+            yield str(outcome[1]).encode(), None
+
     def wait(self, cid: str, timeout: float | None = None) -> int:
         return int(self.outcomes.get(self.containers[cid].image, (0, ""))[0])
 

@@ -326,7 +326,7 @@ def test_device_checks_fail_when_gpus_were_asked_for_but_not_given(tmp_path: Pat
                "Capabilities": [["compute", "gpu", "utility"]], "Options": {}}  # fmt: skip
     found = run_suites(tmp_path, exp, "check_devices.py", "test_", gpus=request,
                        gpu_error=GPU_DENIED)  # fmt: skip
-    assert len(found) == 5
+    assert len(found) == 6  # five device checks + the all-reduce
     for test, (outcome, message) in found.items():
         # A fixture's pytest.fail is an error on setup: the summary counts it as failed.
         assert outcome == "error", (test, outcome, message)
@@ -337,7 +337,7 @@ def test_device_checks_fail_when_gpus_were_asked_for_but_not_given(tmp_path: Pat
 
 def test_device_checks_are_skipped_without_gpus(tmp_path: Path) -> None:
     found = run_suites(tmp_path, expected.from_cell(shipped(GPU_CELL)), "check_devices.py", "test_")
-    assert len(found) == 5
+    assert len(found) == 6
     assert {o for o, _ in found.values()} == {"skipped"}
     assert all("no --gpus given" in m for _, m in found.values())
 

@@ -64,3 +64,34 @@ def test_gpu_compute_capability_runs_the_framework(gpu_box: Box) -> None:
     expected = gpu_box.expected
     verdict = gpu_verdict(gpus, expected["framework"], expected["framework_version"])
     assert verdict.level != "error", verdict.message
+
+
+ALL_REDUCE = QUIET + (
+    "import json, tensorflow as tf\n"
+    "gpus = [d.name for d in tf.config.list_logical_devices('GPU')]\n"
+    "strategy = tf.distribute.MirroredStrategy(\n"
+    "    gpus, cross_device_ops=tf.distribute.NcclAllReduce())\n"
+    "values = strategy.experimental_distribute_values_from_function(\n"
+    "    lambda ctx: tf.fill([1024], float(ctx.replica_id_in_sync_group + 1)))\n"
+    "summed = strategy.run(\n"
+    "    lambda v: tf.distribute.get_replica_context().all_reduce('SUM', v), args=(values,))\n"
+    "local = strategy.experimental_local_results(summed)\n"
+    "print(json.dumps({'replicas': strategy.num_replicas_in_sync,\n"
+    "                  'sums': [float(t[0]) for t in local],\n"
+    "                  'devices': [t.device for t in local]}))"
+)
+
+
+def test_all_reduce_across_the_requested_gpus(gpu_box: Box) -> None:
+    """`validate --gpus N` (N > 1, or all): an NCCL all-reduce through
+    tf.distribute.MirroredStrategy across every requested GPU; each replica must hold the
+    sum 1 + 2 + ... + N. This is what multi-GPU training does every step."""
+    import pytest
+
+    n = _requested(gpu_box)
+    if n < 2:
+        pytest.skip(f"{n} GPU requested: no collective across GPUs to check (--gpus 2 or all)")
+    doc = gpu_box.python_json(ALL_REDUCE)
+    assert doc["replicas"] == n, doc
+    assert doc["sums"] == [n * (n + 1) / 2] * n, doc
+    assert all("GPU" in d for d in doc["devices"]), doc

@@ -41,7 +41,9 @@ from typing import Any
 from support.cells import TEST_REPOSITORIES, repository
 from support.engine import SESSION_LABEL, docker
 
-GPUENV_LABELS = ("io.gpuenv.run", "io.gpuenv.probe", "io.gpuenv.validate", "io.gpuenv.diff")
+GPUENV_LABELS = (
+    "io.gpuenv.run", "io.gpuenv.probe", "io.gpuenv.validate", "io.gpuenv.diff", "io.gpuenv.monitor",
+)  # fmt: skip
 TITLE = "org.opencontainers.image.title"
 
 _registries: set[str] = set()  # loopback host:port this session picked (registries)
