@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from gpuenv.cli import bench, build, diff, doctor, lock, matrix, monitor, push, run, validate
-from gpuenv.cli.common import app
+from gpuenv.cli.common import app, normalise_argv
 
 for _verbs in (matrix, build, run, bench, monitor, validate, lock, diff, push, doctor):
     _verbs.register(app)
@@ -18,7 +18,7 @@ for _verbs in (matrix, build, run, bench, monitor, validate, lock, diff, push, d
 
 def main() -> None:
     # `-it` (docker's spelling) would parse as `-i t` because -i takes the image.
-    app(run.normalise_argv(sys.argv[1:]))
+    app(normalise_argv(sys.argv[1:]))
 
 
 __all__ = ["app", "main"]

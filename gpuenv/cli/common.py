@@ -80,3 +80,27 @@ def print_table(rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
+# Options of `run` that take a value: the word after them is not the command.
+_VALUED = {"-i", "--image", "--gpus", "-e", "--env", "-v", "--volume", "-p", "--publish",
+           "--network", "--workdir", "--ipc", "-f", "--file", "--context", "--namespace",
+           "--registry", "--pvc", "--timeout", "--runtime-class", "--shm-size",
+           "--pull-secret", "--attach", "--logs", "--monitor-out"}  # fmt: skip
+
+
+def normalise_argv(args: list[str]) -> list[str]:
+    """`-it` (docker's spelling) would parse as `-i t`, because -i takes the image; a bare
+    `--monitor` takes the default interval (INTERVAL only with `=`, as in --monitor=2)."""
+    args = list(args)
+    if args[:1] == ["bench"]:  # options and patterns interleave there; no command follows
+        return [a if a != "--monitor" else "--monitor=default" for a in args]
+    if args[:1] == ["run"]:
+        for i, arg in enumerate(args):
+            if arg == "--" or (i > 0 and not arg.startswith("-") and args[i - 1] not in _VALUED):
+                break
+            if arg in ("-it", "-ti"):
+                args[i] = "--interactive"
+            if arg == "--monitor":  # --monitor[=INTERVAL]: alone, the default interval
+                args[i] = "--monitor=default"
+    return args
