@@ -128,7 +128,7 @@ def plan_and_build(
     """`gpuenv build`: bases, then the plan, then its execution; with `reproducible`, the
     built images normalised (gpuenv/reproducible.py) once every cell succeeded."""
     from gpuenv import plan as plans
-    from gpuenv.publish import pull_repository
+    from gpuenv.registry import pull_repository
 
     pull_from = pull_repository(project)  # a malformed $GPUENV_REGISTRY stops the run here
     # Render everything before touching the engine: a template error must stop the run

@@ -239,7 +239,7 @@ def dry_run(
     engine: Engine, project: Project, cells: list[Cell], ca_bundle: Path | None, no_cache: bool
 ) -> BuildPlan:
     """`gpuenv build --dry-run`: the plan a build would follow now, building nothing."""
-    from gpuenv.publish import pull_repository
+    from gpuenv.registry import pull_repository
 
     return make_plan(
         engine, project, cells, ca_bundle=ca_bundle, no_cache=no_cache,

@@ -9,8 +9,6 @@ hash is the one the matrix gives now and it did not fail `gpuenv validate`.
 
 from __future__ import annotations
 
-import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from gpuenv import cache
 from gpuenv.cell import Cell
 from gpuenv.errors import GpuenvError
+from gpuenv.registry import registry_problem, target_repository
 
 if TYPE_CHECKING:
     from gpuenv.engine import Engine, ImageInfo
@@ -33,15 +32,6 @@ TRANSIENT = (
     "temporarily unavailable",
 )  # fmt: skip
 RETRIES = 3
-REGISTRY_ENV = "GPUENV_REGISTRY"  # where `gpuenv build` looks for published images first
-_REGISTRY = re.compile(r"[A-Za-z0-9.-]+(:\d+)?(/[a-z0-9._-]+)*")
-
-
-def registry_problem(value: str) -> str | None:
-    """Why REG is not HOST[:PORT][/NAMESPACE], or None."""
-    if _REGISTRY.fullmatch(value):
-        return None
-    return f"{value!r}: expected HOST[:PORT][/NAMESPACE] (namespace in lowercase)"
 
 
 def aliases_by_cell(m: LoadedMatrix, cells: list[Cell]) -> dict[str, list[str]]:
@@ -56,13 +46,6 @@ def aliases_by_cell(m: LoadedMatrix, cells: list[Cell]) -> dict[str, list[str]]:
             )
         out.setdefault(matches[0].name, []).append(alias)
     return out
-
-
-def target_repository(name: str, registry: str | None) -> str:
-    """`--registry REG` replaces registry and namespace: REG/<last component of name>."""
-    if not registry:
-        return name
-    return f"{registry.rstrip('/')}/{name.rsplit('/', 1)[-1]}"
 
 
 # ---------------------------------------------------------------- validation records
@@ -194,24 +177,6 @@ def pull_matching(engine: Engine, ref: str, spec: str, keep_as: str) -> tuple[st
     if before is None:
         engine.remove_image(ref)  # untags only: keep_as holds the image
     return info.id, ""
-
-
-def pull_repository(project: Project) -> str | None:
-    """Where `gpuenv build` looks for published images first: REG/<last part of name>
-    with $GPUENV_REGISTRY=REG; None when it is unset."""
-    registry = registry_from_env()
-    return target_repository(project.matrix.model.name, registry) if registry else None
-
-
-def registry_from_env() -> str | None:
-    """$GPUENV_REGISTRY, checked; None when unset or empty."""
-    value = os.environ.get(REGISTRY_ENV, "").strip()
-    if not value:
-        return None
-    why = registry_problem(value)
-    if why:
-        raise GpuenvError(f"${REGISTRY_ENV}={why}")
-    return value
 
 
 # ---------------------------------------------------------------------- the push verb

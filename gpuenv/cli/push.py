@@ -34,6 +34,7 @@ def push_cmd(
     """Tag and push the cells' images (and their aliases); report the digest per tag."""
     from gpuenv import engine, publish
     from gpuenv.project import open_project
+    from gpuenv.registry import registry_problem
 
     def progress(r: publish.TagResult) -> None:
         if not as_json:
@@ -41,8 +42,8 @@ def push_cmd(
             print(f"{r.status:7} {r.ref}  {shown}", file=sys.stderr)
 
     with user_errors():
-        if registry is not None and publish.registry_problem(registry):
-            raise fail(f"--registry {publish.registry_problem(registry)}", 2)
+        if registry is not None and registry_problem(registry):
+            raise fail(f"--registry {registry_problem(registry)}", 2)
         project = open_project(file)
         results = publish.push_cells(
             engine.connect(), project, project.select(patterns), registry=registry,

@@ -39,7 +39,8 @@ def ship(
     say: Callable[[str], None],
 ) -> Shipped:
     """Push the cell's image, then (with `root`) the code layer built on it."""
-    from gpuenv.publish import push_cells, push_ref, target_repository
+    from gpuenv.publish import push_cells, push_ref
+    from gpuenv.registry import target_repository
 
     results = push_cells(
         engine, project, [cell], registry=registry, aliases=False,

@@ -99,7 +99,7 @@ def parse_gpu_count(spec: str | None) -> int:
 def submit(opts: KubeOptions) -> int:
     from gpuenv import engine, run
     from gpuenv.kube import client, images
-    from gpuenv.publish import registry_from_env, registry_problem
+    from gpuenv.registry import registry_from_env, registry_problem
 
     gpus = parse_gpu_count(opts.gpus)
     registry = opts.registry or registry_from_env()

@@ -17,6 +17,7 @@ import pytest
 
 from gpuenv import compat, publish
 from gpuenv import matrix as matrices
+from gpuenv import registry as registries
 from gpuenv.engine import EngineError, ImageInfo
 from gpuenv.errors import GpuenvError, MatrixError
 
@@ -177,7 +178,7 @@ def test_an_exception_from_the_sdk_is_a_failure_too():
     ],
 )
 def test_target_repository(name, registry, expected):
-    assert publish.target_repository(name, registry) == expected
+    assert registries.target_repository(name, registry) == expected
 
 
 @pytest.mark.parametrize(
@@ -194,19 +195,19 @@ def test_target_repository(name, registry, expected):
     ],
 )
 def test_registry_problem(value, ok):
-    assert (publish.registry_problem(value) is None) is ok
+    assert (registries.registry_problem(value) is None) is ok
 
 
 def test_registry_from_env(monkeypatch):
-    monkeypatch.delenv(publish.REGISTRY_ENV, raising=False)
-    assert publish.registry_from_env() is None
-    monkeypatch.setenv(publish.REGISTRY_ENV, "  ")
-    assert publish.registry_from_env() is None
-    monkeypatch.setenv(publish.REGISTRY_ENV, "127.0.0.1:5000/x")
-    assert publish.registry_from_env() == "127.0.0.1:5000/x"
-    monkeypatch.setenv(publish.REGISTRY_ENV, "ghcr.io/Acme")
+    monkeypatch.delenv(registries.REGISTRY_ENV, raising=False)
+    assert registries.registry_from_env() is None
+    monkeypatch.setenv(registries.REGISTRY_ENV, "  ")
+    assert registries.registry_from_env() is None
+    monkeypatch.setenv(registries.REGISTRY_ENV, "127.0.0.1:5000/x")
+    assert registries.registry_from_env() == "127.0.0.1:5000/x"
+    monkeypatch.setenv(registries.REGISTRY_ENV, "ghcr.io/Acme")
     with pytest.raises(GpuenvError, match=r"\$GPUENV_REGISTRY='ghcr.io/Acme': expected HOST"):
-        publish.registry_from_env()
+        registries.registry_from_env()
 
 
 def _loaded(write_matrix, text: str) -> tuple[Any, Any]:
