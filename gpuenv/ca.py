@@ -213,6 +213,9 @@ class _Loop:
         self.data = data
         own = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
+            # Past connections in TIME_WAIT must not keep the port (two listeners never share
+            # a port through SO_REUSEADDR on Linux; SO_REUSEPORT is what shares it).
+            own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if SHARING:
                 own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             own.bind(("127.0.0.1", port))
