@@ -35,13 +35,47 @@ def find_bundle(explicit: Path | None, matrix_value: str | None, matrix_dir: Pat
         candidate, origin = Path(os.environ["PIP_CERT"]), "$PIP_CERT"
     else:
         return None
-    try:
-        text = candidate.read_bytes()
-    except OSError as exc:
-        raise GpuenvError(f"CA bundle {candidate} (from {origin}): {exc.strerror}") from None
-    if b"-----BEGIN CERTIFICATE-----" not in text:
-        raise GpuenvError(f"CA bundle {candidate} (from {origin}) holds no PEM certificate")
+    check_bundle(candidate, origin)
     return candidate
+
+
+MAX_BUNDLE_BYTES = 16 << 20
+
+
+def check_bundle(path: Path, origin: str) -> None:
+    """A readable regular file (not a directory or /dev/zero) of PEM certificates that
+    OpenSSL loads, at least one of them valid now: else an error naming where it came from."""
+    import ssl
+
+    from gpuenv.yamlfile import read_capped
+
+    where = f"CA bundle {path} (from {origin})"
+    try:
+        text = read_capped(path, MAX_BUNDLE_BYTES)
+    except IsADirectoryError:
+        raise GpuenvError(f"{where}: not a regular file") from None
+    except OSError as exc:
+        raise GpuenvError(f"{where}: {exc.strerror}") from None
+    if len(text) > MAX_BUNDLE_BYTES:
+        raise GpuenvError(f"{where}: larger than {MAX_BUNDLE_BYTES} bytes")
+    if b"-----BEGIN CERTIFICATE-----" not in text:
+        raise GpuenvError(f"{where} holds no PEM certificate")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        context.load_verify_locations(cadata=text.decode("ascii"))
+    except (ssl.SSLError, UnicodeDecodeError, ValueError):
+        raise GpuenvError(f"{where}: a PEM certificate in it does not parse") from None
+    now = time.time()
+    certs = context.get_ca_certs()
+    valid = [
+        c
+        for c in certs
+        if ssl.cert_time_to_seconds(c["notBefore"])
+        <= now
+        <= ssl.cert_time_to_seconds(c["notAfter"])
+    ]
+    if certs and not valid:
+        raise GpuenvError(f"{where}: every certificate in it has expired (or is not yet valid)")
 
 
 # Sharing the port needs Linux: SO_REUSEPORT's load balancing between listeners, abstract

@@ -33,7 +33,7 @@ class _Group(TyperGroup):
             hint = f" (see gpuenv {verb + ' ' if verb else ''}-h)" if usage else ""
             message = " ".join(exc.format_message().split())
             print(f"error: {verb + ': ' if verb else ''}{message}{hint}", file=sys.stderr)
-        except click_errors.Abort:
+        except typer.Abort:
             print("error: interrupted", file=sys.stderr)
             code = 130
         if not isinstance(code, int):
@@ -81,7 +81,8 @@ CaOption = Annotated[
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    print(f"error: {message}", file=sys.stderr)
+    # One line, whatever the message holds (a library's multi-line text, a hostile value).
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
     return typer.Exit(code)
 
 
@@ -94,7 +95,10 @@ def user_errors(exit_code: int | None = None) -> Iterator[None]:
         yield
     except GpuenvError as exc:
         # `run` fails with 125 unless the error knows better (126: cannot invoke, 127: not found).
-        code = exc.exit_code if exc.exit_code in (2, 126, 127) else exit_code or exc.exit_code
+        if exit_code is None:  # other verbs: 2 for usage, 1 for everything else
+            code = 2 if exc.exit_code == 2 else 1
+        else:
+            code = exc.exit_code if exc.exit_code in (2, 126, 127) else exit_code
         raise fail(exc.message, code) from None
     except KeyboardInterrupt:
         raise fail("interrupted", 130) from None
