@@ -80,9 +80,16 @@ CaOption = Annotated[
 ]
 
 
+MAX_ERROR = 2000
+
+
 def fail(message: str, code: int = 1) -> typer.Exit:
     # One line, whatever the message holds (a library's multi-line text, a hostile value).
-    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    # Bounded: a hostile value (a 60 KB label) is not echoed in full.
+    line = " ".join(message.split())
+    if len(line) > MAX_ERROR:
+        line = f"{line[:MAX_ERROR]}... ({len(line) - MAX_ERROR} more characters)"
+    print(f"error: {line}", file=sys.stderr)
     return typer.Exit(code)
 
 
