@@ -107,7 +107,7 @@ def parse_env(items: list[str], read: bool = True) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not _ENV_NAME.fullmatch(key) or "\n" in item:
-            shown = repr(key[:80]) + ("=..." if sep else "")
+            shown = repr(key[:80] + ("=..." if sep else ""))
             raise fail(f"-e {shown}: expected KEY=VALUE or KEY (a name without spaces)", 125)
         if not read:
             continue
