@@ -473,7 +473,16 @@ def connect() -> Engine:
     base_url, extra = _base_url()
     # With the default version="auto" the client asks the engine for its API version
     # first, which already proves the engine answers: no separate ping.
-    with _translated():
-        client = docker.DockerClient(base_url=base_url, **extra) if base_url else docker.from_env()
+    try:
+        with _translated():
+            client = (
+                docker.DockerClient(base_url=base_url, **extra) if base_url else docker.from_env()
+            )
+    except (ValueError, TypeError) as exc:  # the SDK's parse errors of a malformed address
+        where = os.environ.get("DOCKER_HOST") or base_url or ""
+        raise EngineError(
+            f"DOCKER_HOST={where[:200]!r} is not a Docker Engine address ({exc}); "
+            "expected unix:///PATH, tcp://HOST:PORT or ssh://USER@HOST"
+        ) from None
     _conn.engine = Engine(client)
     return _conn.engine

@@ -81,7 +81,13 @@ def parse_gpus(spec: str) -> GpuRequest:
             else:
                 raise GpuenvError(f"--gpus {spec!r}: count is all or N > 0", exit_code=125)
         elif key == "capabilities":
-            caps = tuple(sorted({"gpu", *(c for c in value.split(",") if c)}))
+            asked = [c for c in value.split(",") if c]
+            if not asked or not all(re.fullmatch(r"[a-z0-9_]{1,32}", c) for c in asked):
+                raise GpuenvError(
+                    f"--gpus {spec!r}: capabilities are names such as compute,utility",
+                    exit_code=125,
+                )
+            caps = tuple(sorted({"gpu", *asked}))
         else:
             raise GpuenvError(f"--gpus {spec!r}: unknown option {key!r}", exit_code=125)
     if devices and count is not None:

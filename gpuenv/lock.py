@@ -137,18 +137,60 @@ def today() -> str:
 
 
 def load(path: Path) -> Lock | None:
-    if not path.exists():
+    """matrix.lock, checked: plain YAML (no tags, alias bombs or duplicate keys), this
+    version, a sha256 per cell, an exclude-newer timestamp. Anything else is one error that
+    names the file and says how to recover."""
+    from gpuenv.errors import MatrixError
+    from gpuenv.yamlfile import MAX_BYTES, parse, read_capped
+
+    if not path.exists() and not path.is_symlink():
         return None
+
+    def bad(why: str) -> GpuenvError:
+        return GpuenvError(f"{path}: not a gpuenv lock ({why}); rewrite it: gpuenv lock")
+
     try:
-        data: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
-        cells = {
-            name: CellLock(str(c["inputs"]), str(c["python_env"]), str(c.get("cuda") or ""))
-            for name, c in (data.get("cells") or {}).items()
-        }
-        bases = {str(k): dict(v) for k, v in (data.get("bases") or {}).items()}
-        return Lock(path, str(data["exclude_newer"]), cells, bases)
-    except (yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
-        raise GpuenvError(f"{path}: not a gpuenv lock ({exc}); rewrite it: gpuenv lock") from None
+        raw = read_capped(path, MAX_BYTES * 50)
+    except OSError as exc:
+        raise bad(f"cannot read: {exc.strerror}") from None
+    if len(raw) > MAX_BYTES * 50:
+        raise bad("too large")
+    try:
+        data: Any = parse(raw.decode("utf-8"), path).data
+    except UnicodeDecodeError as exc:
+        raise bad(f"not UTF-8 text (byte {exc.start})") from None
+    except MatrixError as exc:
+        raise GpuenvError(f"{exc.message}; rewrite it: gpuenv lock") from None
+    if not isinstance(data, dict):
+        raise bad("expected a mapping")
+    if data.get("version") != VERSION:
+        raise bad(f"version {data.get('version')!r}, this gpuenv reads version {VERSION}")
+    exclude_newer = data.get("exclude_newer")
+    if not isinstance(exclude_newer, str) or not _TIMESTAMP.fullmatch(exclude_newer):
+        raise bad(f"exclude_newer {exclude_newer!r}: expected YYYY-MM-DDT00:00:00Z")
+    cells_doc, bases_doc = data.get("cells") or {}, data.get("bases") or {}
+    if not isinstance(cells_doc, dict) or not isinstance(bases_doc, dict):
+        raise bad("cells and bases must be mappings")
+    cells = {}
+    for name, c in cells_doc.items():
+        if not isinstance(c, dict) or not all(
+            isinstance(c.get(k, ""), str) for k in ("inputs", "python_env", "cuda")
+        ):
+            raise bad(f"cell {str(name)[:80]!r}: expected inputs, python_env, cuda as text")
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", c.get("inputs", "")):
+            raise bad(f"cell {str(name)[:80]!r}: inputs is not sha256:<64 hex digits>")
+        cells[str(name)] = CellLock(
+            c["inputs"], str(c.get("python_env") or ""), str(c.get("cuda") or "")
+        )
+    bases = {}
+    for image, entry in bases_doc.items():
+        if not isinstance(entry, dict):
+            raise bad(f"base {str(image)[:80]!r}: expected a mapping")
+        bases[str(image)] = dict(entry)
+    return Lock(path, exclude_newer, cells, bases)
+
+
+_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
 
 
 class _Literal(str):
@@ -231,8 +273,12 @@ def exclude_newer_date(given: str | None, current: Lock | None) -> str:
     """--exclude-newer YYYY-MM-DD, else the current lock's date, else today."""
     if given is None:
         return current.exclude_newer if current is not None else today()
-    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", given):
-        raise GpuenvError(f"--exclude-newer {given!r}: expected YYYY-MM-DD", exit_code=2)
+    try:
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", given):
+            raise ValueError
+        datetime.strptime(given, "%Y-%m-%d")
+    except ValueError:
+        raise GpuenvError(f"--exclude-newer {given!r}: expected YYYY-MM-DD", exit_code=2) from None
     return f"{given}T00:00:00Z"
 
 

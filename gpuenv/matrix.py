@@ -80,7 +80,8 @@ def _pip(value: str) -> str:
     try:
         req = Requirement(value)
     except InvalidRequirement as exc:
-        raise ValueError(f"{value!r} is not a valid pip requirement: {exc}") from None
+        reason = str(exc).splitlines()[0] if str(exc) else "invalid"
+        raise ValueError(f"{value!r} is not a valid pip requirement: {reason}") from None
     return str(req)
 
 

@@ -7,6 +7,9 @@ node tree so that errors found later, by the schema, can name the line they come
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,11 +68,22 @@ def _child(node: yaml.Node | None, part: str | int) -> tuple[yaml.Node, yaml.Nod
     return None
 
 
+def read_capped(path: Path, limit: int) -> bytes:
+    """At most limit + 1 bytes of a regular file: a device (/dev/zero), a FIFO or a directory
+    is refused before anything is read from it."""
+    with path.open("rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise IsADirectoryError(errno.EISDIR, "not a regular file")
+        return f.read(limit + 1)
+
+
 def load(path: Path) -> YamlDocument:
     try:
-        raw = path.read_bytes()
+        raw = read_capped(path, MAX_BYTES)
     except FileNotFoundError:
         raise MatrixError(path, "no such file; pass -f/--file or set GPUENV_MATRIX") from None
+    except IsADirectoryError:
+        raise MatrixError(path, "cannot read: not a regular file") from None
     except OSError as exc:
         raise MatrixError(path, f"cannot read: {exc.strerror}") from None
     if len(raw) > MAX_BYTES:
@@ -87,14 +101,25 @@ def parse(text: str, path: Path) -> YamlDocument:
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
         raise MatrixError(path, f"malformed YAML: {exc.problem}", line) from None
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        what = f"character {exc.character!r}" if isinstance(exc.character, str) else "byte"
+        raise MatrixError(path, f"malformed YAML: {what} is not allowed in YAML", line) from None
     except yaml.YAMLError as exc:
-        raise MatrixError(path, f"malformed YAML: {exc}") from None
+        raise MatrixError(path, f"malformed YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise MatrixError(path, "malformed YAML: nested too deeply") from None
     if root is None:
         return YamlDocument(path, None, None)
-    _check_tree(root, path)
+    try:
+        _check_tree(root, path)
+    except RecursionError:
+        raise MatrixError(path, "malformed YAML: nested too deeply") from None
     loader = yaml.SafeLoader("")
     try:
         data = loader.construct_document(root)
+    except RecursionError:
+        raise MatrixError(path, "malformed YAML: nested too deeply") from None
     except yaml.constructor.ConstructorError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
         tag = getattr(exc, "problem", "") or str(exc)

@@ -53,7 +53,9 @@ def base_cmd(
 def build_cmd(
     patterns: Patterns = None,
     file: FileOption = None,
-    jobs: Annotated[int, typer.Option("-j", "--jobs", min=1, help="Cells built at once")] = 1,
+    jobs: Annotated[
+        int, typer.Option("-j", "--jobs", min=1, max=64, help="Cells built at once")
+    ] = 1,
     keep_going: Annotated[
         bool, typer.Option("--keep-going", help="Build the other cells when one fails")
     ] = False,
@@ -88,6 +90,9 @@ def build_cmd(
         project = open_project(file)
         cells = project.select(patterns)
         bundle = project.ca_bundle(ca_bundle)
+        from gpuenv.registry import registry_from_env
+
+        registry_from_env()  # a malformed $GPUENV_REGISTRY is an error before the engine
         if dry_run:
             the_plan = plan.dry_run(engine.connect(), project, cells, bundle, no_cache)
             if as_json:

@@ -10,8 +10,41 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer._click import exceptions as click_errors  # Typer's own copy of Click's
+from typer.core import TyperGroup
+
+
+class _Group(TyperGroup):
+    """Click's errors as gpuenv's: one `error:` line, never a box or a traceback.
+
+    Usage errors exit 2, under `run` 125 (as `docker run` does for its own failures)."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        argv = list(kwargs.get("args") or (args[0] if args else None) or sys.argv[1:])
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click_errors.NoArgsIsHelpError as exc:
+            exc.show()
+            code = exc.exit_code
+        except click_errors.ClickException as exc:
+            verb = argv[0] if argv and argv[0] in self.commands else ""
+            usage = isinstance(exc, click_errors.UsageError)
+            code = 125 if usage and argv[:1] == ["run"] else exc.exit_code
+            hint = f" (see gpuenv {verb + ' ' if verb else ''}-h)" if usage else ""
+            message = " ".join(exc.format_message().split())
+            print(f"error: {verb + ': ' if verb else ''}{message}{hint}", file=sys.stderr)
+        except typer.Abort:
+            print("error: interrupted", file=sys.stderr)
+            code = 130
+        if not isinstance(code, int):
+            code = 0
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
 
 app = typer.Typer(
+    cls=_Group,
     name="gpuenv",
     help="Reproducible CPU and GPU Docker environments for TensorFlow, from one matrix.yaml.",
     no_args_is_help=True,
@@ -47,8 +80,16 @@ CaOption = Annotated[
 ]
 
 
+MAX_ERROR = 2000
+
+
 def fail(message: str, code: int = 1) -> typer.Exit:
-    print(f"error: {message}", file=sys.stderr)
+    # One line, whatever the message holds (a library's multi-line text, a hostile value).
+    # Bounded: a hostile value (a 60 KB label) is not echoed in full.
+    line = " ".join(message.split())
+    if len(line) > MAX_ERROR:
+        line = f"{line[:MAX_ERROR]}... ({len(line) - MAX_ERROR} more characters)"
+    print(f"error: {line}", file=sys.stderr)
     return typer.Exit(code)
 
 
@@ -61,7 +102,10 @@ def user_errors(exit_code: int | None = None) -> Iterator[None]:
         yield
     except GpuenvError as exc:
         # `run` fails with 125 unless the error knows better (126: cannot invoke, 127: not found).
-        code = exc.exit_code if exc.exit_code in (2, 126, 127) else exit_code or exc.exit_code
+        if exit_code is None:  # other verbs: 2 for usage, 1 for everything else
+            code = 2 if exc.exit_code == 2 else 1
+        else:
+            code = exc.exit_code if exc.exit_code in (2, 126, 127) else exit_code
         raise fail(exc.message, code) from None
     except KeyboardInterrupt:
         raise fail("interrupted", 130) from None

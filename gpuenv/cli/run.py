@@ -116,6 +116,7 @@ def run_local(
     from gpuenv import engine, run
     from gpuenv.gpus import parse_gpus
     from gpuenv.monitor import MonitorOptions
+    from gpuenv.project import looks_like_image, open_project
 
     with user_errors(exit_code=125):
         if kube_given:
@@ -124,7 +125,11 @@ def run_local(
             raise GpuenvError(f"{', '.join(kube_given)}: only with --kube")
         request = parse_gpus(gpus) if gpus is not None else None
         cwd = Path.cwd()
+        # Every option is checked before the engine is reached (or a missing cell built).
+        run.check_options(env or [], volume or [], publish or [], workdir, cwd)
         argv = run.command_for(command, cwd)
+        if image is None or not looks_like_image(image):
+            open_project(file)  # a bad matrix is an error before the engine is reached
         eng = engine.connect()
         target = run.target_for(eng, image, request is not None, file)
         run.gpu_preflight(eng, target, request)

@@ -48,11 +48,15 @@ def validate_cmd(
 ) -> None:
     """Prove what images hold (pytest-testinfra suites against a container of each)."""
     from gpuenv import engine
+    from gpuenv.errors import GpuenvError
     from gpuenv.gpus import parse_gpus
     from gpuenv.validate import session
 
     with user_errors():
-        request = parse_gpus(gpus) if gpus is not None else None
+        try:
+            request = parse_gpus(gpus) if gpus is not None else None
+        except GpuenvError as exc:  # a usage error here, not `run`'s 125
+            raise GpuenvError(exc.message, exit_code=2) from None
         if host is not None:
             if patterns or image or record_sizes:
                 raise fail(HOST_ALONE, 2)

@@ -102,8 +102,11 @@ def from_labels(image: str, found: dict[str, str]) -> dict[str, Any]:
         release = cat.toolkits[cuda].release
     elif cuda or cudnn:
         raise GpuenvError(f"{image}: a CPU image with io.gpuenv.cuda/cudnn labels")
+    from gpuenv.cell import cell_name
+
     return {
-        "name": claims.cell,
+        # The cell its claims describe; the labels check compares io.gpuenv.cell with it.
+        "name": cell_name(cat.short, row.minor, python, variant, cuda),
         "image": image,
         "variant": variant,
         "python": python,

@@ -160,7 +160,7 @@ def test_parse_volume_errors(item):
     with pytest.raises(GpuenvError) as err:
         run.parse_volume(item, Path("/proj"))
     assert err.value.exit_code == 125
-    assert "expected SRC:DST[:ro] with an absolute DST" in err.value.message
+    assert "expected SRC:DST[:ro|rw] with an absolute DST" in err.value.message
 
 
 # --------------------------------------------------------------------------- -p

@@ -3,6 +3,7 @@ build used is left in it."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from conftest import Box
@@ -168,7 +169,8 @@ def test_labels_agree_with_the_contents(box: Box) -> None:
     assert labels.get("io.gpuenv.variant") == exp["variant"]
     assert labels.get("io.gpuenv.cuda", "") == (exp["cuda"] or "")
     assert labels.get("io.gpuenv.cudnn", "") == (exp["cudnn"] or "")
-    assert len(labels.get("io.gpuenv.spec-hash", "")) == 64, "no io.gpuenv.spec-hash label"
+    spec_hash = labels.get("io.gpuenv.spec-hash", "")
+    assert re.fullmatch(r"[0-9a-f]{64}", spec_hash), f"io.gpuenv.spec-hash={spec_hash[:100]!r}"
     # Against the contents themselves too: for `-i IMAGE` the expectations come from the
     # labels, so comparing with them alone would let a wrong label agree with itself. (The
     # Python label needs no such line: with -i the expected Python is the label, and
@@ -178,6 +180,11 @@ def test_labels_agree_with_the_contents(box: Box) -> None:
     key = "io.gpuenv.framework-version"
     assert labels.get(key) == installed, (
         f"label {key}={labels.get(key)!r}, the image has {installed!r}"
+    )
+    # The cell name the other labels describe (a cell's own name, or for -i the one the
+    # catalog gives those claims): a label saying another cell, or holding a newline, fails.
+    assert labels.get("io.gpuenv.cell") == exp["name"], (
+        f"label io.gpuenv.cell={labels.get('io.gpuenv.cell', '')[:100]!r}, expected {exp['name']!r}"
     )
 
 

@@ -35,6 +35,9 @@ TEST_REPOSITORIES = frozenset(
         "gpuenv-test/lock-keep",  # other tags of the locked cell's builds
         "gpuenv-test/broken",  # validate_fixtures.py: images broken in one respect
         "gpuenv-test/pushpull",  # test_engine_push.py: pull before build
+        "gpuenv-test/harden-a",  # test_engine_ca_concurrent.py: concurrent builds
+        "gpuenv-test/harden-b",
+        "gpuenv-test/harden-labels",  # test_engine_hostile.py: images with hostile labels
     }
 )
 
