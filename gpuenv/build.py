@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from gpuenv.project import Project
     from gpuenv.render import BuildContext
 
-LOG_TAIL = 15
+LOG_TAIL = 15  # the lines a failure shows
+LOG_KEPT = 400  # the lines a failure is explained from (uv's hash report alone is ~20)
 
 
 def context_tar(ctx: BuildContext) -> io.BytesIO:
@@ -244,8 +245,9 @@ def _build(
     def on_log(line: str) -> None:
         if re.match(r"Step \d+/\d+ :", line):
             step[:] = [line]
-        tail.append(line)
-        del tail[:-LOG_TAIL]
+        if line.strip():  # uv pads its reports with blank lines; they explain nothing
+            tail.append(line)
+            del tail[:-LOG_KEPT]
         reporter.log(cell, line)
 
     labels = {
@@ -256,7 +258,7 @@ def _build(
         return engine.build(context_tar(p.context), labels=labels, nocache=no_cache, on_log=on_log)
     except BuildFailed as exc:
         result.status, result.error = "failed", _explain(str(exc), tail)
-        result.step, result.log_tail = (step[0] if step else None), tail
+        result.step, result.log_tail = (step[0] if step else None), tail[-LOG_TAIL:]
         return None
 
 

@@ -395,7 +395,7 @@ def test_device_checks_fail_when_the_engine_cannot_give_the_requested_gpus(
     report = f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert proc.returncode == 1, report
     devices = {t for t, o in shipped_outcomes[GPU_IMAGE].items() if "no --gpus given" in o.message}
-    assert len(devices) == 5, shipped_outcomes[GPU_IMAGE]
+    assert len(devices) == 6, shipped_outcomes[GPU_IMAGE]
     for test, outcome in tests.items():
         if test in devices:
             assert outcome.outcome == "failed", (test, outcome)

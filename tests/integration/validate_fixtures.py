@@ -70,6 +70,7 @@ DEVICE_CHECKS = (
     "test_matmul_runs_on_gpu0",
     "test_cudnn_lstm_runs",
     "test_gpu_compute_capability_runs_the_framework",
+    "test_all_reduce_across_the_requested_gpus",
 )
 PINNED_CHECK = "test_pinned_packages_are_installed"
 
