@@ -280,7 +280,7 @@ def _pull(engine: Engine, p: CellPlan, reporter: Reporter) -> str | None:
 def _explain(error: str, tail: list[str]) -> str:
     """The engine says 'returned a non-zero code: 1'; the log usually says which package."""
     text = "\n".join(tail)
-    if "no space left on device" in text or "no space left on device" in error:
+    if "no space left on device" in (text + error).lower():  # uv: "No space left..."
         return "the disk filled up during the build; free space (docker image prune) and retry"
     mismatch = re.search(r"[Hh]ash mismatch for `?([^`\s]+?)`?(?:\s|$)", text)
     if mismatch:

@@ -54,11 +54,17 @@ def write_record(name: str, data: dict[str, Any]) -> bool:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.")
+    except OSError:
+        return False
+    try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=1, sort_keys=True)
         os.replace(tmp, path)
-    except OSError:
-        return False
+    except BaseException as exc:  # a full disk, a signal: no half record, no stray file
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            return False
+        raise
     return True
 
 

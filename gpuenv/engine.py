@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from typing import Any
 
 import docker
 import docker.errors
+import requests.exceptions
+import urllib3.exceptions
 from docker.context import ContextAPI
 
 from gpuenv import contract
@@ -116,6 +119,8 @@ def engine_error(exc: Exception) -> EngineError:
             "Failed to establish",
             "timed out",
             "FileNotFoundError",
+            "Connection broken",
+            "RemoteDisconnected",
         )
     ):
         message = (
@@ -129,12 +134,20 @@ def engine_error(exc: Exception) -> EngineError:
     return EngineError(message, detail=text, status=status)
 
 
+# What a connection that breaks mid-stream raises: below the SDK (urllib3, requests), so
+# not a DockerException (an engine restarted during a build: "Connection broken").
+_CONNECTION_ERRORS = (
+    docker.errors.DockerException, OSError, requests.exceptions.RequestException,
+    urllib3.exceptions.HTTPError,
+)  # fmt: skip
+
+
 @contextmanager
 def _translated() -> Iterator[None]:
-    """SDK and socket failures leave as EngineError."""
+    """SDK, HTTP and socket failures leave as EngineError."""
     try:
         yield
-    except (docker.errors.DockerException, OSError) as exc:
+    except _CONNECTION_ERRORS as exc:
         raise engine_error(exc) from None
 
 
@@ -168,6 +181,30 @@ class Engine:
     def info(self) -> dict[str, Any]:
         with _translated():
             return dict(self._api.info())
+
+    def ping(self, timeout: float) -> bool:
+        """Whether the engine answers within `timeout` seconds (a dropped link never
+        answers, and a stream from it never ends: callers watch with this)."""
+        try:
+            resp = self._api.get(self._api._url("/_ping"), timeout=timeout)
+            return bool(resp.status_code == 200)
+        except Exception:  # refused, reset, timed out, TLS: all mean "not now"
+            return False
+
+    def remove_container_patiently(self, cid: str, patience: float) -> bool:
+        """Remove a container, waiting up to `patience` seconds for an engine that is
+        restarting or a link that is down to come back; False when it did not."""
+        deadline = time.monotonic() + patience
+        while True:
+            if self.ping(timeout=min(5.0, max(patience, 0.5))):
+                try:
+                    self.remove_container(cid)
+                    return True
+                except EngineError:
+                    pass
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
 
     def close(self) -> None:
         """Close the client's connections; streams in flight (a build) end, and the engine
@@ -295,6 +332,7 @@ class Engine:
         labels: dict[str, str],
         nocache: bool,
         on_log: LogSink,
+        patience: float = 30,
     ) -> str:
         """Build an uploaded tar context without tagging it; returns the full image ID
         (sha256:...), the form `image inspect` gives, so callers can compare the two.
@@ -302,8 +340,38 @@ class Engine:
         The caller tags only after success, so a failed or interrupted build never leaves a
         tag on a half-built image. forcerm removes intermediate containers either way.
         """
-        image_id = None  # the full sha256:... ID from the aux message
-        short_id = None  # the "Successfully built <12 hex>" line, when no aux message came
+        # image_id: the full sha256:... ID from the aux message; short_id: the "Successfully
+        # built <12 hex>" line, when no aux message came.
+        running: list[str] = []  # the container of the step in progress ("Running in <id>")
+        try:
+            image_id, short_id = self._build_stream(context, labels, nocache, on_log, running)
+        except EngineError as exc:
+            # The engine went away mid-build (restarted, killed): its builder never removes
+            # the step's container, which is left Dead once the engine is back. Remove it.
+            left = running and not self.remove_container_patiently(running[-1], patience)
+            raise EngineError(
+                f"the Docker Engine at {self.url} went away during the build "
+                f"({exc.detail.splitlines()[0][:200] if exc.detail else exc.message}); "
+                "nothing was tagged; run the build again once the engine is back"
+                + (f" (and docker rm -f {running[-1][:12]})" if left else ""),
+                detail=exc.detail,
+            ) from None
+        if image_id is None and short_id is not None:
+            info = self.image(short_id)
+            image_id = info.id if info else None
+        if image_id is None:
+            raise BuildFailed("the engine ended the build without an image")
+        return image_id
+
+    def _build_stream(
+        self,
+        context: Any,
+        labels: dict[str, str],
+        nocache: bool,
+        on_log: LogSink,
+        running: list[str],
+    ) -> tuple[str | None, str | None]:
+        image_id = short_id = None
         with _translated():
             stream: Iterator[dict[str, Any]] = self._api.build(
                 fileobj=context,
@@ -325,17 +393,15 @@ class Engine:
                         m = re.match(r"Successfully built ([0-9a-f]{12,64})", line)
                         if m:
                             short_id = m.group(1)
+                        m = re.match(r"\s*---> Running in ([0-9a-f]{12,64})", line)
+                        if m:
+                            running.append(m.group(1))
                 if "aux" in chunk and isinstance(chunk["aux"], dict) and "ID" in chunk["aux"]:
                     image_id = str(chunk["aux"]["ID"])
                 if "error" in chunk or "errorDetail" in chunk:
                     detail = chunk.get("errorDetail") or {}
                     raise BuildFailed(str(detail.get("message") or chunk.get("error")).strip())
-        if image_id is None and short_id is not None:
-            info = self.image(short_id)
-            image_id = info.id if info else None
-        if image_id is None:
-            raise BuildFailed("the engine ended the build without an image")
-        return image_id
+        return image_id, short_id
 
     # ------------------------------------------------------------------ containers
 

@@ -227,6 +227,9 @@ def write(lock: Lock) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(header + text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # a committed file: not mkstemp's 0600
         os.replace(tmp, lock.path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

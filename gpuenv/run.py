@@ -19,6 +19,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -305,8 +306,17 @@ def run(
     except EngineError as exc:
         raise _start_error(exc, opts) from None
     finally:
-        with contextlib.suppress(GpuenvError):
-            engine.remove_container(cid)
+        _remove(engine, cid)
+
+
+def _remove(engine: Engine, cid: str) -> None:
+    """Remove the container, waiting a while for an engine that went away (restarted, or a
+    link that dropped) to come back; a container left behind is named, never silent."""
+    if not engine.remove_container_patiently(cid, remove_patience()):
+        warn(
+            f"container {cid[:12]} could not be removed: the Docker Engine at {engine.url} "
+            f"did not answer; once it is back: docker rm -f {cid[:12]}"
+        )
 
 
 def _start_error(exc: Exception, opts: RunOptions) -> GpuenvError:
@@ -333,14 +343,58 @@ def _run_streaming(
     stream = engine.attach(cid)
     engine.start(cid)
     out, err = out or sys.stdout.buffer, err or sys.stderr.buffer
-    for stdout, stderr in stream:
-        if stdout:
-            out.write(stdout)
-            out.flush()
-        if stderr:
-            err.write(stderr)
-            err.flush()
-    return engine.wait(cid)
+    code: list[int] = []
+    failure: list[BaseException] = []
+
+    def pump() -> None:
+        try:
+            for stdout, stderr in stream:
+                if stdout:
+                    out.write(stdout)
+                    out.flush()
+                if stderr:
+                    err.write(stderr)
+                    err.flush()
+            code.append(engine.wait(cid))
+        except BaseException as exc:  # handed to the main thread
+            failure.append(exc)
+
+    # The stream is read in a helper thread: over a link that drops, a read never returns
+    # (no reset ever arrives), so the main thread watches the engine and gives up on it.
+    reader = threading.Thread(target=pump, name="gpuenv-attach", daemon=True)
+    reader.start()
+    _watch(engine, reader)
+    if failure:
+        raise failure[0]
+    return code[0]
+
+
+HEARTBEAT_SECONDS = 2.0  # how often a run asks the engine whether it is still there
+LOST_AFTER_SECONDS = 10.0  # no answer for this long: the engine (or the link) is gone
+REMOVE_PATIENCE_SECONDS = 30  # how long a run waits for a lost engine to remove its container
+PATIENCE_ENV = "GPUENV_REMOVE_PATIENCE"
+
+
+def remove_patience() -> int:
+    value = os.environ.get(PATIENCE_ENV, "").strip()
+    return int(value) if value.isdigit() else REMOVE_PATIENCE_SECONDS
+
+
+def _watch(engine: Engine, reader: threading.Thread) -> None:
+    """Wait for the reader; raise EngineError when the engine stops answering pings."""
+    last_answer = time.monotonic()
+    while reader.is_alive():
+        reader.join(HEARTBEAT_SECONDS)
+        if not reader.is_alive():
+            return
+        if engine.ping(timeout=HEARTBEAT_SECONDS):
+            last_answer = time.monotonic()
+        elif time.monotonic() - last_answer > LOST_AFTER_SECONDS:
+            raise EngineError(
+                f"lost the Docker Engine at {engine.url}: no answer for "
+                f"{int(LOST_AFTER_SECONDS)} s (the engine stopped, or the network to it went "
+                "down); the run's output and exit status are unknown"
+            )
 
 
 def _run_tty(engine: Engine, cid: str) -> int:

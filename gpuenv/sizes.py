@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 
 from gpuenv.errors import GpuenvError
@@ -38,5 +40,18 @@ def load(path: Path) -> dict[str, int]:
 
 
 def record(path: Path, sizes: dict[str, int]) -> None:
+    """Merge `sizes` into the baseline, atomically: a write interrupted (a signal, a full
+    disk) leaves the previous baseline whole, never a truncated file that `load` refuses."""
     data = {**load(path), **sizes}
-    path.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n", encoding="utf-8")
+    text = json.dumps(dict(sorted(data.items())), indent=2) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as write_text would have made it, not mkstemp's 0600
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

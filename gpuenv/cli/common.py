@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,30 @@ from typer._click import exceptions as click_errors  # Typer's own copy of Click
 from typer.core import TyperGroup
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, like Ctrl-C's KeyboardInterrupt: every
+    `finally` and `with` on the way out runs (containers removed, temporary files and the
+    CA server gone, streams closed so the engine cancels a build). Python's default for
+    SIGTERM ends the process at once and would skip all of them."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def interrupted_code(exc: BaseException | None) -> int:
+    """128 + the signal: 143 after SIGTERM, 130 after Ctrl-C (as shells report them)."""
+    while exc is not None:
+        if isinstance(exc, Terminated):
+            return 128 + signal.SIGTERM
+        exc = exc.__cause__ or exc.__context__
+    return 128 + signal.SIGINT
+
+
+def _interrupted_message(code: int) -> str:
+    return "error: interrupted (SIGTERM)" if code == 143 else "error: interrupted"
+
+
 class _Group(TyperGroup):
     """Click's errors as gpuenv's: one `error:` line, never a box or a traceback.
 
@@ -21,6 +46,8 @@ class _Group(TyperGroup):
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         argv = list(kwargs.get("args") or (args[0] if args else None) or sys.argv[1:])
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _terminated)
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
         except click_errors.NoArgsIsHelpError as exc:
@@ -33,9 +60,9 @@ class _Group(TyperGroup):
             hint = f" (see gpuenv {verb + ' ' if verb else ''}-h)" if usage else ""
             message = " ".join(exc.format_message().split())
             print(f"error: {verb + ': ' if verb else ''}{message}{hint}", file=sys.stderr)
-        except typer.Abort:
-            print("error: interrupted", file=sys.stderr)
-            code = 130
+        except typer.Abort as exc:
+            code = interrupted_code(exc)
+            print(_interrupted_message(code), file=sys.stderr)
         if not isinstance(code, int):
             code = 0
         if standalone_mode:
@@ -107,8 +134,9 @@ def user_errors(exit_code: int | None = None) -> Iterator[None]:
         else:
             code = exc.exit_code if exc.exit_code in (2, 126, 127) else exit_code
         raise fail(exc.message, code) from None
-    except KeyboardInterrupt:
-        raise fail("interrupted", 130) from None
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
+        code = interrupted_code(exc)
+        raise fail(_interrupted_message(code).removeprefix("error: "), code) from None
 
 
 def say(message: str) -> None:

@@ -117,6 +117,18 @@ class FakeEngine:
     def remove_container(self, cid: str) -> None:
         self.containers.pop(cid, None)
 
+    # -- an engine that goes away: `reachable` False makes pings fail and removal wait
+    reachable = True
+
+    def ping(self, timeout: float) -> bool:
+        return self.reachable
+
+    def remove_container_patiently(self, cid: str, patience: float) -> bool:
+        if not self.reachable:
+            return False
+        self.remove_container(cid)
+        return True
+
 
 def image(image_id: str, labels: dict[str, str] | None = None, **kw: Any) -> ImageInfo:
     return ImageInfo(id=image_id, labels=dict(labels or {}), **kw)

@@ -38,6 +38,8 @@ TEST_REPOSITORIES = frozenset(
         "gpuenv-test/harden-a",  # test_engine_ca_concurrent.py: concurrent builds
         "gpuenv-test/harden-b",
         "gpuenv-test/harden-labels",  # test_engine_hostile.py: images with hostile labels
+        "gpuenv-test/faults",  # test_engine_faults.py (a private engine; never the shared one)
+        "gpuenv-test/faults-push",
     }
 )
 

@@ -1,0 +1,212 @@
+"""A private dockerd that the fault tests may restart, fill up and break: never the shared
+engine at /var/run/docker.sock, which other sessions use.
+
+Its data root is a loop-mounted ext4 filesystem of its own (a sparse file: only what is
+written takes space), so a test can fill that disk for real and the engine's writes fail
+with ENOSPC. Own socket, exec root and pidfile; no bridge, no iptables. ``restart()`` stops
+dockerd by its PID (SIGTERM, as systemd does) and starts it again on the same data root.
+Everything is stopped by PID and unmounted and removed when the context ends, even when the
+test failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from support.engine import docker
+
+DISK_MB = 4096  # the data root's filesystem (sparse; a few hundred MB are really written)
+
+
+def _run(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@dataclass
+class PrivateEngine:
+    root: Path  # /tmp/gpuenv-pe-XXXX: socket, logs, exec root, the disk image
+    mount: Path  # the ext4 filesystem; data root at mount/data
+    dockerd: str
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    _logs: list[object] = field(default_factory=list)
+
+    @property
+    def sock(self) -> Path:
+        return self.root / "d.sock"
+
+    @property
+    def host(self) -> str:
+        return f"unix://{self.sock}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def docker(self, *args: str, check: bool = True, timeout: float = 600) -> Proc:
+        return docker(*args, host=self.host, check=check, timeout=timeout)
+
+    # ------------------------------------------------------------------ life
+
+    def start(self) -> None:
+        log = (self.root / "dockerd.log").open("ab")
+        self._logs.append(log)
+        self.proc = subprocess.Popen(
+            [self.dockerd, "--data-root", str(self.mount / "data"),
+             "--exec-root", str(self.root / "exec"), "--pidfile", str(self.root / "d.pid"),
+             "-H", self.host, "--bridge=none", "--iptables=false", "--ip-masq=false"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        self.wait_ready()
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                pytest.skip(f"a private dockerd could not start (exit {self.proc.returncode}): "
+                            f"{self.log_tail()}")  # fmt: skip
+            if (
+                self.sock.exists()
+                and self.docker("version", check=False, timeout=10).returncode == 0
+            ):
+                return
+            time.sleep(0.2)
+        pytest.fail(f"the private dockerd did not answer within {timeout} s: {self.log_tail()}")
+
+    def log_tail(self) -> str:
+        return (self.root / "dockerd.log").read_text(errors="replace")[-1500:]
+
+    def stop(self) -> None:
+        """SIGTERM to dockerd (by PID), wait; its containerd too if it stayed."""
+        if self.proc is None:
+            return
+        containerd_pid = None
+        with contextlib.suppress(OSError, ValueError):
+            containerd_pid = int((self.root / "exec/containerd/containerd.pid").read_text())
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if containerd_pid is not None:
+            with contextlib.suppress(OSError):
+                cmdline = Path(f"/proc/{containerd_pid}/cmdline").read_bytes()
+                if str(self.root).encode() in cmdline:
+                    os.kill(containerd_pid, signal.SIGTERM)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.restarts += 1
+        self.start()
+
+    # ------------------------------------------------------------------ state
+
+    def containers(self) -> list[str]:
+        """Every container of this engine, stopped ones too: `ID image status`."""
+        out = self.docker("ps", "-a", "--no-trunc", "--format",
+                          "{{.ID}} {{.Image}} {{.Status}}").stdout  # fmt: skip
+        return [line for line in out.splitlines() if line.strip()]
+
+    def image_id(self, ref: str) -> str | None:
+        proc = self.docker("image", "inspect", "-f", "{{.Id}}", ref, check=False)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    def tags(self) -> set[str]:
+        out = self.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout
+        return {line for line in out.split() if "<none>" not in line}
+
+    def free_bytes(self) -> int:
+        st = os.statvfs(self.mount)
+        return st.f_bavail * st.f_frsize
+
+    @contextlib.contextmanager
+    def disk_nearly_full(self, leave_mb: int) -> Iterator[None]:
+        """Fill the data root's filesystem until `leave_mb` MB are free; freed afterwards."""
+        filler = self.mount / "filler"
+        size = self.free_bytes() - leave_mb * 1024 * 1024
+        try:
+            if size > 0:
+                with open(filler, "wb") as fh:
+                    os.posix_fallocate(fh.fileno(), 0, size)
+            yield
+        finally:
+            filler.unlink(missing_ok=True)
+
+
+Proc = subprocess.CompletedProcess[str]
+
+
+@contextlib.contextmanager
+def private_engine(prefix: str = "gpuenv-pe-") -> Iterator[PrivateEngine]:
+    """A started private engine; stopped, unmounted and removed afterwards."""
+    dockerd = shutil.which("dockerd") or shutil.which("dockerd", path="/usr/sbin:/sbin")
+    if (
+        os.geteuid() != 0
+        or dockerd is None
+        or shutil.which("mkfs.ext4", path="/usr/sbin:/sbin:" + os.environ.get("PATH", "")) is None
+    ):
+        pytest.skip("a private dockerd needs root, dockerd and mkfs.ext4")  # fmt: skip
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # short: socket paths
+    mount = root / "disk"
+    mount.mkdir()
+    image = root / "disk.img"
+    with open(image, "wb") as fh:
+        fh.truncate(DISK_MB * 1024 * 1024)
+    mkfs = shutil.which("mkfs.ext4", path="/usr/sbin:/sbin") or "mkfs.ext4"
+    mounted = False
+    engine = PrivateEngine(root, mount, dockerd)
+    try:
+        made = _run(mkfs, "-q", "-F", "-E", "lazy_itable_init=1,lazy_journal_init=1", str(image))
+        if made.returncode != 0:
+            pytest.skip(f"mkfs.ext4 failed: {made.stderr.strip()[:300]}")
+        mounted_proc = _run("mount", "-o", "loop", str(image), str(mount))
+        if mounted_proc.returncode != 0:
+            pytest.skip(f"cannot loop-mount a filesystem here: {mounted_proc.stderr.strip()[:300]}")
+        mounted = True
+        engine.start()
+        yield engine
+    finally:
+        engine.stop()
+        for log in engine._logs:
+            with contextlib.suppress(Exception):
+                log.close()  # type: ignore[attr-defined]
+        if mounted:
+            with open("/proc/self/mounts") as f:
+                points = [line.split()[1] for line in f]
+            for point in sorted((p for p in points if p.startswith(str(mount) + "/")),
+                                key=len, reverse=True):  # fmt: skip
+                _run("umount", "-l", point)
+            _run("umount", str(mount))
+            if _run("mountpoint", "-q", str(mount)).returncode == 0:
+                _run("umount", "-l", str(mount))
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def load_image(engine: PrivateEngine, ref: str) -> None:
+    """`docker save REF | docker -H private load`: an image of the shared engine, copied."""
+    save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
+    try:
+        load = subprocess.run(["docker", "-H", engine.host, "load"], stdin=save.stdout,
+                              capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    finally:
+        assert save.stdout is not None
+        save.stdout.close()
+        save.wait(timeout=300)
+    assert load.returncode == 0 and save.returncode == 0, load.stderr
