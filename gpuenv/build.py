@@ -14,7 +14,7 @@ import re
 import tarfile
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,20 +185,34 @@ def execute(
             for cell in order:
                 run_one(cell, None)
         else:
+            # Daemon threads, not a ThreadPoolExecutor: after Ctrl-C or SIGTERM the process
+            # must end now, and the interpreter joins a pool's workers at exit, which sit in
+            # their build streams until the abandoned builds end (a minute of TensorFlow
+            # downloads). Once the process is gone its connections close, and the engine
+            # cancels those builds and removes their containers; nothing was tagged.
+            slots = threading.Semaphore(jobs)
             futures: dict[str, Future[CellResult]] = {}
-            pool = stack.enter_context(ThreadPoolExecutor(max_workers=jobs))
+
+            def work(cell: Cell, fut: Future[CellResult], dep: Future[CellResult] | None) -> None:
+                try:
+                    if dep is not None:
+                        dep.result()  # the CPU sibling first, without holding a slot
+                    with slots:
+                        fut.set_result(run_one(cell, None))
+                except BaseException as exc:  # handed to the main thread
+                    fut.set_exception(exc)
+
             for cell in order:
                 sibling = sibling_cpu(cell, order)
                 dep = futures.get(sibling.name) if sibling else None
-                futures[cell.name] = pool.submit(run_one, cell, dep)
+                futures[cell.name] = Future()
+                threading.Thread(target=work, args=(cell, futures[cell.name], dep),
+                                 name=f"gpuenv-build-{cell.name}", daemon=True).start()  # fmt: skip
             try:
                 for fut in futures.values():
                     fut.result()
             except KeyboardInterrupt:
-                # Closing the client's connections ends the build streams; the engine then
-                # cancels those builds, and nothing was tagged.
-                stop.set()
-                pool.shutdown(wait=False, cancel_futures=True)
+                stop.set()  # cells not started yet are not started
                 engine.close()
                 raise
     return [results[c.name] for c in cells]

@@ -540,7 +540,7 @@ def connect() -> Engine:
     # With the default version="auto" the client asks the engine for its API version
     # first, which already proves the engine answers: no separate ping.
     try:
-        with _translated():
+        with _translated(), _without_ca_overrides():
             client = (
                 docker.DockerClient(base_url=base_url, **extra) if base_url else docker.from_env()
             )
@@ -550,5 +550,39 @@ def connect() -> Engine:
             f"DOCKER_HOST={where[:200]!r} is not a Docker Engine address ({exc}); "
             "expected unix:///PATH, tcp://HOST:PORT or ssh://USER@HOST"
         ) from None
+    _pin_engine_ca(client.api)
     _conn.engine = Engine(client)
     return _conn.engine
+
+
+_CA_OVERRIDES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+
+
+@contextmanager
+def _without_ca_overrides() -> Iterator[None]:
+    """While the client is made (its first request asks the API version): see below."""
+    saved = {k: os.environ.pop(k) for k in _CA_OVERRIDES if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def _pin_engine_ca(api: Any) -> None:
+    """Verify a TLS engine (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) against its own CA.
+
+    The SDK sets the session's `verify` to DOCKER_CERT_PATH/ca.pem, but requests lets
+    $REQUESTS_CA_BUNDLE / $CURL_CA_BUNDLE replace a session's `verify` on every request
+    (psf/requests#3829), and machines behind a TLS-intercepting proxy set those: the
+    engine's certificate then fails verification against the proxy's CA."""
+    pinned = getattr(api, "verify", None)
+    if not isinstance(pinned, str):
+        return
+    merge = api.merge_environment_settings
+
+    def merge_keeping_ca(url: str, proxies: Any, stream: Any, verify: Any, cert: Any) -> Any:
+        settings = merge(url, proxies, stream, verify, cert)
+        settings["verify"] = pinned
+        return settings
+
+    api.merge_environment_settings = merge_keeping_ca

@@ -11,11 +11,12 @@ listens with its PID); matrix.lock and the size baseline are byte-identical.
 
 Cost: the base (125 MB) is copied into the private engine once; builds are interrupted in
 their first RUN step (a few seconds in), and the pushed image is a stand-in (the base plus
-a 64 MB random layer, labelled with the cell's spec hash: push checks nothing else).
+a 200 MB random layer, labelled with the cell's spec hash: push checks nothing else).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -54,7 +55,7 @@ def poll(what: str, ready: Callable[[], object], timeout: float = 90, every: flo
 @pytest.fixture(scope="module")
 def pe() -> Iterator[PrivateEngine]:
     with private_engine() as engine:
-        load_image(engine, BASE_IMAGE)
+        load_image(engine.host, BASE_IMAGE)
         yield engine
 
 
@@ -142,6 +143,10 @@ http:
 
 @pytest.fixture(scope="module")
 def registry() -> Iterator[Registry]:
+    yield from _registry()
+
+
+def _registry() -> Iterator[Registry]:
     import socket
 
     binary = shutil.which("docker-registry") or shutil.which("registry")
@@ -184,7 +189,7 @@ def project(tmp_path_factory: pytest.TempPathFactory, pe: PrivateEngine) -> Path
     ctx = d / "standin"
     ctx.mkdir()
     (ctx / "Dockerfile").write_text(
-        f"FROM {BASE_IMAGE}\nRUN head -c 64000000 /dev/urandom > /blob\n"
+        f"FROM {BASE_IMAGE}\nRUN head -c 200000000 /dev/urandom > /blob\n"
         f"LABEL io.gpuenv.spec-hash={spec} io.gpuenv.cell={CELL}\n"
     )
     pe.docker("build", "-q", "--network", "none", "-t", f"{PUSH_NAME}:{CELL}", str(ctx))
@@ -319,6 +324,9 @@ class Aftermath:
         assert not list(self.project.glob(".*.lock.*")) and not list(
             self.project.glob(".*.sizes.json.*")
         )
+        # A child killed as gpuenv exits is reaped by init a moment later: poll.
+        with contextlib.suppress(AssertionError):
+            poll("gpuenv's children to go", lambda: not _session_processes(run.proc.pid), 15)
         left = _session_processes(run.proc.pid)
         assert not left, f"processes left by gpuenv: {left}"
         ss = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=False).stdout
@@ -400,7 +408,15 @@ def test_engine_restarted_during_a_push(pe, project, registry, start, aftermath)
     assert registry.tags("team/faults-push") == sorted([CELL, "latest"])
 
 
-def test_registry_killed_mid_push_resumes_on_retry(pe, project, registry, start, aftermath) -> None:
+@pytest.fixture
+def fresh_registry() -> Iterator[Registry]:
+    """A registry of its own (no layer in it yet), killed by the test."""
+    yield from _registry()
+
+
+def test_registry_killed_mid_push_resumes_on_retry(pe, project, fresh_registry, start,
+                                                   aftermath) -> None:  # fmt: skip
+    registry = fresh_registry
     aftermath.allowed_tags |= pushed_tags(pe, registry)
     # A repository of its own, so no layer is in the registry yet.
     args = ("push", CELL, "-f", "push.yaml", "--registry", f"{registry.host}/resume", "--json")
@@ -463,7 +479,10 @@ def test_signal_to_build_j2(pe, start, aftermath, sig: int, point: str) -> None:
     else:
         in_first_run_step(pe, run, cells=2)
     run.proc.send_signal(sig)
+    sent = time.monotonic()
     run.finish()
+    # Ended promptly: not after the abandoned builds ran to their end.
+    assert time.monotonic() - sent < 15, f"gpuenv took {time.monotonic() - sent:.0f} s to end"
     aftermath.check(before, run, code=expected(sig), error="interrupted")
 
 
@@ -523,7 +542,7 @@ def test_signal_to_run(pe, start, aftermath, sig: int, point: str) -> None:
         pe.docker("rmi", f"{REPO_NAME}:{CELL}")  # not built yet: run builds it first
         before = aftermath.snapshot()
         try:
-            run = start("run", "--", "true")
+            run = start("run", "-i", CELL, "--", "true")
             in_first_run_step(pe, run)
             run.proc.send_signal(sig)
             run.finish()

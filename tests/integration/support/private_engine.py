@@ -199,11 +199,11 @@ def private_engine(prefix: str = "gpuenv-pe-") -> Iterator[PrivateEngine]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def load_image(engine: PrivateEngine, ref: str) -> None:
-    """`docker save REF | docker -H private load`: an image of the shared engine, copied."""
+def load_image(host: str, ref: str) -> None:
+    """`docker save REF | docker -H HOST load`: an image of the shared engine, copied."""
     save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
     try:
-        load = subprocess.run(["docker", "-H", engine.host, "load"], stdin=save.stdout,
+        load = subprocess.run(["docker", "-H", host, "load"], stdin=save.stdout,
                               capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     finally:
         assert save.stdout is not None
