@@ -487,7 +487,8 @@ def test_signal_to_build_j2(pe, start, aftermath, sig: int, point: str) -> None:
 
 
 @pytest.mark.parametrize("sig", SIGNALS)
-def test_signal_to_push(pe, registry, start, aftermath, sig: int) -> None:
+def test_signal_to_push(pe, fresh_registry, start, aftermath, sig: int) -> None:
+    registry = fresh_registry  # empty: every layer is uploaded, so the push lasts seconds
     aftermath.allowed_tags |= {
         f"{registry.host}/sig{sig}/faults-push:{t}" for t in (CELL, "latest")
     }
@@ -498,6 +499,7 @@ def test_signal_to_push(pe, registry, start, aftermath, sig: int) -> None:
     run.proc.send_signal(sig)
     run.finish()
     aftermath.check(before, run, code=expected(sig), error="interrupted")
+    assert registry.tags(f"sig{sig}/faults-push") == [], "the push was over before the signal"
 
 
 @pytest.fixture(scope="module")
