@@ -289,14 +289,14 @@ class Aftermath:
     project: Path
     allowed_tags: set[str] = field(default_factory=set)
 
+    def _kept_files(self) -> list[Path]:
+        """matrix.lock and the size baselines: they must come out byte-identical."""
+        return sorted(self.project.glob("*.lock")) + sorted(self.project.glob("*.sizes.json"))
+
     def snapshot(self) -> dict[str, object]:
         return {
             "tags": {t: self.pe.image_id(t) for t in sorted(self.pe.tags())},
-            "files": {
-                p.name: p.read_bytes()
-                for p in sorted(self.project.glob("*.lock"))
-                + sorted(self.project.glob("*.sizes.json"))
-            },  # fmt: skip
+            "files": {p.name: p.read_bytes() for p in self._kept_files()},
         }
 
     def check(self, before: dict[str, object], run: Running, *, code: set[int],
@@ -340,24 +340,31 @@ def aftermath(pe: PrivateEngine, project: Path) -> Aftermath:
 
 def in_first_run_step(pe: PrivateEngine, run: Running, cells: int = 1) -> None:
     """Wait until `cells` builds are inside their first RUN step (its container is up)."""
-    poll("the build's RUN step", lambda: (run.stderr().count("Step 2/") >= cells
-         and len(pe.containers()) >= cells) or run.proc.poll() is not None, timeout=120)  # fmt: skip
+
+    def inside() -> bool:
+        steps = run.stderr().count("Step 2/") >= cells and len(pe.containers()) >= cells
+        return steps or run.proc.poll() is not None
+
+    poll("the build's RUN step", inside, timeout=120)
     assert run.proc.poll() is None, run.stderr()[-2000:]
 
 
 # --------------------------------------------------------------------------- engine restarts
 
 
-def test_engine_restarted_during_a_build(pe, start, aftermath) -> None:
+@pytest.mark.parametrize("crash", [False, True], ids=["SIGTERM", "SIGKILL"])
+def test_engine_restarted_during_a_build(pe, start, aftermath, crash: bool) -> None:
     before = aftermath.snapshot()
     run = start("build", CELL)
     in_first_run_step(pe, run)
-    pe.restart()
+    pe.restart(crash=crash)
     run.finish()
     # Either the stream broke (gpuenv: "went away") or dockerd, stopping, killed the step
     # first and reported it as the step's failure ("did not build"): both untagged.
     aftermath.check(before, run, code={1})
     assert "went away during the build" in run.stderr() or "did not build" in run.stderr()
+    if crash:  # the stream broke for sure; the step's container was gpuenv's to remove
+        assert "went away during the build" in run.stderr(), run.stderr()[-2000:]
 
 
 def test_engine_restarted_during_a_run(pe, start, aftermath) -> None:
@@ -427,7 +434,7 @@ def test_registry_killed_mid_push_resumes_on_retry(pe, project, fresh_registry, 
     poll("a first complete layer", lambda: registry.blobs() > blobs or run.proc.poll() is not None,
          timeout=120, every=0.05)  # fmt: skip
     registry.kill()
-    code = run.finish(timeout=300)
+    run.finish(timeout=300)
     aftermath.check(before, run, code={1}, error="2 of 2 tag(s) not pushed")
     results = json.loads(run.stdout())["results"]
     assert [r["status"] for r in results] == ["failed", "failed"], results
@@ -515,9 +522,12 @@ def locked(pe: PrivateEngine, project: Path) -> Path:
 def test_signal_to_lock(pe, locked, start, aftermath, sig: int) -> None:
     before = aftermath.snapshot()
     run = start("lock", "--exclude-newer", "2026-01-15")
+
     # Resolving: uv runs as gpuenv's child.
-    poll("uv to run", lambda: len(_session_processes(run.proc.pid)) > 1 or run.proc.poll() is not None,
-         every=0.05)  # fmt: skip
+    def resolving() -> bool:
+        return len(_session_processes(run.proc.pid)) > 1 or run.proc.poll() is not None
+
+    poll("uv to run", resolving, every=0.05)
     run.proc.send_signal(sig)
     run.finish()
     aftermath.check(before, run, code=expected(sig), error="interrupted")

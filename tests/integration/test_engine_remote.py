@@ -107,9 +107,9 @@ def test_link_down_mid_run(remote: RemoteEngine, tmp_path: Path) -> None:
     env = clean_env(XDG_CACHE_HOME=str(tmp_path / ".cache"), **remote.env())
     out, err = tmp_path / "out", tmp_path / "err"
     with out.open("wb") as o, err.open("wb") as e:
-        proc = subprocess.Popen([*GPUENV, "run", "-i", BASE_IMAGE, "--", "sh", "-c",
-                                 "echo ready; sleep 300"], cwd=tmp_path, env=env, stdout=o,
-                                stderr=e, stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        argv = [*GPUENV, "run", "-i", BASE_IMAGE, "--", "sh", "-c", "echo ready; sleep 300"]
+        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=o, stderr=e,
+                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
         # Over TLS the SDK hands the output on only in large reads (seen here: "ready"
         # arrived with the container's end), so wait for the container, not its output.

@@ -145,8 +145,11 @@ def remote_engine() -> Iterator[RemoteEngine]:
         _run("ip", "link", "set", ns_if, "netns", ns)
         _run("ip", "addr", "add", f"{host_addr}/30", "dev", host_if)
         _run("ip", "link", "set", host_if, "up")
-        for cmd in (("ip", "addr", "add", f"{addr}/30", "dev", ns_if),
-                    ("ip", "link", "set", ns_if, "up"), ("ip", "link", "set", "lo", "up")):  # fmt: skip
+        for cmd in (
+            ("ip", "addr", "add", f"{addr}/30", "dev", ns_if),
+            ("ip", "link", "set", ns_if, "up"),
+            ("ip", "link", "set", "lo", "up"),
+        ):
             _run("ip", "netns", "exec", ns, *cmd)
         _certificates(root, addr)
         s = root / "server"

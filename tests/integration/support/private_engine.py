@@ -77,12 +77,15 @@ class PrivateEngine:
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                pytest.skip(f"a private dockerd could not start (exit {self.proc.returncode}): "
-                            f"{self.log_tail()}")  # fmt: skip
-            if (
-                self.sock.exists()
-                and self.docker("version", check=False, timeout=10).returncode == 0
-            ):
+                why = f"a private dockerd could not start (exit {self.proc.returncode}): "
+                if self.restarts:  # it started before: failing to come back is a failure
+                    pytest.fail(why + self.log_tail())
+                pytest.skip(why + self.log_tail())
+            try:
+                answered = self.sock.exists() and self.docker("version", check=False, timeout=10)
+            except subprocess.TimeoutExpired:  # restoring after a crash: not yet
+                answered = False
+            if answered and answered.returncode == 0:
                 return
             time.sleep(0.2)
         pytest.fail(f"the private dockerd did not answer within {timeout} s: {self.log_tail()}")
@@ -94,9 +97,7 @@ class PrivateEngine:
         """SIGTERM to dockerd (by PID), wait; its containerd too if it stayed."""
         if self.proc is None:
             return
-        containerd_pid = None
-        with contextlib.suppress(OSError, ValueError):
-            containerd_pid = int((self.root / "exec/containerd/containerd.pid").read_text())
+        containerd_pid = self._containerd_pid()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -106,12 +107,29 @@ class PrivateEngine:
                 self.proc.wait()
         if containerd_pid is not None:
             with contextlib.suppress(OSError):
-                cmdline = Path(f"/proc/{containerd_pid}/cmdline").read_bytes()
-                if str(self.root).encode() in cmdline:
-                    os.kill(containerd_pid, signal.SIGTERM)
+                os.kill(containerd_pid, signal.SIGTERM)
         self.proc = None
 
-    def restart(self) -> None:
+    def _containerd_pid(self) -> int | None:
+        """The containerd this dockerd started (its cmdline names our directory), or None."""
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((self.root / "exec/containerd/containerd.pid").read_text())
+            if str(self.root).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        return None
+
+    def restart(self, crash: bool = False) -> None:
+        """Stop dockerd (SIGTERM, as systemd does; SIGKILL with `crash`) and start it again
+        on the same data root. After a crash its containerd is left to the new dockerd."""
+        if crash and self.proc is not None:
+            containerd = self._containerd_pid()
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+            if containerd is not None:  # the whole engine crashed: its containerd too
+                with contextlib.suppress(OSError):
+                    os.kill(containerd, signal.SIGKILL)
+                poll_gone(containerd)
         self.stop()
         self.restarts += 1
         self.start()
@@ -151,6 +169,12 @@ class PrivateEngine:
 
 
 Proc = subprocess.CompletedProcess[str]
+
+
+def poll_gone(pid: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 @contextlib.contextmanager
