@@ -442,10 +442,27 @@ class Engine:
         """(stdout, stderr) chunks of a created container, from before it starts."""
         # Attached now (before the caller starts it), read later: nothing is missed.
         with _translated():
+            if self.url.startswith("https://"):
+                return _translated_stream(self._attach_tls(cid))
             stream = self._api.attach(
                 cid, stdout=True, stderr=True, stream=True, logs=True, demux=True
             )
         return _translated_stream(stream)
+
+    def _attach_tls(self, cid: str) -> Iterator[tuple[bytes | None, bytes | None]]:
+        """attach over TLS, read without the SDK's reader: it polls the socket's descriptor
+        before each read, and bytes the TLS layer has already decrypted do not wake a poll,
+        so a remote workload's output arrived only when more came (often: at its end).
+        SSLSocket.recv returns those pending bytes at once."""
+        api = self._api
+        response = api._post(
+            api._url("/containers/{0}/attach", cid),
+            params={"logs": 1, "stdout": 1, "stderr": 1, "stream": 1},
+            stream=True,
+        )
+        sock = api._get_raw_response_socket(response)
+        sock.settimeout(None)  # a quiet workload is not a failure; _watch notices a dead link
+        return _frames(sock)
 
     def attach_socket(self, cid: str) -> Any:
         """A raw socket to the container's TTY (stdin, stdout, stderr)."""
@@ -507,6 +524,28 @@ class Engine:
         finally:
             self.remove_container(cid)
         return code, out
+
+
+def _frames(sock: Any) -> Iterator[tuple[bytes | None, bytes | None]]:
+    """The engine's multiplexed stream (non-TTY): frames of an 8-byte header (stream 1
+    stdout, 2 stderr; big-endian length in bytes 4-7) and a payload."""
+    buf = b""
+
+    def fill(n: int) -> bool:
+        nonlocal buf
+        while len(buf) < n:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return False
+            buf += chunk
+        return True
+
+    while fill(8):
+        kind, size = buf[0], int.from_bytes(buf[4:8], "big")
+        if not fill(8 + size):
+            return
+        payload, buf = buf[8 : 8 + size], buf[8 + size :]
+        yield (None, payload) if kind == 2 else (payload, None)
 
 
 def _translated_stream(stream: Iterator[Any]) -> Iterator[Any]:

@@ -71,6 +71,24 @@ def test_run_across_tls(remote: RemoteEngine, tmp_path: Path) -> None:
     assert remote.containers() == []
 
 
+def test_run_output_is_live_across_tls(remote: RemoteEngine, tmp_path: Path) -> None:
+    """The first line arrives while the workload still runs (the SDK's reader held it back
+    until the container ended: TLS-decrypted bytes do not wake its poll)."""
+    env = clean_env(**{"XDG_CACHE_HOME": str(tmp_path / ".cache"), **remote.env()})
+    argv = [*GPUENV, "run", "-i", BASE_IMAGE, "--", "sh", "-c", "echo first; sleep 4; echo last"]
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    first_at = time.monotonic() - start
+    rest = proc.stdout.read()
+    ended_at = time.monotonic() - start
+    proc.wait(timeout=60)
+    assert (first, rest) == (b"first\n", b"last\n")
+    assert ended_at - first_at > 3, f"first line at {first_at:.1f} s, end at {ended_at:.1f} s"
+
+
 def test_build_across_tls(remote: RemoteEngine, tmp_path: Path) -> None:
     (tmp_path / "matrix.yaml").write_text(matrix_text(name=NAME, variants=("cpu",)))
     # 1. Built on the remote engine: the steps run there; the install step finds no index
@@ -111,13 +129,10 @@ def test_link_down_mid_run(remote: RemoteEngine, tmp_path: Path) -> None:
         proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=o, stderr=e,
                                 stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
-        # Over TLS the SDK hands the output on only in large reads (seen here: "ready"
-        # arrived with the container's end), so wait for the container, not its output.
         deadline = time.monotonic() + 60
-        while not any(" Up " in c for c in remote.containers()) and proc.poll() is None:
+        while "ready" not in out.read_text() and proc.poll() is None:
             assert time.monotonic() < deadline, err.read_text()[-2000:]
             time.sleep(0.1)
-        time.sleep(1)
         running = remote.containers()
         assert len(running) == 1, running
         cid = running[0].split()[0]

@@ -1,0 +1,169 @@
+"""The pure parts of gpuenv's fault handling (the faults themselves are injected on a real
+engine: tests/integration/test_engine_faults.py and test_engine_remote.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuenv import cache, run, sizes
+from gpuenv.cli.common import Terminated, interrupted_code
+from gpuenv.engine import EngineError, _frames, _pin_engine_ca, engine_error
+
+# ----------------------------------------------------------------- interrupted: 130 or 143
+
+
+def test_sigterm_exits_143_and_ctrl_c_130() -> None:
+    assert interrupted_code(Terminated()) == 143
+    assert interrupted_code(KeyboardInterrupt()) == 130
+    try:  # Click wraps the interrupt in Abort: the cause still says which signal
+        try:
+            raise Terminated()
+        except KeyboardInterrupt as exc:
+            raise RuntimeError("abort") from exc
+    except RuntimeError as wrapped:
+        assert interrupted_code(wrapped) == 143
+
+
+# ----------------------------------------------------------------- the TLS attach stream
+
+
+class _ChunkedSocket:
+    """recv() hands out the bytes in the given chunks (as a network splits them)."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = list(chunks)
+
+    def recv(self, n: int) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+def _frame(kind: int, payload: bytes) -> bytes:
+    return bytes([kind, 0, 0, 0]) + len(payload).to_bytes(4, "big") + payload
+
+
+def test_frames_split_anywhere_are_reassembled() -> None:
+    data = _frame(1, b"ready\n") + _frame(2, b"warn\n") + _frame(1, b"x" * 70000)
+    for cut in (1, 3, 8, 9, 13, 20, len(data) - 1):
+        got = list(_frames(_ChunkedSocket([data[:cut], data[cut:]])))
+        assert got == [(b"ready\n", None), (None, b"warn\n"), (b"x" * 70000, None)], cut
+
+
+def test_frames_a_truncated_stream_ends_without_a_partial_frame() -> None:
+    data = _frame(1, b"whole\n") + _frame(1, b"cut short")[:-3]
+    assert list(_frames(_ChunkedSocket([data]))) == [(b"whole\n", None)]
+
+
+# ----------------------------------------------------------------- a TLS engine's own CA
+
+
+class _Api:
+    verify = "/certs/ca.pem"
+
+    def merge_environment_settings(self, *args: Any) -> dict[str, Any]:
+        return {
+            "verify": "/etc/ssl/certs/ca-certificates.crt"
+        }  # what requests makes of $REQUESTS_CA_BUNDLE
+
+
+def test_the_engine_ca_wins_over_requests_ca_bundle() -> None:
+    api = _Api()
+    _pin_engine_ca(api)
+    assert api.merge_environment_settings("u", {}, False, None, None)["verify"] == "/certs/ca.pem"
+
+
+def test_without_tls_nothing_is_pinned() -> None:
+    api = _Api()
+    api.verify = True  # type: ignore[assignment]
+    _pin_engine_ca(api)
+    assert api.merge_environment_settings("u", {}, False, None, None)["verify"].endswith(".crt")
+
+
+def test_a_broken_stream_is_an_unreachable_engine() -> None:
+    exc = engine_error(Exception("('Connection broken: IncompleteRead(0 bytes read)', ...)"))
+    assert "cannot reach the Docker Engine" in exc.message
+
+
+# ----------------------------------------------------------------- atomic files
+
+
+def test_size_baseline_survives_a_failed_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "matrix.sizes.json"
+    sizes.record(path, {"a": 1})
+    before = path.read_bytes()
+    assert stat.S_IMODE(path.stat().st_mode) & 0o044, "not mkstemp's 0600"
+
+    def boom(*args: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        sizes.record(path, {"b": 2})
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["matrix.sizes.json"]  # no temporary file
+    monkeypatch.undo()
+    sizes.record(path, {"b": 2})
+    assert json.loads(path.read_text()) == {"a": 1, "b": 2}
+
+
+def test_cache_record_leaves_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache.write_record("drivers.json", {"x": 1})
+
+    def boom(*args: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", boom)
+    assert not cache.write_record("drivers.json", {"x": 2})
+    assert sorted(p.name for p in (tmp_path / "gpuenv").iterdir()) == ["drivers.json"]
+
+
+# ----------------------------------------------------------------- a run's engine goes away
+
+
+def test_a_run_gives_up_on_an_engine_that_stopped_answering(
+    fake_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run, "HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr(run, "LOST_AFTER_SECONDS", 0.2)
+    engine = fake_engine()
+    engine.reachable = False
+    stuck = threading.Event()  # a reader blocked on a dropped link: it never returns
+    reader = threading.Thread(target=stuck.wait, args=(5,), daemon=True)  # 5 s: fail, not hang
+    reader.start()
+    try:
+        with pytest.raises(EngineError, match="lost the Docker Engine"):
+            run._watch(engine, reader)
+    finally:
+        stuck.set()
+
+
+def test_a_run_keeps_watching_an_engine_that_answers(
+    fake_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run, "HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr(run, "LOST_AFTER_SECONDS", 0.1)
+    done = threading.Event()
+    reader = threading.Thread(target=done.wait, args=(0.5,), daemon=True)
+    reader.start()
+    run._watch(fake_engine(), reader)  # returns when the reader ends; no error
+
+
+def test_a_container_the_engine_could_not_remove_is_named(
+    fake_engine: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine = fake_engine()
+    engine.reachable = False
+    run._remove(engine, "0123456789abcdef")
+    err = capsys.readouterr().err
+    assert "0123456789ab" in err and "docker rm -f" in err
