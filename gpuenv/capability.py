@@ -353,6 +353,5 @@ def gpu_verdict(gpus: Sequence[GpuInfo], framework: str, release: str) -> Verdic
     GPU images of."""
     from gpuenv import compat
 
-    cat = compat.catalog()
-    gpu_minors = [minor for minor, row in cat.releases.items() if not row.gpu_unsupported]
-    return combine(judge_gpus(gpus, framework, release, candidates=gpu_minors))
+    cat = compat.catalog_by_label(framework) or compat.catalog()
+    return combine(judge_gpus(gpus, framework, release, candidates=cat.gpu_minors()))
