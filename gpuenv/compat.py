@@ -22,7 +22,6 @@ from packaging.version import Version
 from gpuenv.cell import Base, Cell, cell_name
 from gpuenv.matrix import AXES, Combination, DebianBase, LoadedMatrix, expand
 
-
 FRAMEWORKS = ("tensorflow", "torch", "jax")  # matrix keys, catalog files, package names
 
 

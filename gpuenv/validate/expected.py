@@ -8,8 +8,7 @@ import re
 from typing import Any
 
 from gpuenv import compat, contract
-from gpuenv.cell import Cell
-from gpuenv.cell import nvidia_lib_dirs
+from gpuenv.cell import Cell, nvidia_lib_dirs
 from gpuenv.contract import UID, VENV, ImageLabels, image_labels, site_packages
 from gpuenv.errors import GpuenvError
 from gpuenv.lock import CellLock
