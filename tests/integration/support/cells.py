@@ -38,6 +38,7 @@ TEST_REPOSITORIES = frozenset(
         "gpuenv-test/harden-a",  # test_engine_ca_concurrent.py: concurrent builds
         "gpuenv-test/harden-b",
         "gpuenv-test/harden-labels",  # test_engine_hostile.py: images with hostile labels
+        "gpuenv-test/frameworks",  # test_engine_frameworks.py: the torch and JAX cells
     }
 )
 
