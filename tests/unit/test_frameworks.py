@@ -489,3 +489,50 @@ def test_include_errors_keep_their_framework(write_matrix):
     assert [c.name for c in res.cells] == ["tf2.21-py3.12-cpu", "torch2.11-py3.12-cpu"]
     with pytest.raises(MatrixError):
         resolve(write_matrix, text.replace('{torch: "2.11", python: "3.12"}', '{torch: "2.11"}'))
+
+
+# ---------------------------------------------------------------------- verdicts
+
+
+@pytest.mark.parametrize(
+    ("driver", "level", "says"),
+    [
+        ("575.57.08", "error", "older than 580.65.06, the minimum for any CUDA 13.x"),
+        ("580.65.06", "warning", "older than 580.95.05, CUDA 13.0.2's own minimum"),
+        ("580.95.05", "ok", "supports CUDA 13.0.2"),
+    ],
+)
+def test_cuda_13_driver_verdicts(driver, level, says):
+    from gpuenv.gpus import driver_verdict
+
+    verdict = driver_verdict(driver, "13.0")
+    assert verdict.level == level and says in verdict.message
+
+
+@pytest.mark.parametrize(
+    ("framework", "release", "cc", "level", "says"),
+    [
+        ("torch", "2.11.0", "7.0", "error", "Use PyTorch 2.9 instead"),  # CUDA 13 dropped Volta
+        ("torch", "2.9.1", "7.0", "ok", "sm_70 kernels"),
+        ("torch", "2.11.0", "9.0", "ok", "sm_90 kernels"),
+        ("torch", "2.11.0", "12.1", "ok", "sm_120 kernels"),
+        ("jax", "0.11.2", "7.0", "error", "Use JAX 0.7 instead"),
+        ("jax", "0.11.2", "11.0", "ok", "sm_110 kernels"),
+        ("jax", "0.7.2", "6.1", "ok", "sm_60 kernels"),
+    ],
+)
+def test_capability_verdicts_per_framework(framework, release, cc, level, says):
+    from gpuenv.capability import gpu_verdict
+    from gpuenv.gpus import GpuInfo
+
+    verdict = gpu_verdict([GpuInfo("580.95.05", "GPU", cc)], framework, release)
+    assert verdict.level == level and says in verdict.message, verdict
+
+
+def test_every_release_has_a_kernel_record():
+    from gpuenv.capability import kernels_for
+
+    for framework, rows in ROWS.items():
+        for row in rows:
+            kernels = kernels_for(framework, row["version"])
+            assert kernels is not None and kernels.version == row["version"], (framework, row)
