@@ -26,7 +26,7 @@ pytest.register_assert_rewrite("validate_fixtures")
 
 from support.cells import REPO, TEST_REPOSITORY_PREFIX  # noqa: E402
 from support.cli import build_cells, gpuenv_cmd  # noqa: E402
-from support.engine import docker  # noqa: E402
+from support.engine import docker, run_in_image  # noqa: E402
 from validate_fixtures import DEVICE_CHECKS, GPU_CHECKS, IMAGE_CHECKS  # noqa: E402
 
 pytest_plugins = ["validate_fixtures"]
@@ -139,8 +139,7 @@ def test_validation_passes_every_check_that_needs_no_gpu(outcomes) -> None:
 
 
 def run_python(cell: str, code: str) -> str:
-    proc = docker("run", "--rm", "--network", "none", image(cell), "python", "-c", code)
-    return proc.stdout.strip()
+    return run_in_image(image(cell), "python", "-c", code).strip()
 
 
 def test_images_hold_what_the_catalog_says(built) -> None:
@@ -218,3 +217,49 @@ def test_torch_cpu_cell_is_planned_with_pytorchs_index(built) -> None:
         gpuenv_cmd("build", "-f", str(path), "torch2.11-py3.11-cpu", "--dry-run", "--json").stdout
     )
     assert "torch2.11-py3.11-cpu" in json.dumps(plan)
+
+
+def test_images_validate_from_their_labels(built) -> None:
+    """`validate -i IMAGE`: the cell each image's labels claim, rebuilt from the torch and
+    JAX catalogs (never the labels alone), passes."""
+    proc = gpuenv_cmd("validate", "-i", image(JAX_CPU), "-i", image(TORCH_GPU), check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert f"✓ {image(JAX_CPU)}" in proc.stdout and f"✓ {image(TORCH_GPU)}" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def broken(built, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Images derived from the built ones and broken in one respect each (one layer)."""
+    cases = {
+        # CUDA 13's runtime under another name: nothing opens libcudart.so.13.
+        "broken-cudart13": (TORCH_GPU, "RUN cd {sp}/nvidia/cu13/lib && mv libcudart.so.13 x.so\n"),
+        # jaxlib's XLA extension gone: jax imports nothing that computes.
+        "broken-jaxlib": (
+            JAX_CPU,
+            "RUN rm {sp}/jaxlib/_jax.so\n",
+        ),
+    }
+    sp = "/opt/venv/lib/python3.11/site-packages"
+    refs = {}
+    for tag, (cell, step) in cases.items():
+        context = tmp_path_factory.mktemp(tag)
+        (context / "Dockerfile").write_text(
+            f"FROM {image(cell)}\nUSER root\n{step.format(sp=sp)}USER 1000:1000\n"
+        )
+        ref = f"{REPOSITORY}:{tag}"
+        docker("build", "--network", "none", "-t", ref, str(context), timeout=600)
+        refs[tag] = ref
+    return refs
+
+
+@pytest.mark.parametrize(("tag", "check", "says"), [
+    ("broken-cudart13", "cuda libraries load without a driver", "libcudart.so.13: cannot open"),
+    ("broken-cudart13", "cuda runtime version", "libcudart.so.13"),
+    ("broken-jaxlib", "framework computes on the cpu", "python exited 1"),
+])  # fmt: skip
+def test_framework_checks_fail_on_a_broken_image(broken, tag, check, says) -> None:
+    proc = gpuenv_cmd("validate", "-i", broken[tag], check=False)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    failed = [line for line in proc.stdout.splitlines() if line.strip().startswith("FAILED")]
+    line = next((f for f in failed if f.strip().startswith(f"FAILED {check}:")), "")
+    assert says in line, failed
