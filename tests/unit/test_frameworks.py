@@ -536,3 +536,16 @@ def test_every_release_has_a_kernel_record():
         for row in rows:
             kernels = kernels_for(framework, row["version"])
             assert kernels is not None and kernels.version == row["version"], (framework, row)
+
+
+def test_bench_refuses_cells_of_other_frameworks(write_matrix):
+    """bench's workloads import TensorFlow: a torch cell is refused up front, not run."""
+    from gpuenv import bench
+    from gpuenv.errors import GpuenvError
+    from gpuenv.project import open_project
+
+    project = open_project(write_matrix(matrix_text("torch", "2.11", "3.11")))
+    with pytest.raises(
+        GpuenvError, match=re.escape("measures TensorFlow workloads; torch2.11-py3.11-cpu")
+    ):
+        bench.plan(project, ["torch2.11-py3.11-cpu"])
