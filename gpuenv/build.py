@@ -95,8 +95,9 @@ def sibling_cpu(cell: Cell, cells: list[Cell]) -> Cell | None:
     for other in cells:
         if (
             not other.is_gpu
-            and (other.framework_version, other.python, other.base)
-            == (cell.framework_version, cell.python, cell.base)
+            and not cell.cuda_with_framework
+            and (other.framework_requirement, other.python, other.base)
+            == (cell.framework_requirement, cell.python, cell.base)
             and (other.pip, other.apt) == (cell.pip, cell.apt)
         ):
             return other

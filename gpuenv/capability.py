@@ -17,8 +17,9 @@ Guide, "Application Compatibility on Blackwell"):
   compatible. Family-specific targets (sm_100f, CUDA 12.9) run within their major version on
   the same or a newer minor (CUDA Programming Guide, "Family-Specific Features").
 
-The kernels each TensorFlow release carries are recorded in data/sass.yaml, read from the real
-wheels (see the comments there).
+The kernels each TensorFlow release carries are recorded in data/sass.yaml, PyTorch's and JAX's
+in data/sass-torch.yaml and data/sass-jax.yaml, read from the real wheels (see the comments
+there).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ UNKNOWN = frozenset({"", "?", "n/a", "[n/a]", "unknown", "[unknown error]"})
 _CC = re.compile(r"(\d{1,2})\.(\d)")
 _ARCH = re.compile(r"(sm|compute)_(\d{1,2})(\d)([af]?)")
 
-FRAMEWORK_NAMES = {"tensorflow": "TensorFlow", "tf": "TensorFlow"}
+FRAMEWORK_NAMES = {"tensorflow": "TensorFlow", "tf": "TensorFlow", "torch": "PyTorch", "jax": "JAX"}
+# The kernel records: TensorFlow's in sass.yaml, the other frameworks' beside it.
+SASS_FILES = ("sass.yaml", "sass-torch.yaml", "sass-jax.yaml")
 
 LEVEL_ORDER = {"ok": 0, "info": 1, "warning": 2, "error": 3}
 
@@ -244,15 +247,18 @@ def _rows(doc: dict[str, Any]) -> dict[tuple[str, str], KernelSet]:
 
 @functools.cache
 def kernel_table() -> dict[tuple[str, str], KernelSet]:
-    """Every row of data/sass.yaml, keyed by (framework, minor): ("tensorflow", "2.21")."""
-    text = resources.files("gpuenv.data").joinpath("sass.yaml").read_text("utf-8")
-    return _rows(yaml.safe_load(text))
+    """Every row of data/sass*.yaml, keyed by (framework, minor): ("tensorflow", "2.21")."""
+    table: dict[tuple[str, str], KernelSet] = {}
+    for name in SASS_FILES:
+        text = resources.files("gpuenv.data").joinpath(name).read_text("utf-8")
+        table.update(_rows(yaml.safe_load(text)))
+    return table
 
 
 def kernels_for(framework: str, release: str) -> KernelSet | None:
     """The kernels of a release ("2.21" or "2.21.0"; framework "tensorflow" or "tf"), or None
     when gpuenv has no record of them."""
-    name = "tensorflow" if framework.lower() in FRAMEWORK_NAMES else framework.lower()
+    name = "tensorflow" if framework.lower() in ("tensorflow", "tf") else framework.lower()
     return kernel_table().get((name, _minor(release)))
 
 
@@ -353,6 +359,5 @@ def gpu_verdict(gpus: Sequence[GpuInfo], framework: str, release: str) -> Verdic
     GPU images of."""
     from gpuenv import compat
 
-    cat = compat.catalog()
-    gpu_minors = [minor for minor, row in cat.releases.items() if not row.gpu_unsupported]
-    return combine(judge_gpus(gpus, framework, release, candidates=gpu_minors))
+    cat = compat.catalog_by_label(framework) or compat.catalog()
+    return combine(judge_gpus(gpus, framework, release, candidates=cat.gpu_minors()))

@@ -39,6 +39,42 @@ class Cell:
     wheels: dict[str, str] = field(default_factory=dict)  # nvidia-* pins, GPU cells only
     pip: tuple[str, ...] = ()
     apt: tuple[str, ...] = ()
+    # The framework requirement the environment installs: tensorflow==2.21.0, or for a
+    # PyTorch CPU cell torch==2.9.1+cpu from PyTorch's own index. Empty: <framework>==<version>.
+    install: str = ""
+    # Indexes beside the matrix's own that this cell's packages come from (plain data: the
+    # build routes them, the lock resolves against them).
+    indexes: tuple[str, ...] = ()
+    # The framework's wheel requires its CUDA wheels (PyTorch): a GPU cell installs them with
+    # the framework in one layer instead of a CUDA layer over the CPU cell's environment.
+    cuda_with_framework: bool = False
+
+    @property
+    def framework_requirement(self) -> str:
+        return self.install or f"{self.framework}=={self.framework_version}"
+
+    @property
+    def cuda_major(self) -> str | None:
+        return self.cuda.split(".")[0] if self.cuda else None
+
+    @property
+    def cudnn_wheel(self) -> str | None:
+        """The pinned nvidia-cudnn-cu<major> release of a GPU cell."""
+        return self.wheels.get(f"nvidia-cudnn-cu{self.cuda_major}") if self.cuda else None
+
+    @property
+    def nvidia_lib_dirs(self) -> tuple[str, ...]:
+        """Directories under site-packages/nvidia/ holding the pinned wheels' libraries."""
+        return nvidia_lib_dirs(self.wheels)
+
+    @property
+    def ptxas_dir(self) -> str | None:
+        """Where the pinned nvcc wheel puts ptxas (under site-packages/nvidia/), if any."""
+        if "nvidia-cuda-nvcc-cu12" in self.wheels:
+            return "cuda_nvcc/bin"
+        if "nvidia-cuda-nvcc" in self.wheels:
+            return f"cu{self.cuda_major}/bin"
+        return None
 
     @property
     def image(self) -> str:
@@ -66,6 +102,11 @@ class Cell:
             "pip": list(self.pip),
             "apt": list(self.apt),
         }
+        # Only where they say something, so TensorFlow cells' JSON is what it always was.
+        if self.install:
+            data["install"] = self.install
+        if self.indexes:
+            data["indexes"] = list(self.indexes)
         return data
 
 
@@ -75,3 +116,25 @@ def cell_name(short: str, minor: str, python: str, variant: str, cuda: str | Non
         parts.append(f"cuda{cuda}")
     parts.append(variant)
     return "-".join(parts)
+
+
+# nvidia-* wheels that hold no shared library directory of their own (compilers, headers).
+_NO_LIBS = {"nvidia-cuda-nvcc-cu12", "nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm"}
+
+
+def nvidia_lib_dirs(wheels: dict[str, str]) -> tuple[str, ...]:
+    """The site-packages/nvidia/<dir>/lib directories of the nvidia-* wheels pinned.
+
+    CUDA 12 wheels (nvidia-cublas-cu12) install into nvidia/cublas/; CUDA 13's toolkit wheels
+    (nvidia-cublas, no suffix) share nvidia/cu13/; the suffixed CUDA 13 libraries outside the
+    toolkit (nvidia-cudnn-cu13, nvidia-nccl-cu13) keep their own directory (nvidia/cudnn/)."""
+    dirs = set()
+    for name in wheels:
+        if not name.startswith("nvidia-") or name in _NO_LIBS:
+            continue
+        stem, _, suffix = name.removeprefix("nvidia-").rpartition("-cu")
+        if stem and suffix.isdigit():
+            dirs.add(stem.replace("-", "_"))
+        else:
+            dirs.add("cu13")
+    return tuple(sorted(dirs))

@@ -1,7 +1,9 @@
 """The compatibility catalog (data/*.yaml) and the resolution of combinations into cells.
 
 Resolution is kept apart from rendering: it decides *what* a cell is (exact framework
-version, CUDA/cuDNN pair, pinned wheels, base), or why it cannot be. A product combination
+version, CUDA/cuDNN pair, pinned wheels, index, base), or why it cannot be. There is one
+Catalog per framework (data/tensorflow.yaml, torch.yaml, jax.yaml); the CUDA and Debian
+facts (data/cuda.yaml, debian.yaml) are shared by all of them. A product combination
 the catalog cannot satisfy is rejected with a reason; an impossible ``include`` or a value
 the catalog does not know at all is an error.
 """
@@ -20,6 +22,8 @@ from packaging.version import Version
 from gpuenv.cell import Base, Cell, cell_name
 from gpuenv.matrix import AXES, Combination, DebianBase, LoadedMatrix, expand
 
+FRAMEWORKS = ("tensorflow", "torch", "jax")  # matrix keys, catalog files, package names
+
 
 @dataclass(frozen=True)
 class FrameworkRelease:
@@ -28,9 +32,10 @@ class FrameworkRelease:
     python: tuple[str, ...]
     source: str
     gpu_default: tuple[str, str] | None  # (cuda, cudnn) of the tested build configuration
-    nccl: str | None
+    gpu_pins: dict[str, str]  # GPU wheels outside the toolkit set: NCCL, plugins, ...
     wheel_requires: dict[str, str]
     gpu_unsupported: str | None
+    cpu_version: str | None = None  # the CPU build's own version (torch: 2.9.1+cpu)
 
 
 @dataclass(frozen=True)
@@ -39,18 +44,22 @@ class Toolkit:
     release: str
     min_driver: str
     wheels: dict[str, str]
+    companions: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Catalog:
-    framework: str
+    framework: str  # the package name, the matrix key and the io.gpuenv.framework label
     short: str
+    display: str
     releases: dict[str, FrameworkRelease]
     toolkits: dict[str, Toolkit]
-    pairs: dict[tuple[str, str], str]  # (cuda, cudnn) -> nvidia-cudnn-cu12 release
+    pairs: dict[tuple[str, str], str]  # (cuda, cudnn) -> nvidia-cudnn-cu<major> release
     driver_floor: dict[str, str]  # CUDA major -> minimum driver
     ga_min_driver: dict[str, str]
     debian_python: dict[str, str]  # suite -> python
+    cpu_index: str | None = None  # the index the CPU build lives on, when not PyPI
+    cuda_with_framework: bool = False  # the framework's wheel requires its CUDA wheels
 
     @property
     def pythons(self) -> list[str]:
@@ -71,62 +80,110 @@ class Catalog:
         minors = sorted(self.releases, key=Version)
         return f"{minors[0]} to {minors[-1]}"
 
+    def gpu_minors(self) -> list[str]:
+        return [m for m, row in self.releases.items() if row.gpu_default is not None]
+
 
 def _read(name: str) -> Any:
     return yaml.safe_load(resources.files("gpuenv.data").joinpath(name).read_text("utf-8"))
 
 
+def _release(row: dict[str, Any]) -> FrameworkRelease:
+    gpu = row.get("gpu")
+    pins = dict((gpu or {}).get("wheels") or {})
+    if gpu and "nccl" in gpu:  # tensorflow.yaml's short form
+        pins["nvidia-nccl-cu12"] = gpu["nccl"]
+    return FrameworkRelease(
+        minor=row["minor"],
+        version=row["version"],
+        python=tuple(row["python"]),
+        source=" ".join(str(row["source"]).split()),
+        gpu_default=(gpu["cuda"], gpu["cudnn"]) if gpu else None,
+        gpu_pins=pins,
+        wheel_requires=dict(row.get("wheel_requires") or {}),
+        gpu_unsupported=row.get("gpu_unsupported"),
+        cpu_version=(row.get("cpu") or {}).get("version"),
+    )
+
+
 @functools.cache
-def catalog() -> Catalog:
-    tf = _read("tensorflow.yaml")
+def catalog(framework: str = "tensorflow") -> Catalog:
+    """One framework's catalog (data/<framework>.yaml) with the CUDA and Debian facts all
+    frameworks share (data/cuda.yaml, data/debian.yaml)."""
+    if framework not in FRAMEWORKS:
+        raise KeyError(framework)
+    doc = _read(f"{framework}.yaml")
     cuda = _read("cuda.yaml")
     debian = _read("debian.yaml")
-    releases = {}
-    for row in tf["releases"]:
-        gpu = row.get("gpu")
-        releases[row["minor"]] = FrameworkRelease(
-            minor=row["minor"],
-            version=row["version"],
-            python=tuple(row["python"]),
-            source=row["source"],
-            gpu_default=(gpu["cuda"], gpu["cudnn"]) if gpu else None,
-            nccl=gpu["nccl"] if gpu else None,
-            wheel_requires=dict(row.get("wheel_requires") or {}),
-            gpu_unsupported=row.get("gpu_unsupported"),
-        )
     return Catalog(
-        framework=tf["framework"],
-        short=tf["short"],
-        releases=releases,
+        framework=doc["framework"],
+        short=doc["short"],
+        display=doc.get("display", "TensorFlow"),
+        releases={row["minor"]: _release(row) for row in doc["releases"]},
         toolkits={
-            k: Toolkit(k, v["release"], v["min_driver"], dict(v["wheels"]))
+            k: Toolkit(
+                k,
+                v["release"],
+                v["min_driver"],
+                dict(v["wheels"]),
+                {w: tuple(c) for w, c in (v.get("companions") or {}).items()},
+            )
             for k, v in cuda["toolkits"].items()
         },
         pairs={(p["cuda"], p["cudnn"]): p["cudnn_wheel"] for p in cuda["pairs"]},
         driver_floor=dict(cuda["driver_floor"]),
         ga_min_driver=dict(cuda["ga_min_driver"]),
         debian_python={k: v["python"] for k, v in debian["suites"].items()},
+        cpu_index=doc.get("cpu_index"),
+        cuda_with_framework=bool(doc.get("cuda_with_framework", False)),
     )
 
 
-def gpu_wheels(row: FrameworkRelease, cuda: str, cudnn: str) -> dict[str, str]:
-    """The exact nvidia-*-cu12 pins of a GPU cell, or ValueError saying why there are none."""
-    cat = catalog()
+def catalog_by_label(name: str) -> Catalog | None:
+    """The catalog an io.gpuenv.framework label names (package name or short form)."""
+    for framework in FRAMEWORKS:
+        cat = catalog(framework)
+        if name in (cat.framework, cat.short):
+            return cat
+    return None
+
+
+def cudnn_package(cuda: str) -> str:
+    return f"nvidia-cudnn-cu{cuda.split('.')[0]}"
+
+
+def gpu_wheels(
+    row: FrameworkRelease, cuda: str, cudnn: str, cat: Catalog | None = None
+) -> dict[str, str]:
+    """The exact pins of a GPU cell's CUDA wheels, or ValueError saying why there are none.
+
+    The pins are the toolkit set's wheels the framework requires (with their companions),
+    the cuDNN of the pair, and the release's own GPU pins; every requirement the framework
+    declares must then be pinned, inside its range."""
+    cat = cat or catalog()
     if (cuda, cudnn) not in cat.pairs:
         known = ", ".join(f"{c}/{d}" for c, d in sorted(cat.pairs, key=lambda p: Version(p[0])))
         raise ValueError(
             f"gpuenv has no pinned wheel set for CUDA {cuda} with cuDNN {cudnn} "
             f"(known CUDA/cuDNN pairs: {known})"
         )
-    assert row.nccl is not None
-    wheels = dict(cat.toolkits[cuda].wheels)
-    wheels["nvidia-cudnn-cu12"] = cat.pairs[(cuda, cudnn)]
-    wheels["nvidia-nccl-cu12"] = row.nccl
+    toolkit = cat.toolkits[cuda]
+    wanted = set(row.wheel_requires)
+    for package in list(wanted):
+        wanted.update(toolkit.companions.get(package, ()))
+    wheels = {p: v for p, v in toolkit.wheels.items() if p in wanted}
+    wheels[cudnn_package(cuda)] = cat.pairs[(cuda, cudnn)]
+    wheels.update(row.gpu_pins)
     for package, spec in sorted(row.wheel_requires.items()):
         pinned = wheels.get(package)
-        if pinned is None or Version(pinned) not in SpecifierSet(spec):
+        if pinned is None:
             raise ValueError(
-                f"TensorFlow {row.version} requires {package}{spec}, but CUDA {cuda} / "
+                f"{cat.display} {row.version} requires {package}{spec}, which gpuenv's "
+                f"CUDA {cuda} wheel set does not include"
+            )
+        if Version(pinned) not in SpecifierSet(spec):
+            raise ValueError(
+                f"{cat.display} {row.version} requires {package}{spec}, but CUDA {cuda} / "
                 f"cuDNN {cudnn} pins {package}=={pinned}"
             )
     return dict(sorted(wheels.items()))
@@ -147,10 +204,15 @@ class _Rejected(Exception):
     pass
 
 
+def framework_of(combo: Combination) -> str:
+    """The framework a combination is of (matrix.expand gives each exactly one)."""
+    return next(f for f in FRAMEWORKS if f in combo)
+
+
 def resolve(m: LoadedMatrix) -> Resolution:
-    cat = catalog()
     result = Resolution()
     for combo in expand(m):
+        cat = catalog(framework_of(combo))
         try:
             cell = _resolve_one(m, cat, combo)
         except _Rejected as why:
@@ -182,38 +244,47 @@ def resolve(m: LoadedMatrix) -> Resolution:
 def _resolve_one(m: LoadedMatrix, cat: Catalog, combo: Combination) -> Cell:
     inc = combo["_include"]
     where: tuple[str | int, ...] = ("matrix", "include", inc) if inc is not None else ("matrix",)
-    requested = combo["tensorflow"]
+    key = cat.framework
+    requested = combo[key]
     row = cat.release(requested)
     if row is None:
         raise m.error(
-            f"unknown TensorFlow version {requested}; gpuenv knows {cat.known_releases()} "
-            "(see gpuenv/data/tensorflow.yaml)",
-            (*where, "tensorflow") if inc is not None else ("matrix", "tensorflow"),
+            f"unknown {cat.display} version {requested}; gpuenv knows {cat.known_releases()} "
+            f"(see gpuenv/data/{cat.framework}.yaml)",
+            (*where, key) if inc is not None else ("matrix", key),
         )
     python = combo["python"]
     if python not in cat.pythons:
         raise m.error(
-            f"Python {python} is outside the supported range {cat.pythons[0]} to {cat.pythons[-1]}",
+            f"Python {python} is outside the supported range of {cat.display} releases, "
+            f"{cat.pythons[0]} to {cat.pythons[-1]}",
             (*where, "python") if inc is not None else ("matrix", "python"),
         )
     if python not in row.python:
         raise _Rejected(
-            f"TensorFlow {row.version} has no wheels for Python {python} "
+            f"{cat.display} {row.version} has no wheels for Python {python} "
             f"(it supports {row.python[0]} to {row.python[-1]})"
         )
     variant = combo["variant"]
     cuda = cudnn = release = None
     wheels: dict[str, str] = {}
+    install = ""  # <framework>==<version>, unless the CPU build is another one
+    indexes: tuple[str, ...] = ()
     if variant == "cpu":
         if combo.get("cuda") or combo.get("cudnn"):
             raise _Rejected("cuda/cudnn are set on a CPU cell; add variant: gpu to the include")
+        if row.cpu_version:
+            # PyTorch's CPU build is not on PyPI: its own index (or the matrix's mirror).
+            install = f"{cat.framework}=={row.cpu_version}"
+            mirror = m.model.build.torch_cpu_index if cat.framework == "torch" else None
+            indexes = tuple(i for i in (mirror or cat.cpu_index,) if i)
     else:
         if row.gpu_unsupported or row.gpu_default is None:
-            raise _Rejected(row.gpu_unsupported or f"no GPU build of TensorFlow {row.version}")
+            raise _Rejected(row.gpu_unsupported or f"no GPU build of {cat.display} {row.version}")
         cuda = combo.get("cuda") or row.gpu_default[0]
         cudnn = combo.get("cudnn") or row.gpu_default[1]
         try:
-            wheels = gpu_wheels(row, cuda, cudnn)
+            wheels = gpu_wheels(row, cuda, cudnn, cat)
         except ValueError as exc:
             raise _Rejected(str(exc)) from None
         release = cat.toolkits[cuda].release
@@ -233,6 +304,9 @@ def _resolve_one(m: LoadedMatrix, cat: Catalog, combo: Combination) -> Cell:
         wheels=wheels,
         pip=tuple(m.model.packages.pip) + tuple(combo.get("pip", ())),
         apt=tuple(m.model.packages.apt) + tuple(combo.get("apt", ())),
+        install=install,
+        indexes=indexes,
+        cuda_with_framework=cat.cuda_with_framework and variant == "gpu",
     )
 
 
@@ -265,15 +339,21 @@ def _choose_defaults(m: LoadedMatrix, result: Resolution) -> None:
         result.default_cpu = next((c for c in result.cells if not c.is_gpu), None)
         result.default_gpu = next((c for c in result.cells if c.is_gpu), None)
         return
-    row = catalog().release(d.tensorflow)
+    framework, version = d.framework()
+    row = catalog(framework).release(version)
 
     def wanted(c: Cell) -> bool:
-        return row is not None and c.framework_minor == row.minor and c.python == d.python
+        return (
+            row is not None
+            and c.framework == framework
+            and c.framework_minor == row.minor
+            and c.python == d.python
+        )
 
     matching = [c for c in result.cells if wanted(c)]
     if not matching:
         raise m.error(
-            f"default (tensorflow {d.tensorflow}, python {d.python}) is not a cell of the "
+            f"default ({framework} {version}, python {d.python}) is not a cell of the "
             "matrix; pick one that `gpuenv matrix` lists",
             ("default",),
         )

@@ -50,7 +50,7 @@ def image_labels(cell: Cell) -> dict[str, str]:
     """Every label the Dockerfile sets (all but SPEC_HASH)."""
     what = f"{cell.framework} {cell.framework_version}, Python {cell.python}, {cell.variant}"
     if cell.is_gpu:
-        what += f", CUDA {cell.cuda_release}, cuDNN {cell.wheels['nvidia-cudnn-cu12']}"
+        what += f", CUDA {cell.cuda_release}, cuDNN {cell.cudnn_wheel}"
     return {
         TITLE: cell.image,
         f"{OCI}.description": what,
@@ -129,7 +129,8 @@ LOCK_DIR = "/opt/gpuenv"  # the locked requirements the image was installed from
 USER = "gpuenv"
 UID = 1000
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Library directories of the nvidia-*-cu12 wheels (TF 2.16/2.17 need them on the path).
+# Library directories of TensorFlow's nvidia-*-cu12 wheels (TF 2.16/2.17 need them on the
+# path). A cell's own are Cell.nvidia_lib_dirs, derived from the wheels it pins.
 NVIDIA_LIB_DIRS = (
     "cublas", "cuda_cupti", "cuda_nvrtc", "cuda_runtime", "cudnn", "cufft",
     "curand", "cusolver", "cusparse", "nccl", "nvjitlink",

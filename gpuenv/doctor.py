@@ -90,7 +90,9 @@ def image_verdict(labels: dict[str, str], facts: Facts, gpu_ok: bool) -> Finding
         return Finding(name, "ok", "CPU image: runs here")
     if not facts.gpus:
         return Finding(
-            name, "warning", "GPU image, but no NVIDIA GPU/driver found: TensorFlow runs on CPU"
+            name,
+            "warning",
+            "GPU image, but no NVIDIA GPU/driver found: its framework runs on the CPU",
         )
     if not gpu_ok:
         return Finding(name, "error", "GPU image, but the engine cannot pass GPUs (see above)")

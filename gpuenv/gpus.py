@@ -118,7 +118,7 @@ def judge_driver(driver: str, cuda: str, cuda_release: str | None, floor: str,
         return Verdict(
             "error",
             f"the host's NVIDIA driver {driver} is older than {floor}, the minimum for any "
-            f"CUDA {cuda.split('.')[0]}.x (this image uses CUDA {cuda}); TensorFlow would fail "
+            f"CUDA {cuda.split('.')[0]}.x (this image uses CUDA {cuda}); the framework would fail "
             f"with 'CUDA driver version is insufficient'. Upgrade the driver to >= "
             f"{toolkit_min or floor}, or use a cell with an older CUDA",
         )
@@ -127,7 +127,7 @@ def judge_driver(driver: str, cuda: str, cuda_release: str | None, floor: str,
             "warning",
             f"the host's NVIDIA driver {driver} is older than {toolkit_min}, CUDA "
             f"{cuda_release or cuda}'s own minimum: it runs under minor-version compatibility, "
-            "but PTX JIT compilation for GPUs newer than TensorFlow's kernels will fail. "
+            "but PTX JIT compilation for GPUs newer than the framework's kernels will fail. "
             f"Upgrade the driver to >= {toolkit_min} to be safe",
         )
     return Verdict("ok", f"driver {driver} supports CUDA {cuda_release or cuda}")

@@ -62,10 +62,16 @@ def lock_path(matrix: Path) -> Path:
 
 
 def env_requirements(cell: Cell) -> list[str]:
-    return [f"{cell.framework}=={cell.framework_version}", *cell.pip]
+    pins = _pins(cell) if cell.cuda_with_framework else []
+    return [cell.framework_requirement, *pins, *cell.pip]
 
 
 def cuda_requirements(cell: Cell) -> list[str]:
+    """The CUDA layer's pins ([] where they come with the framework, as PyTorch's do)."""
+    return [] if cell.cuda_with_framework else _pins(cell)
+
+
+def _pins(cell: Cell) -> list[str]:
     return [f"{name}=={version}" for name, version in sorted(cell.wheels.items())]
 
 
@@ -124,10 +130,10 @@ def compile_requirements(
 def lock_cell(
     cell: Cell, exclude_newer: str, index_url: str | None, extra_index_urls: tuple[str, ...] = ()
 ) -> CellLock:
-    indexes = (index_url, extra_index_urls)
+    indexes = (index_url, tuple(dict.fromkeys((*extra_index_urls, *cell.indexes))))
     env = compile_requirements(env_requirements(cell), cell.python, exclude_newer, *indexes)
     cuda = ""
-    if cell.is_gpu:
+    if cell.is_gpu and not cell.cuda_with_framework:
         cuda = compile_requirements(cuda_requirements(cell), cell.python, exclude_newer, *indexes)
     return CellLock(inputs_digest(cell, exclude_newer), env, cuda)
 

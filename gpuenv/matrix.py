@@ -3,7 +3,9 @@
 The schema is strict: unknown keys, wrong types, versions YAML read as numbers and values
 that could smuggle Dockerfile or shell syntax are refused here, with the line they are on.
 Expansion follows GitHub Actions: the product of the axes, minus ``exclude``, then
-``include`` extends matching combinations or adds new ones. What the catalog makes of each
+``include`` extends matching combinations or adds new ones. Each framework axis
+(``tensorflow``, ``torch``, ``jax``) makes its own product with the shared ``python`` and
+``variant`` axes; a combination is of exactly one framework. What the catalog makes of each
 combination is compat.py's business.
 """
 
@@ -34,8 +36,8 @@ from gpuenv import yamlfile
 from gpuenv.errors import MatrixError
 
 DEFAULT_MATRIX = "matrix.yaml"
-AXES = ("tensorflow", "python", "variant")
-FRAMEWORK_KEYS = ("tensorflow",)
+FRAMEWORK_KEYS = ("tensorflow", "torch", "jax")
+AXES = (*FRAMEWORK_KEYS, "python", "variant")
 
 # Everything below ends up in a Dockerfile or on a command line, so each pattern admits
 # only what the value needs, never quotes, whitespace, `;`, `&`, `$`, backslashes or newlines.
@@ -144,17 +146,31 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _one_framework(entry: BaseModel, what: str) -> None:
+    named = [k for k in FRAMEWORK_KEYS if getattr(entry, k) is not None]
+    if len(named) > 1:
+        raise ValueError(
+            f"{what} names {' and '.join(named)}; a cell is of one framework, so name one "
+            "(use one entry per framework)"
+        )
+
+
 class Exclude(_Strict):
     """A partial combination; every combination that matches all its keys is removed."""
 
     tensorflow: Version | None = None
+    torch: Version | None = None
+    jax: Version | None = None
     python: Version | None = None
     variant: Variant | None = None
 
     @model_validator(mode="after")
     def _not_empty(self) -> Exclude:
         if not self.model_dump(exclude_none=True):
-            raise ValueError("an exclude entry needs at least one of tensorflow, python, variant")
+            raise ValueError(
+                "an exclude entry needs at least one of tensorflow, torch, jax, python, variant"
+            )
+        _one_framework(self, "an exclude entry")
         return self
 
 
@@ -162,6 +178,8 @@ class Include(_Strict):
     """Extends the combinations it matches, or adds one (GitHub Actions semantics)."""
 
     tensorflow: Version | None = None
+    torch: Version | None = None
+    jax: Version | None = None
     python: Version | None = None
     variant: Variant | None = None
     cuda: Version | None = Field(None, description="CUDA major.minor for a GPU cell, e.g. 12.8")
@@ -169,25 +187,64 @@ class Include(_Strict):
     pip: list[PipRequirement] = Field(default_factory=list, description="extra pip packages")
     apt: list[AptPackage] = Field(default_factory=list, description="extra Debian packages")
 
+    @model_validator(mode="after")
+    def _framework(self) -> Include:
+        _one_framework(self, "an include entry")
+        return self
+
 
 class Axes(_Strict):
-    tensorflow: list[Version] = Field(min_length=1, description="TensorFlow major.minor versions")
+    tensorflow: list[Version] | None = Field(
+        None, min_length=1, description="TensorFlow major.minor versions"
+    )
+    torch: list[Version] | None = Field(
+        None, min_length=1, description="PyTorch major.minor versions"
+    )
+    jax: list[Version] | None = Field(None, min_length=1, description="JAX major.minor versions")
     python: list[Version] = Field(min_length=1, description="Python major.minor versions")
     variant: list[Variant] = Field(default_factory=lambda: ["cpu"], min_length=1)
     exclude: list[Exclude] = Field(default_factory=list)
     include: list[Include] = Field(default_factory=list)
 
-    @field_validator("tensorflow", "python", "variant")
+    @field_validator("tensorflow", "torch", "jax", "python", "variant")
     @classmethod
-    def _unique(cls, values: list[str]) -> list[str]:
-        if len(set(values)) != len(values):
+    def _unique(cls, values: list[str] | None) -> list[str] | None:
+        if values is not None and len(set(values)) != len(values):
             raise ValueError(f"values repeat: {values}")
         return values
 
+    @model_validator(mode="after")
+    def _a_framework(self) -> Axes:
+        if not any(getattr(self, k) for k in FRAMEWORK_KEYS) and not self.include:
+            raise ValueError(
+                "the matrix has no framework axis; add one of tensorflow, torch, jax "
+                '(e.g. torch: ["2.11"])'
+            )
+        return self
+
 
 class Default(_Strict):
-    tensorflow: Version
+    """The cells `gpuenv run` picks without a cell name: one framework release and Python."""
+
+    tensorflow: Version | None = None
+    torch: Version | None = None
+    jax: Version | None = None
     python: Version
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Default:
+        named = [k for k in FRAMEWORK_KEYS if getattr(self, k) is not None]
+        if len(named) != 1:
+            raise ValueError(
+                "default names exactly one framework (tensorflow, torch or jax) and a python, "
+                'e.g. {torch: "2.11", python: "3.12"}'
+            )
+        return self
+
+    def framework(self) -> tuple[str, str]:
+        """(framework, version) the default names."""
+        key = next(k for k in FRAMEWORK_KEYS if getattr(self, k) is not None)
+        return key, str(getattr(self, key))
 
 
 class DebianBase(_Strict):
@@ -233,6 +290,11 @@ class BuildOptions(_Strict):
     )
     index_url: IndexUrl | None = Field(None, description="package index replacing PyPI")
     extra_index_urls: list[IndexUrl] = Field(default_factory=list)
+    torch_cpu_index: IndexUrl | None = Field(
+        None,
+        description="index holding PyTorch's +cpu wheels, for torch CPU cells; default: "
+        "PyTorch's own, https://download.pytorch.org/whl/cpu (a mirror of it goes here)",
+    )
 
 
 class Matrix(_Strict):
@@ -296,6 +358,8 @@ def _schema_error(exc: ValidationError, doc: yamlfile.YamlDocument) -> MatrixErr
     kind = err["type"]
     if kind == "extra_forbidden":
         message = f"unknown key {where!r}; check the spelling (see README for every key)"
+        if loc[:1] in (("matrix",), ("default",)):
+            message += "; the framework keys are tensorflow, torch, jax"
     elif kind == "missing":
         message = f"missing required key {where!r}"
     elif kind == "string_type" and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -319,13 +383,18 @@ Combination = dict[str, Any]
 def expand(m: LoadedMatrix) -> list[Combination]:
     """Product minus exclude, then include.
 
-    Each combination carries ``_include`` (the index of the include entry that created or
-    extended it, or None) so errors about an impossible include can point at it.
+    Each framework axis makes its own product with python and variant, in the order
+    tensorflow, torch, jax. Each combination carries ``_include`` (the index of the include
+    entry that created or extended it, or None) so errors about an impossible include can
+    point at it.
     """
     axes = m.model.matrix
     product = [
-        dict(zip(AXES, values, strict=True))
-        for values in itertools.product(axes.tensorflow, axes.python, axes.variant)
+        {framework: version, "python": python, "variant": variant}
+        for framework in FRAMEWORK_KEYS
+        for version, python, variant in itertools.product(
+            getattr(axes, framework) or [], axes.python, axes.variant
+        )
     ]
     excluded: list[Combination] = []
     for i, ex in enumerate(axes.exclude):
@@ -344,12 +413,17 @@ def expand(m: LoadedMatrix) -> list[Combination]:
         )
     # As in GitHub Actions, an include extends only combinations of the product; one that
     # an earlier include added is never extended by a later one (the later one adds its own).
+    # An include naming a framework extends only that framework's combinations; one naming
+    # none (python: "3.11", apt: [...]) extends matching combinations of every framework.
     product_combos = list(combos)
     for i, inc in enumerate(axes.include):
         values = inc.model_dump(exclude_none=True, exclude_defaults=True)
         values.update({k: getattr(inc, k) for k in ("pip", "apt") if getattr(inc, k)})
+        framework = next((k for k in FRAMEWORK_KEYS if k in values), None)
         extended = False
         for combo in product_combos:
+            if framework is not None and framework not in combo:
+                continue
             original = {k: combo[k] for k in AXES if k in combo}
             # Add to a combination only when no original axis value would be overwritten.
             if all(values[k] == v for k, v in original.items() if k in values):
@@ -357,7 +431,11 @@ def expand(m: LoadedMatrix) -> list[Combination]:
                 combo["_include"] = i
                 extended = True
         if not extended:
-            missing = [k for k in ("tensorflow", "python") if k not in values]
+            missing = []
+            if framework is None:
+                missing.append("a framework (tensorflow, torch or jax)")
+            if "python" not in values:
+                missing.append("python")
             if missing:
                 raise m.error(
                     f"include entry {i + 1} matches no combination and lacks "

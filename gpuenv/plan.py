@@ -63,11 +63,11 @@ def input_digests(
 
     cell = ctx.cell
     packages = {
-        "framework": f"{cell.framework}=={cell.framework_version}",
+        "framework": cell.framework_requirement,
         "pip": list(cell.pip),
         "apt": list(cell.apt),
         "wheels": cell.wheels,
-        "index": [options.index_url, *options.extra_index_urls],
+        "index": [options.index_url, *options.extra_index_urls, *cell.indexes],
     }
     return {
         "template": templates_digest()[:16],

@@ -99,21 +99,23 @@ def render(
     env = _environment(templates_dir())
     venv, sp = contract.VENV, contract.site_packages(cell.python)
     path = f"{venv}/bin:{contract.SYSTEM_PATH}"
-    if cell.is_gpu:
+    if cell.is_gpu and cell.ptxas_dir:
         # ptxas, for XLA's and TensorFlow's own PTX compilation.
-        path = f"{venv}/bin:{sp}/nvidia/cuda_nvcc/bin:{contract.SYSTEM_PATH}"
+        path = f"{venv}/bin:{sp}/nvidia/{cell.ptxas_dir}:{contract.SYSTEM_PATH}"
+    cuda_packages = [f"{name}=={version}" for name, version in cell.wheels.items()]
     # Requirements such as pandas<3 hold shell metacharacters (a redirection, unquoted);
     # plain pins like tensorflow==2.21.0 come out unchanged.
-    python_packages = [
-        shlex.quote(p) for p in (f"{cell.framework}=={cell.framework_version}", *cell.pip)
-    ]
+    python_packages = [shlex.quote(p) for p in (cell.framework_requirement, *cell.pip)]
+    if cell.cuda_with_framework:
+        python_packages += cuda_packages
     dockerfile = env.get_template("Dockerfile.j2").render(
         cell=cell,
         ca=options.ca,
         ca_url=contract.CA_URL,
         ca_path=contract.CA_PATH,
         index_url=options.index_url,
-        extra_index_urls=list(options.extra_index_urls),
+        # The matrix's indexes, then the cell's own (PyTorch's CPU index or its mirror).
+        extra_index_urls=list(dict.fromkeys((*options.extra_index_urls, *cell.indexes))),
         uv_version=UV_VERSION,
         venv=venv,
         user=contract.USER,
@@ -122,16 +124,16 @@ def render(
         python_packages=python_packages,
         locked=lock is not None,
         lock_dir=contract.LOCK_DIR,
-        cuda_packages=[f"{name}=={version}" for name, version in cell.wheels.items()],
+        cuda_packages=cuda_packages,
         require_cuda=driver_cuda_floor(cell) if cell.is_gpu else None,
-        ld_library_path=":".join(f"{sp}/nvidia/{d}/lib" for d in contract.NVIDIA_LIB_DIRS),
+        ld_library_path=":".join(f"{sp}/nvidia/{d}/lib" for d in cell.nvidia_lib_dirs),
         labels=contract.image_labels(cell),
     )
     cell_json = json.dumps(cell.to_json(), indent=2, sort_keys=True) + "\n"
     files = {"Dockerfile": dockerfile, "cell.json": cell_json}
     if lock is not None:
         files["requirements/python-env.txt"] = lock.python_env
-        if cell.is_gpu:
+        if cell.is_gpu and not cell.cuda_with_framework:
             files["requirements/cuda.txt"] = lock.cuda
     return BuildContext(cell, files)
 

@@ -494,13 +494,13 @@ def gpu_preflight(engine: Engine, target: Target, gpus: GpuRequest | None) -> No
     if gpus is None:
         if claims.is_gpu:
             warn(
-                f"{target.image} is a GPU image but no --gpus was given: TensorFlow will "
+                f"{target.image} is a GPU image but no --gpus was given: its framework will "
                 "fall back to the CPU (add --gpus all)"
             )
         return
     if claims.variant == "cpu":
         warn(
-            f"{target.image} is a CPU image: TensorFlow in it cannot use the GPUs; the devices "
+            f"{target.image} is a CPU image: the framework in it cannot use the GPUs; the devices "
             "are passed anyway (for nvidia-smi and the like). Use a GPU cell to train on them"
         )
     found = probe_gpus(engine, target.image, gpus)

@@ -260,6 +260,13 @@ def plan(project: Project, patterns: list[str] | None) -> list[tuple[str, bool]]
         cells = project.select(patterns)
     else:
         cells = [c for c in (project.resolution.default_cpu, project.resolution.default_gpu) if c]
+    # The workloads are TensorFlow programs: a torch or JAX cell would only fail to import it.
+    other = [c.name for c in cells if c.framework != "tensorflow"]
+    if other:
+        raise GpuenvError(
+            f"gpuenv bench measures TensorFlow workloads; {', '.join(other)} "
+            f"{'is' if len(other) == 1 else 'are'} not TensorFlow cells: name tf* cells"
+        )
     return [(c.name, c.is_gpu) for c in cells]
 
 

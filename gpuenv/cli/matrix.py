@@ -43,11 +43,12 @@ def matrix_cmd(
                          "gpu": res.default_gpu.name if res.default_gpu else None},
         })  # fmt: skip
         return
-    rows = [("CELL", "IMAGE", "PYTHON", "TENSORFLOW", "CUDA", "CUDNN", "BASE")]
+    rows = [("CELL", "IMAGE", "PYTHON", "FRAMEWORK", "CUDA", "CUDNN", "BASE")]
     for c in cells:
         rows.append((
-            c.name + (" *" if c in defaults else ""), c.image, c.python, c.framework_version,
-            c.cuda_release or "-", c.wheels.get("nvidia-cudnn-cu12", "-"), c.base.describe(),
+            c.name + (" *" if c in defaults else ""), c.image, c.python,
+            f"{c.framework} {c.framework_version}", c.cuda_release or "-", c.cudnn_wheel or "-",
+            c.base.describe(),
         ))  # fmt: skip
     print_table(rows)
     print("(* default cells used by `gpuenv run`)")

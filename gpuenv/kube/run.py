@@ -139,9 +139,9 @@ def submit(opts: KubeOptions) -> int:
         assert target.cell is not None  # cells only (checked above)
         claims = contract.ImageLabels(target.labels)
         if claims.is_gpu and not gpus:
-            warn(f"{target.image} is a GPU image but no --gpus N: TensorFlow will use the CPU")
+            warn(f"{target.image} is a GPU image but no --gpus N: its framework will use the CPU")
         if gpus and not claims.is_gpu:
-            warn(f"{target.image} is a CPU image: TensorFlow in it cannot use the GPUs")
+            warn(f"{target.image} is a CPU image: the framework in it cannot use the GPUs")
         from gpuenv.project import open_project
 
         project = open_project(opts.file)

@@ -8,8 +8,8 @@ import re
 from typing import Any
 
 from gpuenv import compat, contract
-from gpuenv.cell import Cell
-from gpuenv.contract import NVIDIA_LIB_DIRS, UID, VENV, ImageLabels, image_labels, site_packages
+from gpuenv.cell import Cell, nvidia_lib_dirs
+from gpuenv.contract import UID, VENV, ImageLabels, image_labels, site_packages
 from gpuenv.errors import GpuenvError
 from gpuenv.lock import CellLock
 
@@ -24,7 +24,10 @@ def from_cell(
         uid=UID,
         venv=VENV,
         site_packages=site_packages(cell.python),
-        nvidia_lib_dirs=list(NVIDIA_LIB_DIRS),
+        nvidia_lib_dirs=list(cell.nvidia_lib_dirs),
+        ptxas_dir=cell.ptxas_dir,
+        # The version the framework's own metadata reports (torch's CPU build: 2.9.1+cpu).
+        installed_version=cell.framework_requirement.partition("==")[2],
         labels=image_labels(cell),
         pip_pins=_pins(cell.pip),
         # With a lock, the environment must hold exactly the locked packages.
@@ -61,19 +64,22 @@ def from_labels(image: str, found: dict[str, str]) -> dict[str, Any]:
     claims = ImageLabels(found)
     if not claims.is_gpuenv:
         raise GpuenvError(f"{image} has no io.gpuenv.* labels: it was not built by gpuenv")
-    cat = compat.catalog()
+    framework = claims.framework or "tensorflow"
+    found_cat = compat.catalog_by_label(framework)
+    if found_cat is None:
+        raise GpuenvError(
+            f"{image}: its label {contract.FRAMEWORK}={framework!r} is none of "
+            f"{', '.join(compat.FRAMEWORKS)}"
+        )
+    cat = found_cat
+    framework = cat.framework
     claimed = claims.framework_version
     minor = ".".join(claimed.split(".")[:2])
     row = cat.releases.get(minor)
     if row is None:
         raise GpuenvError(
-            f"{image}: its label {contract.FRAMEWORK_VERSION}={claimed!r} is no TensorFlow "
+            f"{image}: its label {contract.FRAMEWORK_VERSION}={claimed!r} is no {cat.display} "
             "release the catalog knows"
-        )
-    framework = claims.framework or cat.framework
-    if framework != cat.framework:
-        raise GpuenvError(
-            f"{image}: its label {contract.FRAMEWORK}={framework!r} is not {cat.framework}"
         )
     variant = claims.variant or "cpu"
     if variant not in ("cpu", "gpu"):
@@ -82,27 +88,36 @@ def from_labels(image: str, found: dict[str, str]) -> dict[str, Any]:
     if python not in row.python:
         raise GpuenvError(
             f"{image}: its label {contract.PYTHON}={python!r} contradicts the catalog: "
-            f"TensorFlow {row.version} has wheels for Python {', '.join(row.python)}"
+            f"{cat.display} {row.version} has wheels for Python {', '.join(row.python)}"
         )
     cuda, cudnn = claims.cuda, claims.cudnn
     wheels: dict[str, str] = {}
     release = None
     if variant == "gpu":
-        if row.gpu_unsupported or row.nccl is None:
+        if row.gpu_unsupported or row.gpu_default is None:
             raise GpuenvError(
-                f"{image}: a GPU image of TensorFlow {row.version}, which the catalog has as "
+                f"{image}: a GPU image of {cat.display} {row.version}, which the catalog has as "
                 f"CPU-only: {row.gpu_unsupported or 'no GPU wheel set'}"
             )
         if not (cuda and cudnn):
             raise GpuenvError(f"{image}: a GPU image without io.gpuenv.cuda/cudnn labels")
         try:
-            wheels = compat.gpu_wheels(row, cuda, cudnn)
+            wheels = compat.gpu_wheels(row, cuda, cudnn, cat)
         except ValueError as exc:
             raise GpuenvError(f"{image}: its CUDA labels contradict the catalog: {exc}") from None
         release = cat.toolkits[cuda].release
     elif cuda or cudnn:
         raise GpuenvError(f"{image}: a CPU image with io.gpuenv.cuda/cudnn labels")
     from gpuenv.cell import cell_name
+
+    installed = row.version
+    if variant == "cpu" and row.cpu_version:
+        installed = row.cpu_version
+    ptxas = None
+    if "nvidia-cuda-nvcc-cu12" in wheels:
+        ptxas = "cuda_nvcc/bin"
+    elif "nvidia-cuda-nvcc" in wheels and cuda:
+        ptxas = f"cu{cuda.split('.')[0]}/bin"
 
     return {
         # The cell its claims describe; the labels check compares io.gpuenv.cell with it.
@@ -123,7 +138,9 @@ def from_labels(image: str, found: dict[str, str]) -> dict[str, Any]:
         "uid": UID,
         "venv": VENV,
         "site_packages": site_packages(python),
-        "nvidia_lib_dirs": list(NVIDIA_LIB_DIRS),
+        "nvidia_lib_dirs": list(nvidia_lib_dirs(wheels)),
+        "ptxas_dir": ptxas,
+        "installed_version": installed,
         "labels": {},  # nothing to compare the labels with but themselves
         "locked": None,
         "lock_drift": None,

@@ -111,7 +111,7 @@ BREAKS: dict[str, Break] = {
     "tensorflow-cpu": Break(
         CPU_IMAGE,
         f"USER root\nRUN rm {SP}/tensorflow/libtensorflow_framework.so.2\n" + USER,
-        "test_tensorflow_computes_on_the_cpu",
+        "test_framework_computes_on_the_cpu",
         ("libtensorflow_framework.so.2: cannot open shared object file",),
     ),
     # A wheel whose metadata names another release than the cell pins.
@@ -160,7 +160,7 @@ BREAKS: dict[str, Break] = {
         f"RUN cd {SP}/tensorflow/python/platform"
         " && sed -i \"s/('is_cuda_build', True)/('is_cuda_build', False)/\" build_info.py"
         " && rm -f __pycache__/build_info.*.pyc\n" + USER,
-        "test_tensorflow_build_info_agrees",
+        "test_framework_build_info_agrees",
         ("TensorFlow is not a CUDA build",),
     ),
     # GPUs baked in.
@@ -184,12 +184,12 @@ BREAKS: dict[str, Break] = {
 BROKEN_BY = {
     "test_python_version": "python-version",
     "test_no_installer_cache_or_compiler": "installer-cache",
-    "test_tensorflow_computes_on_the_cpu": "tensorflow-cpu",
+    "test_framework_computes_on_the_cpu": "tensorflow-cpu",
     "test_cuda_runtime_version": "cuda-runtime",
     "test_cuda_libraries_load_without_a_driver": "cuda-libraries-load",
     "test_ldd_finds_everything_but_libcuda": "ldd",
     "test_ptxas_is_found": "ptxas",
-    "test_tensorflow_build_info_agrees": "tensorflow-build-info",
+    "test_framework_build_info_agrees": "tensorflow-build-info",
     "test_nvidia_environment": "nvidia-environment",
     "test_library_path_reaches_the_wheels": "library-path",
 }

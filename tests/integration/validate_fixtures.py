@@ -51,7 +51,7 @@ IMAGE_CHECKS = (
     "test_default_user_is_not_root",
     "test_labels_agree_with_the_contents",
     "test_no_driver_files",
-    "test_tensorflow_computes_on_the_cpu",
+    "test_framework_computes_on_the_cpu",
     "test_size_within_baseline",
 )
 GPU_CHECKS = (
@@ -60,15 +60,15 @@ GPU_CHECKS = (
     "test_cuda_libraries_load_without_a_driver",
     "test_ldd_finds_everything_but_libcuda",
     "test_ptxas_is_found",
-    "test_tensorflow_build_info_agrees",
+    "test_framework_build_info_agrees",
     "test_nvidia_environment",
     "test_library_path_reaches_the_wheels",
 )
 DEVICE_CHECKS = (
     "test_nvidia_smi_works",
-    "test_tensorflow_sees_the_requested_gpus",
+    "test_framework_sees_the_requested_gpus",
     "test_matmul_runs_on_gpu0",
-    "test_cudnn_lstm_runs",
+    "test_cudnn_op_runs",
     "test_gpu_compute_capability_runs_the_framework",
     "test_all_reduce_across_the_requested_gpus",
 )

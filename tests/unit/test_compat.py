@@ -249,11 +249,16 @@ def test_toolkits_are_consistent():
         assert driver(tk["min_driver"]) >= driver(floors[major]), name
         # An update release needs at least the driver of its GA release.
         assert driver(tk["min_driver"]) >= driver(DESIGN_GA_DRIVER[name]), name
+        # CUDA 12's wheels carry a -cu12 suffix; CUDA 13's toolkit wheels carry none.
+        suffix = "-cu12" if major == "12" else ""
         for package, version in tk["wheels"].items():
-            assert package.startswith("nvidia-") and package.endswith("-cu12"), package
+            assert package.startswith("nvidia-"), package
+            assert package.endswith("-cu12") == (major == "12"), package
             assert re.fullmatch(r"\d+(\.\d+)+", version), (package, version)
-        for runtime in ("nvidia-cuda-runtime-cu12", "nvidia-cuda-nvrtc-cu12"):
+        for runtime in (f"nvidia-cuda-runtime{suffix}", f"nvidia-cuda-nvrtc{suffix}"):
             assert tk["wheels"][runtime].startswith(f"{name}."), (name, runtime)
+        for wheel, companions in (tk.get("companions") or {}).items():
+            assert {wheel, *companions} <= set(tk["wheels"]), (name, wheel)
 
 
 def test_driver_numbers_match_design():

@@ -286,7 +286,7 @@ def test_cpu_image_with_gpus_warns_and_goes_on(fake_engine, monkeypatch, capsys)
     monkeypatch.setattr(run, "probe_gpus", lambda engine, image, gpus: found)
     target = run.Target("acme/tf:cpu", {"io.gpuenv.variant": "cpu"})
     run.gpu_preflight(fake_engine(), target, parse_gpus("all"))
-    assert "is a CPU image: TensorFlow in it cannot use the GPUs" in capsys.readouterr().err
+    assert "is a CPU image: the framework in it cannot use the GPUs" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- driver cache

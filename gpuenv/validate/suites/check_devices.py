@@ -4,9 +4,9 @@ they are skipped with the reason (never faked)."""
 from __future__ import annotations
 
 from conftest import Box
+from framework_code import CODE
 
 GPU_ONLY = True
-QUIET = "import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
 
 
 def _requested(gpu_box: Box) -> int:
@@ -23,31 +23,24 @@ def test_nvidia_smi_works(gpu_box: Box) -> None:
     assert result.rc == 0 and "GPU 0" in result.stdout, result.stderr
 
 
-def test_tensorflow_sees_the_requested_gpus(gpu_box: Box) -> None:
-    code = QUIET + "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"
-    assert int(gpu_box.python(code).strip().splitlines()[-1]) == _requested(gpu_box)
+def test_framework_sees_the_requested_gpus(gpu_box: Box) -> None:
+    code = CODE[gpu_box.expected["framework"]]
+    found = int(gpu_box.python(code.gpu_count).strip().splitlines()[-1])
+    assert found == _requested(gpu_box), f"{code.name} sees {found} GPU(s)"
 
 
 def test_matmul_runs_on_gpu0(gpu_box: Box) -> None:
-    code = QUIET + (
-        "import tensorflow as tf\n"
-        "with tf.device('/GPU:0'):\n"
-        "    x = tf.linalg.matmul(tf.ones([64, 64]), tf.ones([64, 64]))\n"
-        "print(x.device)"
-    )
-    assert "GPU:0" in gpu_box.python(code).strip().splitlines()[-1]
+    code = CODE[gpu_box.expected["framework"]]
+    last = gpu_box.python(code.gpu_matmul).strip().splitlines()[-1]
+    assert last == "gpu:0", f"{code.name}'s matmul ran on {last}"
 
 
-def test_cudnn_lstm_runs(gpu_box: Box) -> None:
-    code = QUIET + (
-        "import numpy as np, tensorflow as tf\n"
-        "layer = tf.keras.layers.LSTM(16)\n"
-        "with tf.device('/GPU:0'):\n"
-        "    y = layer(np.ones((4, 10, 8), 'float32'))\n"
-        "print(y.shape, y.device)"
-    )
-    last = gpu_box.python(code).strip().splitlines()[-1]
-    assert "(4, 16)" in last and "GPU:0" in last
+def test_cudnn_op_runs(gpu_box: Box) -> None:
+    """An op that goes through cuDNN on GPU 0: Keras' LSTM for TensorFlow, a 2-D convolution
+    for PyTorch (cuDNN required) and for JAX (XLA lowers it to cuDNN)."""
+    code = CODE[gpu_box.expected["framework"]]
+    last = gpu_box.python(code.cudnn_op).strip().splitlines()[-1]
+    assert last == f"{code.cudnn_shape} gpu:0", f"{code.name}: {last}"
 
 
 def test_gpu_compute_capability_runs_the_framework(gpu_box: Box) -> None:
@@ -66,32 +59,16 @@ def test_gpu_compute_capability_runs_the_framework(gpu_box: Box) -> None:
     assert verdict.level != "error", verdict.message
 
 
-ALL_REDUCE = QUIET + (
-    "import json, tensorflow as tf\n"
-    "gpus = [d.name for d in tf.config.list_logical_devices('GPU')]\n"
-    "strategy = tf.distribute.MirroredStrategy(\n"
-    "    gpus, cross_device_ops=tf.distribute.NcclAllReduce())\n"
-    "values = strategy.experimental_distribute_values_from_function(\n"
-    "    lambda ctx: tf.fill([1024], float(ctx.replica_id_in_sync_group + 1)))\n"
-    "summed = strategy.run(\n"
-    "    lambda v: tf.distribute.get_replica_context().all_reduce('SUM', v), args=(values,))\n"
-    "local = strategy.experimental_local_results(summed)\n"
-    "print(json.dumps({'replicas': strategy.num_replicas_in_sync,\n"
-    "                  'sums': [float(t[0]) for t in local],\n"
-    "                  'devices': [t.device for t in local]}))"
-)
-
-
 def test_all_reduce_across_the_requested_gpus(gpu_box: Box) -> None:
-    """`validate --gpus N` (N > 1, or all): an NCCL all-reduce through
-    tf.distribute.MirroredStrategy across every requested GPU; each replica must hold the
-    sum 1 + 2 + ... + N. This is what multi-GPU training does every step."""
+    """`validate --gpus N` (N > 1, or all): an all-reduce across every requested GPU (NCCL
+    through tf.distribute.MirroredStrategy, torch.cuda.nccl, or JAX's psum); each replica
+    must hold the sum 1 + 2 + ... + N. This is what multi-GPU training does every step."""
     import pytest
 
     n = _requested(gpu_box)
     if n < 2:
         pytest.skip(f"{n} GPU requested: no collective across GPUs to check (--gpus 2 or all)")
-    doc = gpu_box.python_json(ALL_REDUCE)
+    doc = gpu_box.python_json(CODE[gpu_box.expected["framework"]].all_reduce)
     assert doc["replicas"] == n, doc
     assert doc["sums"] == [n * (n + 1) / 2] * n, doc
     assert all("GPU" in d for d in doc["devices"]), doc

@@ -1,25 +1,14 @@
 """Checks for GPU images that need no GPU: the CUDA libraries are the cell's, they load
-without a driver, and the environment lets TensorFlow find them."""
+without a driver, and the environment lets the framework find them."""
 
 from __future__ import annotations
 
 import json
 
 from conftest import Box
+from framework_code import cuda_loads, cudart, nvcc_wheel
 
 GPU_ONLY = True
-
-# The libraries TensorFlow's dso_loader opens at start (nvidia/<dir>/lib/<soname>).
-TF_LOADS = {
-    "cuda_runtime": "libcudart.so.12",
-    "cublas": "libcublas.so.12",
-    "cufft": "libcufft.so.11",
-    "curand": "libcurand.so.10",
-    "cusolver": "libcusolver.so.11",
-    "cusparse": "libcusparse.so.12",
-    "nccl": "libnccl.so.2",
-    "nvjitlink": "libnvJitLink.so.12",
-}
 
 
 def _major_minor(encoded: int, major_div: int, minor_div: int) -> str:
@@ -29,7 +18,7 @@ def _major_minor(encoded: int, major_div: int, minor_div: int) -> str:
 def test_cuda_runtime_version(box: Box) -> None:
     code = (
         "import ctypes; v = ctypes.c_int()\n"
-        "lib = ctypes.CDLL('libcudart.so.12')\n"
+        f"lib = ctypes.CDLL({cudart(box.expected)!r})\n"
         "assert lib.cudaRuntimeGetVersion(ctypes.byref(v)) == 0\n"
         "print(v.value)"
     )
@@ -49,12 +38,12 @@ def test_cudnn_version(box: Box) -> None:
 
 
 def test_cuda_libraries_load_without_a_driver(box: Box) -> None:
-    exp = box.expected
-    cudnn = f"libcudnn.so.{exp['cudnn'].split('.')[0]}"
-    libs = {**TF_LOADS, "cudnn": cudnn}
+    # The libraries the framework opens (TensorFlow's dso_loader, torch and the JAX plugin
+    # by soname or path): every one its pinned wheels ship, by soname, as the default user.
+    libs = {so for _, so in cuda_loads(box.expected).values()}
     code = (
         "import ctypes, json\nout = {}\n"
-        f"for name in {sorted(libs.values())!r}:\n"
+        f"for name in {sorted(libs)!r}:\n"
         "    try: ctypes.CDLL(name); out[name] = 'ok'\n"
         "    except OSError as e: out[name] = str(e)\n"
         "print(json.dumps(out))"
@@ -63,13 +52,34 @@ def test_cuda_libraries_load_without_a_driver(box: Box) -> None:
     assert not failed, f"cannot load as the default user: {failed}"
 
 
+# NVSHMEM (PyTorch and JAX pin it) ships optional bootstrap and transport plugins that
+# NVSHMEM dlopens only when configured to (NVSHMEM_BOOTSTRAP=MPI, an InfiniBand or UCX
+# transport), and cuFile (PyTorch) an RDMA plugin for GPUDirect Storage; each links the
+# host's own fabric library (MPI, PMIx, rdma-core, libfabric, UCX), which no image brings.
+# Only those plugins, and only those libraries, may be unresolved; libnvshmem_host and
+# libcufile themselves must resolve.
+HOST_FABRIC_LIBS = frozenset(
+    {"libmpi.so.40", "libpmix.so.2", "liboshmem.so.40", "libmlx5.so.1", "libfabric.so.1",
+     "libucp.so.0", "libucs.so.0", "libibverbs.so.1", "librdmacm.so.1"}
+)  # fmt: skip
+
+
+def _host_fabric_plugin(path: str) -> bool:
+    import re
+
+    return bool(
+        re.search(r"/nvshmem/lib/nvshmem_(bootstrap|transport)_[a-z]+\.so", path)
+        or re.search(r"/lib/libcufile_rdma\.so", path)
+    )
+
+
 def test_ldd_finds_everything_but_libcuda(box: Box) -> None:
     # ldd every shared object of the nvidia-* wheels. Fail closed: ldd must be there and
     # succeed on each, and the libraries examined must include every one TensorFlow loads
     # and at least one per wheel directory on the library path.
     sp = box.expected["site_packages"]
     exp = box.expected
-    wanted = {**TF_LOADS, "cudnn": f"libcudnn.so.{exp['cudnn'].split('.')[0]}"}
+    wanted = sorted(set(cuda_loads(exp).values()))
     code = (
         "import glob, json, os, shutil, subprocess\n"
         f"files = sorted(glob.glob({sp!r} + '/nvidia/*/lib/*.so*'))\n"
@@ -85,9 +95,7 @@ def test_ldd_finds_everything_but_libcuda(box: Box) -> None:
     # A library counts under any file name that starts with its soname (libcufft.so.11 or
     # libcufft.so.11.2.3.61): whether it loads by its soname is the loading check's business.
     absent = sorted(
-        f"{d}/{so}"
-        for d, so in wanted.items()
-        if not any(e.startswith(f"{d}/{so}") for e in examined)
+        f"{d}/{so}" for d, so in wanted if not any(e.startswith(f"{d}/{so}") for e in examined)
     )
     absent += sorted(
         f"{d}/*.so*"
@@ -103,7 +111,9 @@ def test_ldd_finds_everything_but_libcuda(box: Box) -> None:
         f"{f}: {line.strip()}"
         for f, (_, text) in found["out"].items()
         for line in text.splitlines()
-        if "not found" in line and "libcuda.so.1" not in line
+        if "not found" in line
+        and "libcuda.so.1" not in line
+        and not (_host_fabric_plugin(f) and line.split()[0] in HOST_FABRIC_LIBS)
     ]
     assert not missing, "unresolved libraries: " + "; ".join(missing[:10])
 
@@ -111,20 +121,68 @@ def test_ldd_finds_everything_but_libcuda(box: Box) -> None:
 def test_ptxas_is_found(box: Box) -> None:
     import re
 
+    import pytest
+
+    nvcc = nvcc_wheel(box.expected)
+    if nvcc is None:
+        pytest.skip(
+            f"{box.expected['framework']} requires no nvcc wheel: it compiles no PTX at run time"
+        )
     result = box.sh("ptxas --version")
     assert result.rc == 0, f"ptxas not on the PATH: {result.stderr.strip()[:200]}"
     # "Cuda compilation tools, release 12.5, V12.5.82": the cell's CUDA and, exactly, the
-    # release of the nvidia-cuda-nvcc-cu12 wheel the cell pins.
+    # release of the nvidia-cuda-nvcc(-cu12) wheel the cell pins.
     m = re.search(r"release (\d+\.\d+), V(\d+(?:\.\d+)+)", result.stdout)
     assert m, f"ptxas --version names no release: {result.stdout.strip()[-200:]}"
-    wanted = (box.expected["cuda"], box.expected["wheels"].get("nvidia-cuda-nvcc-cu12"))
+    wanted = (box.expected["cuda"], box.expected["wheels"][nvcc])
     assert m.groups() == wanted, (
         f"ptxas is release {m.group(1)}, V{m.group(2)}; expected release {wanted[0]}, "
-        f"V{wanted[1]} (nvidia-cuda-nvcc-cu12=={wanted[1]})"
+        f"V{wanted[1]} ({nvcc}=={wanted[1]})"
     )
 
 
-def test_tensorflow_build_info_agrees(box: Box) -> None:
+def test_framework_build_info_agrees(box: Box) -> None:
+    """The framework was built for the cell's CUDA and cuDNN majors, as it says itself."""
+    exp = box.expected
+    framework = exp["framework"]
+    if framework == "torch":
+        # torch.version.cuda is what the wheel was built with; cudnn.version() loads cuDNN.
+        code = (
+            "import json, torch\n"
+            "print(json.dumps({'cuda': torch.version.cuda,\n"
+            "                  'cudnn': torch.backends.cudnn.version()}))"
+        )
+        info = box.python_json(code)
+        assert info["cuda"], "torch is not a CUDA build (torch.version.cuda is None)"
+        assert info["cuda"] == exp["cuda"], f"torch was built for CUDA {info['cuda']}: {info}"
+        cudnn = int(info["cudnn"] or 0)
+        found = f"{cudnn // 10000}.{cudnn % 10000 // 100}"
+        assert found == exp["cudnn"], (
+            f"torch loads cuDNN {found} ({cudnn}), expected {exp['cudnn']}"
+        )
+        return
+    if framework == "jax":
+        # The CUDA plugin matching the cell's CUDA major, at jax's own version, and the
+        # CUDA/cuDNN versions it was built against (jax._src.lib.cuda_versions).
+        major = exp["cuda"].split(".")[0]
+        code = (
+            "import json, os; os.environ['JAX_PLATFORMS'] = 'cpu'\n"
+            "import importlib.metadata as m, jax\n"
+            f"import jax_cuda{major}_plugin as plugin\n"
+            "from jax._src.lib import cuda_versions as v\n"
+            f"print(json.dumps({{'plugin': m.version('jax-cuda{major}-plugin'),\n"
+            "    'jax': jax.__version__, 'cuda': v.cuda_runtime_build_version(),\n"
+            "    'cudnn': v.cudnn_build_version()}))"
+        )
+        info = box.python_json(code)
+        assert info["plugin"] == info["jax"], (
+            f"jax-cuda{major}-plugin {info['plugin']} != jax {info['jax']}"
+        )
+        assert info["cuda"] // 1000 == int(major), (
+            f"the plugin was built for CUDA {info['cuda']}: {info}"
+        )
+        assert info["cudnn"] // 10000 == int(exp["cudnn"].split(".")[0]), info
+        return
     code = (
         "import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'\n"
         "import json, tensorflow as tf\n"

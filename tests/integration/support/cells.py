@@ -40,6 +40,7 @@ TEST_REPOSITORIES = frozenset(
         "gpuenv-test/harden-labels",  # test_engine_hostile.py: images with hostile labels
         "gpuenv-test/faults",  # test_engine_faults.py (a private engine; never the shared one)
         "gpuenv-test/faults-push",
+        "gpuenv-test/frameworks",  # test_engine_frameworks.py: the torch and JAX cells
     }
 )
 

@@ -1,0 +1,265 @@
+"""PyTorch and JAX cells built and validated for real (issue 12): a JAX CPU cell, a JAX GPU
+cell (CUDA 12.9 wheels) and a PyTorch GPU cell (CUDA 13.0 wheels), each built once per
+module from a test matrix in a temporary directory (repository gpuenv-test/frameworks,
+removed by the session janitor).
+
+Every check that needs no GPU must pass, the CUDA libraries' loading included; the device
+checks are skipped with the reason (no GPU here), never faked. The torch CPU cell is not
+built here: its wheels are on PyTorch's own index, which these machines cannot reach (its
+rendering is golden-tested and hadolint-checked in tests/unit/test_frameworks.py).
+
+Costs on the project's machine (cold, the wheels downloaded through the proxy): JAX CPU
+~30 s, JAX GPU ~90 s (its CPU cell's layers reused), torch GPU ~160 s; ~11 GB of images.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+pytest.register_assert_rewrite("validate_fixtures")
+
+from support.cells import REPO, TEST_REPOSITORY_PREFIX  # noqa: E402
+from support.cli import build_cells, gpuenv_cmd  # noqa: E402
+from support.engine import docker, run_in_image  # noqa: E402
+from validate_fixtures import DEVICE_CHECKS, GPU_CHECKS, IMAGE_CHECKS  # noqa: E402
+
+pytest_plugins = ["validate_fixtures"]
+
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("validate_leftovers")]
+
+REPOSITORY = f"{TEST_REPOSITORY_PREFIX}/frameworks"
+JAX_CPU = "jax0.7-py3.11-cpu"
+JAX_GPU = "jax0.7-py3.11-cuda12.9-gpu"
+TORCH_GPU = "torch2.11-py3.11-cuda13.0-gpu"
+CELLS = (JAX_CPU, JAX_GPU, TORCH_GPU)
+
+MATRIX = f"""\
+name: {REPOSITORY}
+matrix:
+  torch: ["2.11"]
+  jax: ["0.7"]
+  python: ["3.11"]
+  variant: [cpu, gpu]
+  exclude:
+    - {{torch: "2.11", variant: cpu}}   # on PyTorch's own index: not reachable here
+default: {{jax: "0.7", python: "3.11"}}
+bases:
+  "3.11": {{debian: bookworm}}
+"""
+
+# Skipped everywhere here, with these reasons: no lock, no size baseline, no GPU.
+NO_LOCK = "no matrix.lock for this cell"
+NO_BASELINE = "no size baseline recorded"
+NO_GPUS = "no --gpus given"
+
+
+CPU_SIDE_GPU_CHECKS = (
+    "test_cuda_libraries_load_without_a_driver",
+    "test_cuda_runtime_version",
+    "test_cudnn_version",
+    "test_framework_build_info_agrees",
+    "test_ldd_finds_everything_but_libcuda",
+    "test_library_path_reaches_the_wheels",
+)
+
+
+def image(cell: str) -> str:
+    return f"{REPOSITORY}:{cell}"
+
+
+def free_disk() -> str:
+    usage = shutil.disk_usage("/")
+    return f"{usage.free / 1e9:.1f} GB free"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The matrix file and each cell built once (CPU before its GPU sibling), timed."""
+    path = tmp_path_factory.mktemp("frameworks") / "matrix.yaml"
+    path.write_text(MATRIX, encoding="utf-8")
+    times: dict[str, float] = {}
+    before = free_disk()
+    for cell in CELLS:
+        start = time.monotonic()
+        result = build_cells(cell, matrix=path)[cell]
+        times[cell] = time.monotonic() - start
+        print(f"{cell}: {result['status']} in {times[cell]:.0f} s")
+    print(f"disk before: {before}; after: {free_disk()}")
+    return {"matrix": path, "times": times}
+
+
+@pytest.fixture(scope="module")
+def outcomes(built: dict[str, Any], junit_outcomes: Callable[..., Any]) -> dict[str, Any]:
+    """`gpuenv validate` of the three cells, once: exit status and per-check outcomes."""
+    xml = built["matrix"].parent / "junit.xml"
+    proc = gpuenv_cmd(
+        "validate", *CELLS, "-f", str(built["matrix"]), "--junitxml", str(xml), check=False
+    )
+    return {"proc": proc, "found": junit_outcomes(xml) if xml.exists() else {}}
+
+
+def test_validation_passes_every_check_that_needs_no_gpu(outcomes) -> None:
+    proc, found = outcomes["proc"], outcomes["found"]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert set(found) == set(CELLS)
+    for cell, checks in found.items():
+        gpu = "gpu" in cell
+        assert set(checks) == set(IMAGE_CHECKS) | (
+            set(GPU_CHECKS) | set(DEVICE_CHECKS) if gpu else set()
+        )
+        failed = {name: o.message for name, o in checks.items() if o.outcome == "failed"}
+        assert not failed, (cell, failed)
+        skipped = {name: o.message for name, o in checks.items() if o.outcome == "skipped"}
+        expected_skips = {
+            "test_packages_match_the_lock": NO_LOCK,
+            "test_size_within_baseline": NO_BASELINE,
+        }
+        if gpu:
+            expected_skips.update(dict.fromkeys(DEVICE_CHECKS, NO_GPUS))
+        if cell == JAX_CPU:  # a CPU cell without packages pins nothing
+            expected_skips["test_pinned_packages_are_installed"] = (
+                "pins no pip packages or CUDA wheels"
+            )
+        if cell == TORCH_GPU:  # torch's CUDA wheels bring no nvcc: nothing compiles PTX
+            expected_skips["test_ptxas_is_found"] = "torch requires no nvcc wheel"
+        assert set(skipped) == set(expected_skips), (cell, skipped)
+        for name, reason in expected_skips.items():
+            assert reason in skipped[name], (cell, name, skipped[name])
+    # The CPU-side GPU checks passed for both CUDA majors: libraries load, versions agree.
+    for cell in (JAX_GPU, TORCH_GPU):
+        for name in CPU_SIDE_GPU_CHECKS:
+            assert found[cell][name].outcome == "passed", (cell, name)
+    assert found[JAX_GPU]["test_ptxas_is_found"].outcome == "passed"
+
+
+def run_python(cell: str, code: str) -> str:
+    return run_in_image(image(cell), "python", "-c", code).strip()
+
+
+def test_images_hold_what_the_catalog_says(built) -> None:
+    # torch's GPU wheel is the CUDA 13.0 build and finds its CUDA wheels with no driver.
+    doc = json.loads(
+        run_python(
+            TORCH_GPU,
+            "import json, torch, importlib.metadata as m\n"
+            "print(json.dumps({'version': m.version('torch'), 'cuda': torch.version.cuda,\n"
+            "  'cudnn': torch.backends.cudnn.version(), 'available': torch.cuda.is_available(),\n"
+            "  'toolkit': m.version('cuda-toolkit'), 'cublas': m.version('nvidia-cublas')}))",
+        )
+    )
+    assert doc == {"version": "2.11.0", "cuda": "13.0", "cudnn": 91900, "available": False,
+                   "toolkit": "13.0.2", "cublas": "13.1.0.3"}  # fmt: skip
+    # JAX's GPU image: its CUDA 12 plugin at jax's version; without a GPU it runs on the CPU.
+    out = run_python(
+        JAX_GPU,
+        "import importlib.metadata as m, jax\n"
+        "print(m.version('jax-cuda12-plugin'), m.version('jaxlib'), jax.devices()[0].platform)",
+    )
+    assert out.splitlines()[-1] == "0.7.2 0.7.2 cpu"
+
+
+def layers(ref: str) -> list[str]:
+    out = docker("image", "inspect", "-f", "{{json .RootFS.Layers}}", ref).stdout
+    return list(json.loads(out))
+
+
+def test_layers(built) -> None:
+    """JAX's GPU image is its CPU image plus the CUDA layer(s) on top (the layer cache
+    shares them); torch's GPU image installs torch and its CUDA wheels in one layer."""
+    cpu, gpu = layers(image(JAX_CPU)), layers(image(JAX_GPU))
+    assert gpu[: len(cpu)] == cpu and len(gpu) > len(cpu)
+    history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", image(TORCH_GPU)).stdout
+    installs = [line for line in history.splitlines() if "uv pip install" in line]
+    assert (
+        len(installs) == 1
+        and "torch==2.11.0" in installs[0]
+        and "nvidia-cudnn-cu13==9.19.0.56" in installs[0]
+    )
+
+
+@pytest.mark.parametrize(("cell", "script", "says"), [
+    (JAX_CPU, "train_jax.py", "device: cpu:0"),
+    (TORCH_GPU, "train_torch.py", "device: cpu (CPU)"),
+])  # fmt: skip
+def test_examples_run_and_print_their_device(built, cell, script, says) -> None:
+    """The example workloads through `gpuenv run` (no GPU here: both say they use the CPU)."""
+    proc = gpuenv_cmd(
+        "run", "-f", str(built["matrix"]), "-i", cell, "--network", "none", "--",
+        "python", str(REPO / "examples" / script), timeout=600,
+    )  # fmt: skip
+    assert says in proc.stdout and "accuracy" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_torch_cpu_cell_is_planned_with_pytorchs_index(built) -> None:
+    """The excluded torch CPU cell, rendered from a matrix that keeps it: PyTorch's index
+    (or the matrix's mirror) is on the install step, and `build --dry-run` plans it."""
+    text = MATRIX.replace(
+        '    - {torch: "2.11", variant: cpu}   # on PyTorch\'s own index: not reachable here\n', ""
+    )
+    text = (
+        text.replace("  exclude:\n", "")
+        + "build:\n  torch_cpu_index: https://mirror.example/whl/cpu\n"
+    )
+    path = built["matrix"].parent / "with-torch-cpu.yaml"
+    path.write_text(text, encoding="utf-8")
+    out = path.parent / "rendered"
+    gpuenv_cmd("render", "-f", str(path), "torch2.11-py3.11-cpu", "-o", str(out))
+    dockerfile = (out / "torch2.11-py3.11-cpu" / "Dockerfile").read_text()
+    assert "torch==2.11.0+cpu" in dockerfile
+    assert 'UV_EXTRA_INDEX_URL="https://mirror.example/whl/cpu"' in dockerfile
+    plan = json.loads(
+        gpuenv_cmd("build", "-f", str(path), "torch2.11-py3.11-cpu", "--dry-run", "--json").stdout
+    )
+    assert "torch2.11-py3.11-cpu" in json.dumps(plan)
+
+
+def test_images_validate_from_their_labels(built) -> None:
+    """`validate -i IMAGE`: the cell each image's labels claim, rebuilt from the torch and
+    JAX catalogs (never the labels alone), passes."""
+    proc = gpuenv_cmd("validate", "-i", image(JAX_CPU), "-i", image(TORCH_GPU), check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert f"✓ {image(JAX_CPU)}" in proc.stdout and f"✓ {image(TORCH_GPU)}" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def broken(built, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Images derived from the built ones and broken in one respect each (one layer)."""
+    cases = {
+        # CUDA 13's runtime under another name: nothing opens libcudart.so.13.
+        "broken-cudart13": (TORCH_GPU, "RUN cd {sp}/nvidia/cu13/lib && mv libcudart.so.13 x.so\n"),
+        # jaxlib's XLA extension gone: jax imports nothing that computes.
+        "broken-jaxlib": (
+            JAX_CPU,
+            "RUN rm {sp}/jaxlib/_jax.so\n",
+        ),
+    }
+    sp = "/opt/venv/lib/python3.11/site-packages"
+    refs = {}
+    for tag, (cell, step) in cases.items():
+        context = tmp_path_factory.mktemp(tag)
+        (context / "Dockerfile").write_text(
+            f"FROM {image(cell)}\nUSER root\n{step.format(sp=sp)}USER 1000:1000\n"
+        )
+        ref = f"{REPOSITORY}:{tag}"
+        docker("build", "--network", "none", "-t", ref, str(context), timeout=600)
+        refs[tag] = ref
+    return refs
+
+
+@pytest.mark.parametrize(("tag", "check", "says"), [
+    ("broken-cudart13", "cuda libraries load without a driver", "libcudart.so.13: cannot open"),
+    ("broken-cudart13", "cuda runtime version", "libcudart.so.13"),
+    ("broken-jaxlib", "framework computes on the cpu", "python exited 1"),
+])  # fmt: skip
+def test_framework_checks_fail_on_a_broken_image(broken, tag, check, says) -> None:
+    proc = gpuenv_cmd("validate", "-i", broken[tag], check=False)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    failed = [line for line in proc.stdout.splitlines() if line.strip().startswith("FAILED")]
+    line = next((f for f in failed if f.strip().startswith(f"FAILED {check}:")), "")
+    assert says in line, failed
