@@ -196,7 +196,7 @@ class Engine:
         restarting or a link that is down to come back; False when it did not."""
         deadline = time.monotonic() + patience
         while True:
-            if self.ping(timeout=min(5.0, max(patience, 0.5))):
+            if self.ping(timeout=5.0):
                 try:
                     self.remove_container(cid)
                     return True
