@@ -178,6 +178,15 @@ class Engine:
     def is_local(self) -> bool:
         return self.url.startswith(("http+docker://localhost", "unix:"))
 
+    @property
+    def shares_loopback(self) -> bool:
+        """Whether a build with host networking sees this machine's 127.0.0.1 (where the
+        CA server listens): a local socket, or tcp:// to a loopback address."""
+        if self.is_local:
+            return True
+        host = re.sub(r"^[a-z+]+://", "", self.url).split("/", 1)[0].rsplit(":", 1)[0]
+        return host.strip("[]") in ("localhost", "::1") or host.startswith("127.")
+
     def info(self) -> dict[str, Any]:
         with _translated():
             return dict(self._api.info())
