@@ -179,6 +179,15 @@ def execute(
         reporter.finished(result)
         return result
 
+    if plan.needs_ca and not engine.shares_loopback:
+        # The build would fail in its install step with a "Connection refused" from the
+        # remote host's own loopback: say why now, before anything runs.
+        raise GpuenvError(
+            f"the CA bundle {plan.ca_bundle} is served to builds on this machine's loopback, "
+            f"which the engine at {engine.url} (another machine) cannot reach; run gpuenv "
+            "on the engine's machine, or build without a CA bundle (unset PIP_CERT, "
+            "GPUENV_CA_BUNDLE and build.ca_bundle) if its builds reach the index without one"
+        )
     with ExitStack() as stack:
         if plan.needs_ca and plan.ca_bundle is not None:
             stack.enter_context(CAServer(plan.ca_bundle, say=reporter.info))

@@ -178,6 +178,15 @@ class Engine:
     def is_local(self) -> bool:
         return self.url.startswith(("http+docker://localhost", "unix:"))
 
+    @property
+    def shares_loopback(self) -> bool:
+        """Whether a build with host networking sees this machine's 127.0.0.1 (where the
+        CA server listens): a local socket, or tcp:// to a loopback address."""
+        if self.is_local:
+            return True
+        host = re.sub(r"^[a-z+]+://", "", self.url).split("/", 1)[0].rsplit(":", 1)[0]
+        return host.strip("[]") in ("localhost", "::1") or host.startswith("127.")
+
     def info(self) -> dict[str, Any]:
         with _translated():
             return dict(self._api.info())
@@ -196,7 +205,7 @@ class Engine:
         restarting or a link that is down to come back; False when it did not."""
         deadline = time.monotonic() + patience
         while True:
-            if self.ping(timeout=min(5.0, max(patience, 0.5))):
+            if self.ping(timeout=5.0):
                 try:
                     self.remove_container(cid)
                     return True

@@ -312,7 +312,15 @@ def run(
 def _remove(engine: Engine, cid: str) -> None:
     """Remove the container, waiting a while for an engine that went away (restarted, or a
     link that dropped) to come back; a container left behind is named, never silent."""
-    if not engine.remove_container_patiently(cid, remove_patience()):
+    if engine.remove_container_patiently(cid, 0):
+        return
+    patience = remove_patience()
+    print(
+        f"gpuenv: the Docker Engine does not answer; waiting up to {patience} s for it to "
+        f"remove container {cid[:12]}",
+        file=sys.stderr,
+    )
+    if not engine.remove_container_patiently(cid, patience):
         warn(
             f"container {cid[:12]} could not be removed: the Docker Engine at {engine.url} "
             f"did not answer; once it is back: docker rm -f {cid[:12]}"

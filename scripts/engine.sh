@@ -5,7 +5,9 @@
 #   1. installs the Debian packages gpuenv's development and tests rely on
 #      (docker.io for dockerd, debootstrap and mmdebstrap for local base
 #      images, docker-registry for the push tests' loopback registry, which
-#      the tests start themselves: the package's own service is not used);
+#      the tests start themselves: the package's own service is not used;
+#      iproute2, e2fsprogs and openssl for the fault and remote-engine tests:
+#      a namespace and veth, a loop-mounted data root, throwaway TLS certificates);
 #      `apt-get update` runs only when something is missing;
 #   2. if `docker info` does not answer, starts
 #        dockerd --bridge=none --iptables=false --ip-masq=false
@@ -32,7 +34,7 @@ readonly LOG="${GPUENV_DOCKERD_LOG:-/var/log/gpuenv-dockerd.log}"
 readonly PIDFILE="${GPUENV_DOCKERD_PIDFILE:-/run/gpuenv-dockerd.pid}"
 readonly TIMEOUT="${GPUENV_DOCKERD_TIMEOUT:-60}"
 # Debian packages we need; each is checked on its own.
-readonly PACKAGES=(docker.io debootstrap mmdebstrap docker-registry)
+readonly PACKAGES=(docker.io debootstrap mmdebstrap docker-registry iproute2 e2fsprogs openssl)
 
 say() { printf 'engine.sh: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }

@@ -91,9 +91,18 @@ def test_run_output_is_live_across_tls(remote: RemoteEngine, tmp_path: Path) -> 
 
 def test_build_across_tls(remote: RemoteEngine, tmp_path: Path) -> None:
     (tmp_path / "matrix.yaml").write_text(matrix_text(name=NAME, variants=("cpu",)))
-    # 1. Built on the remote engine: the steps run there; the install step finds no index
+    # 1. With a CA bundle to serve: refused before anything runs (the bundle is served on
+    # this machine's loopback, which the remote engine's builds cannot reach).
+    ca = remote.root / "ca" / "ca.pem"  # any PEM bundle will do
+    proc = gpuenv(remote, "build", CELL, "--ca-bundle", str(ca), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "cannot reach" in one_error(proc.stderr) and "Step 1/" not in proc.stderr
+    # 2. Without one: the steps run on the remote engine; the install step finds no index
     # (the namespace has no route out), and the build ends with one line, nothing tagged.
-    proc = gpuenv(remote, "build", CELL, cwd=tmp_path, timeout=600)
+    no_ca = {k: v for k, v in clean_env().items() if k != "PIP_CERT"}
+    env = {**no_ca, "XDG_CACHE_HOME": str(tmp_path / ".cache"), **remote.env()}
+    proc = subprocess.run([*GPUENV, "build", CELL], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Step 2/" in proc.stderr, proc.stderr[-3000:]  # the steps ran over the link
     one_error(proc.stderr)

@@ -16,6 +16,7 @@ from gpuenv.engine import ContainerSpec, EngineError, ImageInfo
 class FakeEngine:
     url = "unix:///var/run/docker.sock"
     is_local = True
+    shares_loopback = True
 
     def __init__(
         self,

@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from support.engine import docker
+from support.private_engine import end_processes_under, unmount_under
 
 PORT = 2376
 
@@ -214,10 +215,6 @@ def _teardown(root: Path, ns: str, host_if: str, proc: subprocess.Popen[bytes] |
         _run("ip", "netns", "del", ns, check=False)
     if _run("ip", "link", "show", host_if, check=False).returncode == 0:
         _run("ip", "link", "del", host_if, check=False)
-    with open("/proc/self/mounts") as f:
-        points = [line.split()[1] for line in f]
-    for point in sorted(
-        (p for p in points if p.startswith(str(root) + "/")), key=len, reverse=True
-    ):
-        _run("umount", "-l", point, check=False)
+    end_processes_under(root)
+    unmount_under(root)
     shutil.rmtree(root, ignore_errors=True)

@@ -211,16 +211,40 @@ def private_engine(prefix: str = "gpuenv-pe-") -> Iterator[PrivateEngine]:
         for log in engine._logs:
             with contextlib.suppress(Exception):
                 log.close()  # type: ignore[attr-defined]
+        end_processes_under(root)
+        unmount_under(root)
         if mounted:
-            with open("/proc/self/mounts") as f:
-                points = [line.split()[1] for line in f]
-            for point in sorted((p for p in points if p.startswith(str(mount) + "/")),
-                                key=len, reverse=True):  # fmt: skip
-                _run("umount", "-l", point)
             _run("umount", str(mount))
             if _run("mountpoint", "-q", str(mount)).returncode == 0:
                 _run("umount", "-l", str(mount))
         shutil.rmtree(root, ignore_errors=True)
+
+
+def end_processes_under(root: Path) -> None:
+    """Processes whose command line names root: containerd shims that outlived their
+    containerd (killed with dockerd in a crash test). Ours, by PID, SIGTERM then SIGKILL."""
+    mine = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if str(root).encode() in (entry / "cmdline").read_bytes():
+                    mine.append(int(entry.name))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in mine:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        for pid in mine:
+            poll_gone(pid, timeout=5)
+
+
+def unmount_under(root: Path) -> None:
+    """Every mount below root, deepest first (dockerd's netns file, overlays, the disk's)."""
+    with open("/proc/self/mounts") as f:
+        points = [line.split()[1] for line in f]
+    for point in sorted((p for p in points if p.startswith(str(root) + "/")), key=len,
+                        reverse=True):  # fmt: skip
+        if point != str(root / "disk"):  # the data root's disk: unmounted by its owner
+            _run("umount", "-l", point)
 
 
 def load_image(host: str, ref: str) -> None:
