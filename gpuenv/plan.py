@@ -124,13 +124,23 @@ class BuildPlan:
 
 def render_options(m: LoadedMatrix, ca_bundle: Path | None) -> RenderOptions:
     from gpuenv.render import RenderOptions
+    from gpuenv.wheelhouse import index_key
 
     b = m.model.build
     return RenderOptions(
         ca=ca_bundle is not None,
         index_url=b.index_url,
         extra_index_urls=tuple(b.extra_index_urls),
+        wheelhouse=index_key(upstream_indexes(m)),
     )
+
+
+def upstream_indexes(m: LoadedMatrix) -> tuple[str, ...]:
+    """The package indexes the wheelhouse proxy asks for the matrix's builds, in order."""
+    from gpuenv.wheelhouse import upstreams
+
+    b = m.model.build
+    return upstreams(b.index_url, b.extra_index_urls)
 
 
 def lock_entries(project: Project, cells: list[Cell]) -> dict[str, CellLock]:

@@ -30,6 +30,10 @@ class RenderOptions:
     ca: bool = False
     index_url: str | None = None
     extra_index_urls: tuple[str, ...] = ()
+    # The wheelhouse key (gpuenv/wheelhouse.py, index_key) of the upstream indexes: when
+    # set, the install steps use the wheelhouse's loopback index, which stands for them, and
+    # name no upstream. gpuenv's builds always set it; None renders the indexes directly.
+    wheelhouse: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,8 +116,12 @@ def render(
         ca=options.ca,
         ca_url=contract.CA_URL,
         ca_path=contract.CA_PATH,
-        index_url=options.index_url,
-        extra_index_urls=list(options.extra_index_urls),
+        index_url=(
+            contract.wheelhouse_index_url(options.wheelhouse)
+            if options.wheelhouse
+            else options.index_url
+        ),
+        extra_index_urls=[] if options.wheelhouse else list(options.extra_index_urls),
         uv_version=UV_VERSION,
         venv=venv,
         user=contract.USER,
