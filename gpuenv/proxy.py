@@ -237,7 +237,22 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the build's own log says what was installed
 
+    head_only = False
+
+    def do_HEAD(self) -> None:
+        # uv asks HEAD of a wheel whose index gives no metadata file, to see whether it can
+        # read the metadata with range requests; the answer (no Accept-Ranges) says it
+        # cannot, so it downloads the wheel, which the wheelhouse keeps anyway.
+        self.head_only = True
+        try:
+            self._serve()
+        finally:
+            self.head_only = False  # the connection's next request may be a GET
+
     def do_GET(self) -> None:
+        self._serve()
+
+    def _serve(self) -> None:
         proxy = self.server
         path = self.path.split("?", 1)[0]
         if path == PROBE:
@@ -262,8 +277,9 @@ class _Handler(BaseHTTPRequestHandler):
                     self._send(404, "text/plain", f"{m.group(4)}: not in the wheelhouse\n".encode())
                     return
                 self._send_file(stored)
-                with proxy._lock:
-                    proxy.served += 1
+                if not self.head_only:
+                    with proxy._lock:
+                        proxy.served += 1
                 return
         except _Upstream as exc:
             self._send(502 if exc.code not in (401, 403) else exc.code, "text/plain",
@@ -281,7 +297,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
-        self.wfile.write(body)
+        if not self.head_only:
+            self.wfile.write(body)
 
     def _send_file(self, path: Path) -> None:
         with path.open("rb") as fh:
@@ -290,8 +307,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Content-Length", str(size))
             self.end_headers()
-            self.wfile.flush()
-            self.connection.sendfile(fh)
+            if not self.head_only:
+                self.wfile.flush()
+                self.connection.sendfile(fh)
 
 
 class WheelhouseServer(SharedServer):
