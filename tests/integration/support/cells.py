@@ -38,6 +38,9 @@ TEST_REPOSITORIES = frozenset(
         "gpuenv-test/harden-a",  # test_engine_ca_concurrent.py: concurrent builds
         "gpuenv-test/harden-b",
         "gpuenv-test/harden-labels",  # test_engine_hostile.py: images with hostile labels
+        "gpuenv-test/wheelhouse",  # test_engine_wheelhouse.py: online, then offline
+        "gpuenv-test/wheelhouse-keep",  # its online build, kept for the diff
+        "gpuenv-test/private",  # test_engine_private_index.py: a basic-auth index
     }
 )
 
