@@ -18,6 +18,7 @@ import pytest
 from gpuenv import compat, matrix
 from gpuenv.cell import Cell
 from gpuenv.render import RenderOptions, render
+from gpuenv.wheelhouse import index_key, upstreams
 
 GOLDEN = Path(__file__).parent / "golden"
 SHIPPED = Path(__file__).resolve().parents[2] / "matrix.yaml"
@@ -105,7 +106,9 @@ def every_rendering() -> Iterator[tuple[Cell, RenderOptions, str]]:
     [("tf2.21-py3.11-cpu", False), ("tf2.21-py3.11-cuda12.5-gpu", True)],
 )
 def test_golden(name, ca):
-    got = render(shipped(name), RenderOptions(ca=ca)).dockerfile
+    # What gpuenv builds: the install steps use the wheelhouse standing for PyPI.
+    pypi = index_key(upstreams(None))
+    got = render(shipped(name), RenderOptions(ca=ca, wheelhouse=pypi)).dockerfile
     path = GOLDEN / f"{name}.Dockerfile"
     if os.environ.get("GPUENV_UPDATE_GOLDEN") == "1":
         path.parent.mkdir(exist_ok=True)
