@@ -281,9 +281,10 @@ class _Handler(BaseHTTPRequestHandler):
                     with proxy._lock:
                         proxy.served += 1
                 return
-        except _Upstream as exc:
-            self._send(502 if exc.code not in (401, 403) else exc.code, "text/plain",
-                       b"upstream index failed; gpuenv's build error says why\n")  # fmt: skip
+        except _Upstream:
+            # 502, never the upstream's 401: pip would then prompt for a password, and the
+            # build's installers have no credentials to give (gpuenv's error says why).
+            self._send(502, "text/plain", b"upstream index failed; gpuenv's build error says why\n")
             return
         except GpuenvError as exc:
             proxy.problem(exc.message)
