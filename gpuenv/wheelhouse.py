@@ -440,8 +440,10 @@ def export(store: Store, target: Path, engine: Engine | None, bases: list[str],
         with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
             for sub in ("indexes", "pages", "files"):
                 for path in sorted((store.root / sub).rglob("*")):
-                    if path.is_file() and not path.name.startswith("."):
-                        tar.add(path, f"wheelhouse/{path.relative_to(store.root)}")
+                    relative = path.relative_to(store.root)
+                    # Not the download locks (files/.locks/) or temporary files.
+                    if path.is_file() and not any(p.startswith(".") for p in relative.parts):
+                        tar.add(path, f"wheelhouse/{relative}")
                         count += sub == "files"
             if engine is not None:
                 with tempfile.TemporaryDirectory(dir=target.parent) as scratch:

@@ -153,6 +153,8 @@ def test_export_import_round_trip_checks_every_file(tmp_path):
     key = "0123456789abcdef"
     store.save_index(key, ("https://pypi.org/simple/",))
     store.save_page(key, "demo", [IndexFile("demo-1.0.tar.gz", "u", SHA)], "x")
+    (store.root / "files" / ".locks").mkdir()
+    (store.root / "files" / ".locks" / SHA).touch()  # a download lock: not exported
     tarball = tmp_path / "carry.tar"
     assert wheelhouse.export(store, tarball, None, [], print) == (1, 0)
     other = Store(tmp_path / "b")
