@@ -472,8 +472,8 @@ def import_(store: Store, source: Path, engine: Engine | None,
     added = loaded = 0
     try:
         tar = tarfile.open(source, "r")  # noqa: SIM115 - closed by the with below
-    except (OSError, tarfile.TarError) as exc:
-        raise GpuenvError(f"{source}: not a gpuenv cache export ({exc})") from None
+    except (OSError, tarfile.TarError):
+        raise GpuenvError(f"{source}: not a gpuenv cache export (not a tar file)") from None
     with tar, tempfile.TemporaryDirectory() as scratch:
         for member in tar:
             parts = member.name.split("/")
