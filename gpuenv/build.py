@@ -187,6 +187,12 @@ def check_offline(engine: Engine, project: Project, cells: list[Cell], proxy: Pr
     from gpuenv import wheelhouse
     from gpuenv.render import UV_VERSION
 
+    with_apt = [c.name for c in cells if c.apt]
+    if with_apt:
+        raise GpuenvError(
+            f"--offline cannot install apt packages (they come from Debian's archive): "
+            f"{', '.join(with_apt)}; build these cells online"
+        )
     lock = project.lock
     unlocked = [c.name for c in cells if lock is None or c.name not in lock.cells]
     if unlocked:
@@ -195,12 +201,6 @@ def check_offline(engine: Engine, project: Project, cells: list[Cell], proxy: Pr
             f"{', '.join(unlocked)}; lock them online first: gpuenv lock"
         )
     assert lock is not None
-    with_apt = [c.name for c in cells if c.apt]
-    if with_apt:
-        raise GpuenvError(
-            f"--offline cannot install apt packages (they come from Debian's archive): "
-            f"{', '.join(with_apt)}; build these cells online"
-        )
     for image in sorted({c.base.image for c in cells}):
         if engine.image(image) is None:
             raise GpuenvError(
