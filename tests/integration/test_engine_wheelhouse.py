@@ -100,19 +100,20 @@ def test_offline_with_an_empty_wheelhouse_names_what_is_missing(online, tmp_path
     assert (inspect(IMAGE) or {}).get("Id") == (before or {}).get("Id")  # nothing retagged
 
 
-def test_offline_refuses_apt_packages_and_unlocked_cells(tmp_path, online):
+def test_offline_refuses_apt_packages_and_unlocked_cells(tmp_path, wheelhouse_cache):
+    env = clean_env(XDG_CACHE_HOME=str(wheelhouse_cache))
     matrix = tmp_path / "matrix.yaml"
     doc = json.loads(cells.matrix_text(name=REPOSITORY, variants=("cpu",)))
     doc["packages"]["apt"] = ["git"]
     matrix.write_text(json.dumps(doc))
-    proc = gpuenv_cmd("build", "-f", str(matrix), "--offline", env=online["env"], check=False)
+    proc = gpuenv_cmd("build", "-f", str(matrix), "--offline", env=env, check=False)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         f"error: --offline cannot install apt packages (they come from Debian's archive): "
         f"{cells.CPU_CELL}; build these cells online"
     ]
     matrix.write_text(cells.matrix_text(name=REPOSITORY, variants=("cpu",)))  # no lock here
-    proc = gpuenv_cmd("build", "-f", str(matrix), "--offline", env=online["env"], check=False)
+    proc = gpuenv_cmd("build", "-f", str(matrix), "--offline", env=env, check=False)
     assert proc.returncode == 1 and "--offline builds locked cells only" in proc.stderr
 
 
