@@ -302,15 +302,36 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _send_file(self, path: Path) -> None:
+        """The file, or the one byte range asked for: uv reads a wheel's metadata from its
+        end with range requests instead of reading the whole wheel."""
         with path.open("rb") as fh:
             size = path.stat().st_size
-            self.send_response(200)
+            span = byte_range(self.headers.get("Range"), size)
+            start, count = span if span else (0, size)
+            self.send_response(206 if span else 200)
             self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(size))
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Length", str(count))
+            if span:
+                self.send_header("Content-Range", f"bytes {start}-{start + count - 1}/{size}")
             self.end_headers()
-            if not self.head_only:
+            if not self.head_only and count:
                 self.wfile.flush()
-                self.connection.sendfile(fh)
+                self.connection.sendfile(fh, start, count)
+
+
+def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """(start, count) of a single `Range: bytes=...` within size; None: the whole file (no
+    header, several ranges, or one that does not fit, which a full answer serves too)."""
+    m = re.fullmatch(r"bytes=(\d*)-(\d*)", (header or "").strip())
+    if not m or not (m.group(1) or m.group(2)) or size == 0:
+        return None
+    if not m.group(1):  # the last N bytes
+        count = min(int(m.group(2)), size)
+        return (size - count, count) if count else None
+    start = int(m.group(1))
+    end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
+    return (start, end - start + 1) if start <= end else None
 
 
 class WheelhouseServer(SharedServer):

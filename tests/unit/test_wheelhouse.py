@@ -296,3 +296,16 @@ def test_proxy_refuses_a_file_whose_download_does_not_match(tmp_path):
         get(f"{root}/{key}/simple/demo/")
         assert get(f"{root}/{key}/files/demo/{SHA}/demo-1.0.tar.gz")[0] == 502
     assert not store.has(SHA) and "the index said" in proxy.problems[0]
+
+
+def test_byte_ranges():
+    from gpuenv.proxy import byte_range
+
+    assert byte_range(None, 100) is None
+    assert byte_range("bytes=0-9", 100) == (0, 10)
+    assert byte_range("bytes=90-", 100) == (90, 10)
+    assert byte_range("bytes=-30", 100) == (70, 30)
+    assert byte_range("bytes=-300", 100) == (0, 100)
+    assert byte_range("bytes=50-500", 100) == (50, 50)
+    assert byte_range("bytes=200-300", 100) is None  # the whole file then
+    assert byte_range("bytes=0-1,5-6", 100) is None
