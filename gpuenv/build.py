@@ -134,9 +134,8 @@ def plan_and_build(
     from gpuenv import plan as plans
     from gpuenv.registry import pull_repository
 
-    pull_from = (
-        None if offline else pull_repository(project)
-    )  # a malformed $GPUENV_REGISTRY stops the run here
+    # A malformed $GPUENV_REGISTRY stops the run here; offline, nothing is pulled.
+    pull_from = None if offline else pull_repository(project)
     # Render everything before touching the engine: a template error must stop the run
     # before a base is bootstrapped.
     contexts = plans.render_all(project, cells, ca_bundle)

@@ -228,14 +228,13 @@ class Store:
 
     @classmethod
     def default(cls) -> Store:
+        """<cache>/wheelhouse; for a uid with no cache directory (no HOME), one under the
+        temporary directory, per uid, so that builds still work (and share it)."""
         from gpuenv.cache import cache_dir
 
         root = cache_dir()
         if root is None:
-            raise GpuenvError(
-                "no cache directory for the wheelhouse (neither $XDG_CACHE_HOME nor a home "
-                "directory); set XDG_CACHE_HOME"
-            )
+            root = Path(tempfile.gettempdir()) / f"gpuenv-{os.getuid()}"
         return cls(root / "wheelhouse")
 
     # files
