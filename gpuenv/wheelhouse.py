@@ -225,6 +225,7 @@ class Store:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._checked: dict[str, tuple[int, int]] = {}  # sha256 -> (inode, size) verified
 
     @classmethod
     def default(cls) -> Store:
@@ -270,10 +271,19 @@ class Store:
 
     def verified(self, sha: str) -> Path | None:
         """The stored file when its bytes still hash to `sha` (its use recorded); a file
-        that does not (a damaged disk, an edit) is removed and None returned."""
+        that does not (a damaged disk, an edit) is removed and None returned. Checked once
+        per process and file (inode and size): uv asks a wheel several times (a HEAD, byte
+        ranges for its metadata, then the whole), and hashing 600 MB each time would cost
+        more than the download saves."""
         path = self.path(sha)
         try:
-            digest = hashlib.sha256()
+            st = path.stat()
+        except OSError:
+            return None
+        if self._checked.get(sha) == (st.st_ino, st.st_size):
+            return path
+        digest = hashlib.sha256()
+        try:
             with path.open("rb") as fh:
                 while chunk := fh.read(1 << 20):
                     digest.update(chunk)
@@ -284,6 +294,7 @@ class Store:
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # the last use, for prune
+        self._checked[sha] = (st.st_ino, st.st_size)
         return path
 
     def entries(self) -> dict[str, tuple[int, float]]:
