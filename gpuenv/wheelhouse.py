@@ -4,7 +4,7 @@ Layout under the gpuenv cache directory (gpuenv/cache.py), `wheelhouse/`:
 
 - `files/<aa>/<sha256>`: a distribution (or its PEP 658 metadata file), named by the sha256
   of its bytes; written atomically after the bytes were checked against the index's hash,
-  checked again each time it is served. Its mtime is its last use (prune keeps recent ones).
+  checked again when a build first serves it. Its mtime is its last use (prune keeps recent ones).
 - `pages/<key>/<project>.json`: the last index page of a project seen through the upstream
   indexes `<key>` names, as the list of files the proxy offers (what an offline build
   resolves against).
