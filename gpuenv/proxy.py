@@ -5,9 +5,9 @@ The install steps' pip and uv use `http://127.0.0.1:47812/<key>/simple/` as thei
 indexes `<key>` stands for (in uv's order, the first that knows the project answers), keeps
 the page (gpuenv/wheelhouse.py) and answers with the same files linked to itself. A file is
 fetched upstream once, checked against the index's sha256 on the way in, stored under its
-hash, and checked again when this process first serves it. Upstream is reached host side, through the
-environment's proxy and the configured CA bundle, with the private indexes' credentials
-(gpuenv/credentials.py): none of that reaches the build.
+hash, and checked again when this process first serves it. Upstream is reached host side,
+through the environment's proxy and the configured CA bundle, with the private indexes'
+credentials (gpuenv/credentials.py): none of that reaches the build.
 
 Offline (`gpuenv build --offline`) it never goes upstream: pages and files come from the
 wheelhouse alone and a miss is answered 404 and recorded, naming the distribution.
