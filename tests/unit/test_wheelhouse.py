@@ -222,6 +222,7 @@ class StubUpstream:
 
     def __init__(self, pages: dict[str, bytes], files: dict[str, bytes]) -> None:
         self.pages, self.files, self.asked = pages, files, []
+        self.delay = 0.0
 
     def open(self, url: str, accept: str | None = None):
         self.asked.append(url)
@@ -231,6 +232,7 @@ class StubUpstream:
             reply.geturl = lambda: url  # type: ignore[attr-defined]
             return reply
         if url in self.files:
+            time.sleep(self.delay)  # a download takes a while: concurrent askers overlap
             return io.BytesIO(self.files[url])
         raise urllib.error.HTTPError(url, 404, "not found", {}, None)  # type: ignore[arg-type]
 
@@ -310,3 +312,35 @@ def test_byte_ranges():
     assert byte_range("bytes=50-500", 100) == (50, 50)
     assert byte_range("bytes=200-300", 100) is None  # the whole file then
     assert byte_range("bytes=0-1,5-6", 100) is None
+
+
+def test_two_builds_share_the_port_and_download_a_file_once(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = Store(tmp_path)
+    urls = ("https://idx.example/simple/",)
+    key = wheelhouse.index_key(urls)
+    store.save_index(key, urls)
+    page = f'<a href="/f/demo-1.0.tar.gz#sha256={SHA}">demo</a>'.encode()
+    files = {"https://idx.example/f/demo-1.0.tar.gz": WHEEL}
+    ups = [StubUpstream({"https://idx.example/simple/demo/": page}, files) for _ in range(2)]
+    for up in ups:
+        up.delay = 0.3
+    port = _free_port()
+    first = Proxy(Store(tmp_path), credentials=credentials.Credentials({}), upstream=ups[0])  # type: ignore[arg-type]
+    second = Proxy(Store(tmp_path), credentials=credentials.Credentials({}), upstream=ups[1])  # type: ignore[arg-type]
+    with WheelhouseServer(first, port=port), WheelhouseServer(second, port=port) as joined:
+        assert joined.shared  # same store, online, same credentials: one port
+        root = f"http://127.0.0.1:{port}"
+        for _ in range(4):  # both servers get to know the page (the kernel spreads these)
+            assert get(f"{root}/{key}/simple/demo/")[0] == 200
+        link = f"{root}/{key}/files/demo/{SHA}/demo-1.0.tar.gz"
+        with ThreadPoolExecutor(8) as pool:
+            assert set(pool.map(lambda _: get(link), range(16))) == {(200, WHEEL)}
+        downloads = sum(u.asked.count("https://idx.example/f/demo-1.0.tar.gz") for u in ups)
+        assert downloads == 1
+        offline = Proxy(store, credentials=credentials.Credentials({}), offline=True)
+        waiting = WheelhouseServer(offline, port=port)
+        waiting.wait_seconds = 1
+        with pytest.raises(GpuenvError, match="different wheelhouse"):
+            waiting.__enter__()
