@@ -139,15 +139,17 @@ def plan_and_build(
     # Render everything before touching the engine: a template error must stop the run
     # before a base is bootstrapped.
     contexts = plans.render_all(project, cells, ca_bundle)
-    proxy = wheelhouse_proxy(project, ca_bundle, offline)
     if offline:
-        check_offline(engine, project, cells, proxy)
+        check_offline(engine, project, cells)
     else:
         prepare_bases(engine, cells, reporter)
     plan = plans.make_plan(
         engine, project, cells, ca_bundle=ca_bundle, no_cache=no_cache, pull_from=pull_from,
         contexts=contexts,
     )  # fmt: skip
+    # Only a build needs the wheelhouse (a no-op build reads no netrc, imports no ssl).
+    building = any(p.action != "up-to-date" for p in plan.cells)
+    proxy = wheelhouse_proxy(project, ca_bundle, offline) if building else None
     results = execute(engine, plan, reporter, jobs=jobs, keep_going=keep_going, proxy=proxy)
     if reproducible and not failed(results):
         from gpuenv.reproducible import normalize_images
@@ -178,7 +180,7 @@ def wheelhouse_proxy(project: Project, ca_bundle: Path | None, offline: bool) ->
 OFFLINE_SHOWN = 8  # missing distributions named in the error
 
 
-def check_offline(engine: Engine, project: Project, cells: list[Cell], proxy: Proxy) -> None:
+def check_offline(engine: Engine, project: Project, cells: list[Cell]) -> None:
     """What --offline cannot do, as one error before anything is built: a cell that is not
     locked, apt packages (Debian's archive), a base not in the engine (it would have to be
     bootstrapped), or locked distributions (or uv itself) the wheelhouse does not hold."""
@@ -207,12 +209,13 @@ def check_offline(engine: Engine, project: Project, cells: list[Cell], proxy: Pr
                 "offline; load it: gpuenv base --load FILE (or gpuenv cache import FILE)"
             )
     key = wheelhouse.index_key(plans.upstream_indexes(project.matrix))
+    store = wheelhouse.Store.default()
     for cell in cells:
         entry = lock.cells[cell.name]
         needed = wheelhouse.locked_requirements(entry.python_env + "\n" + entry.cuda)
-        missing = wheelhouse.offline_misses(proxy.store, key, needed)
-        uv = proxy.store.page(key, "uv") or []
-        if not any(f"-{UV_VERSION}-" in f.filename and proxy.store.has(f.sha256) for f in uv):
+        missing = wheelhouse.offline_misses(store, key, needed)
+        uv = store.page(key, "uv") or []
+        if not any(f"-{UV_VERSION}-" in f.filename and store.has(f.sha256) for f in uv):
             missing.append(f"uv=={UV_VERSION} (the installer the build bootstraps)")
         if missing:
             more = (

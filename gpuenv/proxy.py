@@ -90,7 +90,8 @@ class Proxy:
         self.store = store
         self.offline = offline
         self.credentials = credentials
-        self.upstream = upstream or Upstream(credentials, ca_bundle)
+        self._ca_bundle = ca_bundle
+        self._upstream = upstream
         doc = {"store": str(store.root.resolve()), "offline": offline,
                "credentials": credentials.fingerprint()}  # fmt: skip
         self.identity = (
@@ -100,6 +101,15 @@ class Proxy:
         self.fetched = 0  # files downloaded upstream
         self.served = 0  # files served
         self._lock = threading.Lock()
+
+    @property
+    def upstream(self) -> Upstream:
+        """Made on first use: loading the CA bundle costs tens of milliseconds, and an
+        offline build or one whose cells are all cached never asks upstream."""
+        with self._lock:
+            if self._upstream is None:
+                self._upstream = Upstream(self.credentials, self._ca_bundle)
+            return self._upstream
 
     def problem(self, message: str) -> None:
         with self._lock:
