@@ -28,6 +28,7 @@ from gpuenv.plan import BuildPlan, CellPlan
 
 if TYPE_CHECKING:
     from gpuenv.project import Project
+    from gpuenv.proxy import Proxy
     from gpuenv.render import BuildContext
 
 LOG_TAIL = 15  # the lines a failure shows
@@ -126,22 +127,31 @@ def plan_and_build(
     keep_going: bool = False,
     no_cache: bool = False,
     reproducible: bool = False,
+    offline: bool = False,
 ) -> list[CellResult]:
     """`gpuenv build`: bases, then the plan, then its execution; with `reproducible`, the
-    built images normalised (gpuenv/reproducible.py) once every cell succeeded."""
+    built images normalised (gpuenv/reproducible.py) once every cell succeeded. With
+    `offline`, locked cells only, from the wheelhouse and the bases in the engine alone."""
     from gpuenv import plan as plans
     from gpuenv.registry import pull_repository
 
-    pull_from = pull_repository(project)  # a malformed $GPUENV_REGISTRY stops the run here
+    # A malformed $GPUENV_REGISTRY stops the run here; offline, nothing is pulled.
+    pull_from = None if offline else pull_repository(project)
     # Render everything before touching the engine: a template error must stop the run
     # before a base is bootstrapped.
     contexts = plans.render_all(project, cells, ca_bundle)
-    prepare_bases(engine, cells, reporter)
+    if offline:
+        check_offline(engine, project, cells)
+    else:
+        prepare_bases(engine, cells, reporter)
     plan = plans.make_plan(
         engine, project, cells, ca_bundle=ca_bundle, no_cache=no_cache, pull_from=pull_from,
         contexts=contexts,
     )  # fmt: skip
-    results = execute(engine, plan, reporter, jobs=jobs, keep_going=keep_going)
+    # Only a build needs the wheelhouse (a no-op build reads no netrc, imports no ssl).
+    building = any(p.action != "up-to-date" for p in plan.cells)
+    proxy = wheelhouse_proxy(project, cells, ca_bundle, offline) if building else None
+    results = execute(engine, plan, reporter, jobs=jobs, keep_going=keep_going, proxy=proxy)
     if reproducible and not failed(results):
         from gpuenv.reproducible import normalize_images
 
@@ -153,8 +163,84 @@ def plan_and_build(
     return results
 
 
+def wheelhouse_proxy(
+    project: Project, cells: list[Cell], ca_bundle: Path | None, offline: bool
+) -> Proxy:
+    """The proxy the project's builds install through: the wheelhouse, the matrix's upstream
+    indexes (recorded under their key), the credentials read now (gpuenv/credentials.py)."""
+    from gpuenv import credentials, plan, proxy, wheelhouse
+
+    store = wheelhouse.Store.default()
+    b = project.matrix.model.build
+    cell_indexes = [i for c in cells for i in c.indexes]
+    own = tuple(dict.fromkeys(u for u in (b.index_url, *b.extra_index_urls, *cell_indexes) if u))
+    creds = credentials.load(own)
+    if not offline:
+        for cell in cells:
+            urls = plan.upstream_indexes(project.matrix, cell)
+            store.save_index(wheelhouse.index_key(urls), urls)
+    return proxy.Proxy(store, credentials=creds, ca_bundle=ca_bundle, offline=offline)
+
+
+OFFLINE_SHOWN = 8  # missing distributions named in the error
+
+
+def check_offline(engine: Engine, project: Project, cells: list[Cell]) -> None:
+    """What --offline cannot do, as one error before anything is built: a cell that is not
+    locked, apt packages (Debian's archive), a base not in the engine (it would have to be
+    bootstrapped), or locked distributions (or uv itself) the wheelhouse does not hold."""
+    from gpuenv import plan as plans
+    from gpuenv import wheelhouse
+    from gpuenv.render import UV_VERSION
+
+    with_apt = [c.name for c in cells if c.apt]
+    if with_apt:
+        raise GpuenvError(
+            f"--offline cannot install apt packages (they come from Debian's archive): "
+            f"{', '.join(with_apt)}; build these cells online"
+        )
+    lock = project.lock
+    unlocked = [c.name for c in cells if lock is None or c.name not in lock.cells]
+    if unlocked:
+        raise GpuenvError(
+            f"--offline builds locked cells only; not in {project.lock_path.name}: "
+            f"{', '.join(unlocked)}; lock them online first: gpuenv lock"
+        )
+    assert lock is not None
+    for image in sorted({c.base.image for c in cells}):
+        if engine.image(image) is None:
+            raise GpuenvError(
+                f"--offline: base {image} is not in the engine and cannot be bootstrapped "
+                "offline; load it: gpuenv base --load FILE (or gpuenv cache import FILE)"
+            )
+    store = wheelhouse.Store.default()
+    for cell in cells:
+        key = wheelhouse.index_key(plans.upstream_indexes(project.matrix, cell))
+        entry = lock.cells[cell.name]
+        needed = wheelhouse.locked_requirements(entry.python_env + "\n" + entry.cuda)
+        missing = wheelhouse.offline_misses(store, key, needed)
+        uv = store.page(key, "uv") or []
+        if not any(f"-{UV_VERSION}-" in f.filename and store.has(f.sha256) for f in uv):
+            missing.append(f"uv=={UV_VERSION} (the installer the build bootstraps)")
+        if missing:
+            more = (
+                f" and {len(missing) - OFFLINE_SHOWN} more" if len(missing) > OFFLINE_SHOWN else ""
+            )
+            raise GpuenvError(
+                f"--offline: the wheelhouse lacks {len(missing)} distribution(s) of cell "
+                f"{cell.name}: {', '.join(missing[:OFFLINE_SHOWN])}{more}; build it once online "
+                "(or gpuenv cache import FILE)"
+            )
+
+
 def execute(
-    engine: Engine, plan: BuildPlan, reporter: Reporter, *, jobs: int = 1, keep_going: bool = False
+    engine: Engine,
+    plan: BuildPlan,
+    reporter: Reporter,
+    *,
+    jobs: int = 1,
+    keep_going: bool = False,
+    proxy: Proxy | None = None,
 ) -> list[CellResult]:
     from gpuenv.ca import CAServer
 
@@ -191,6 +277,10 @@ def execute(
     with ExitStack() as stack:
         if plan.needs_ca and plan.ca_bundle is not None:
             stack.enter_context(CAServer(plan.ca_bundle, say=reporter.info))
+        if proxy is not None and any(p.action != "up-to-date" for p in plan.cells):
+            from gpuenv.proxy import WheelhouseServer
+
+            stack.enter_context(WheelhouseServer(proxy, say=reporter.info))
         if jobs <= 1:
             for cell in order:
                 run_one(cell, None)
@@ -225,6 +315,12 @@ def execute(
                 stop.set()  # cells not started yet are not started
                 engine.close()
                 raise
+    if proxy is not None and proxy.problems:
+        # The wheelhouse knows why an install failed (credentials refused, an index down, an
+        # offline miss) better than the installer's log, which only saw a 502 or a 404.
+        for result in results.values():
+            if result.status == "failed":
+                result.error = f"{proxy.problems[0]} ({result.error})"
     return [results[c.name] for c in cells]
 
 
@@ -345,4 +441,7 @@ def ensure_no_failures(results: list[CellResult]) -> None:
     bad = failed(results)
     if bad:
         names = ", ".join(r.cell.name for r in bad)
-        raise GpuenvError(f"{len(bad)} cell(s) did not build: {names}")
+        errors = {r.error for r in bad if r.status == "failed"}
+        # One cause for every failure (a wheelhouse problem, usually): the line says it.
+        why = f": {errors.pop()}" if len(errors) == 1 else ""
+        raise GpuenvError(f"{len(bad)} cell(s) did not build: {names}{why}")

@@ -148,3 +148,15 @@ def site_packages(python: str) -> str:
 CA_PORT = 47811
 CA_URL = f"http://127.0.0.1:{CA_PORT}/ca.pem"
 CA_PATH = "/tmp/gpuenv-ca.pem"
+
+# ----------------------------------------------------------------------------- wheelhouse
+
+# The wheelhouse's package index (gpuenv/proxy.py) answers the install steps here. The URL a
+# RUN line holds is WHEELHOUSE_ROOT/<key>/simple/, <key> naming the upstream indexes it
+# stands for (gpuenv/wheelhouse.py, index_key): a change of upstream changes the line.
+WHEELHOUSE_PORT = 47812
+WHEELHOUSE_ROOT = f"http://127.0.0.1:{WHEELHOUSE_PORT}"
+
+
+def wheelhouse_index_url(key: str) -> str:
+    return f"{WHEELHOUSE_ROOT}/{key}/simple/"

@@ -130,7 +130,16 @@ def render_options(m: LoadedMatrix, ca_bundle: Path | None) -> RenderOptions:
         ca=ca_bundle is not None,
         index_url=b.index_url,
         extra_index_urls=tuple(b.extra_index_urls),
+        wheelhouse=True,
     )
+
+
+def upstream_indexes(m: LoadedMatrix, cell: Cell) -> tuple[str, ...]:
+    """The package indexes the wheelhouse proxy asks for a cell's build, in order: the
+    matrix's, then the cell's own (render.upstream_indexes, as the RUN line's key names them)."""
+    from gpuenv.render import upstream_indexes as of_options
+
+    return of_options(render_options(m, None), cell)
 
 
 def lock_entries(project: Project, cells: list[Cell]) -> dict[str, CellLock]:

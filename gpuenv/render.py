@@ -30,6 +30,24 @@ class RenderOptions:
     ca: bool = False
     index_url: str | None = None
     extra_index_urls: tuple[str, ...] = ()
+    # Install through the wheelhouse's loopback index (gpuenv/proxy.py), which stands for the
+    # upstream indexes under a key (wheelhouse_key): the RUN line names no upstream.
+    # gpuenv's builds always set it; False renders the indexes directly.
+    wheelhouse: bool = False
+
+
+def wheelhouse_key(options: RenderOptions, cell: Cell) -> str:
+    """The wheelhouse key of the indexes a cell installs from: the matrix's, then the cell's
+    own (PyTorch's CPU index for torch CPU cells), in the order the proxy asks them."""
+    from gpuenv.wheelhouse import index_key
+
+    return index_key(upstream_indexes(options, cell))
+
+
+def upstream_indexes(options: RenderOptions, cell: Cell) -> tuple[str, ...]:
+    from gpuenv.wheelhouse import upstreams
+
+    return upstreams(options.index_url, (*options.extra_index_urls, *cell.indexes))
 
 
 @dataclass(frozen=True)
@@ -113,9 +131,17 @@ def render(
         ca=options.ca,
         ca_url=contract.CA_URL,
         ca_path=contract.CA_PATH,
-        index_url=options.index_url,
-        # The matrix's indexes, then the cell's own (PyTorch's CPU index or its mirror).
-        extra_index_urls=list(dict.fromkeys((*options.extra_index_urls, *cell.indexes))),
+        index_url=(
+            contract.wheelhouse_index_url(wheelhouse_key(options, cell))
+            if options.wheelhouse
+            else options.index_url
+        ),
+        # Without the wheelhouse: the matrix's indexes, then the cell's own (PyTorch's CPU
+        # index or its mirror); with it, the key above stands for all of them.
+        extra_index_urls=(
+            [] if options.wheelhouse
+            else list(dict.fromkeys((*options.extra_index_urls, *cell.indexes)))
+        ),
         uv_version=UV_VERSION,
         venv=venv,
         user=contract.USER,

@@ -9,10 +9,22 @@ from __future__ import annotations
 
 import sys
 
-from gpuenv.cli import bench, build, diff, doctor, lock, matrix, monitor, push, run, validate
+from gpuenv.cli import (
+    bench,
+    build,
+    cache,
+    diff,
+    doctor,
+    lock,
+    matrix,
+    monitor,
+    push,
+    run,
+    validate,
+)
 from gpuenv.cli.common import app, normalise_argv
 
-for _verbs in (matrix, build, run, bench, monitor, validate, lock, diff, push, doctor):
+for _verbs in (matrix, build, run, bench, monitor, validate, lock, diff, push, doctor, cache):
     _verbs.register(app)
 
 

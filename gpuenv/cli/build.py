@@ -81,6 +81,14 @@ def build_cmd(
     ] = False,
     as_json: JsonOption = False,
     ca_bundle: CaOption = None,
+    offline: Annotated[
+        bool,
+        typer.Option(
+            "--offline",
+            help="Build locked cells from the wheelhouse and the bases in the engine alone; "
+            "never reach a package index",
+        ),
+    ] = False,
 ) -> None:
     """Build the selected cells (all by default) into labelled images."""
     from gpuenv import build, engine, plan
@@ -107,6 +115,7 @@ def build_cmd(
             results = build.plan_and_build(
                 engine.connect(), project, cells, reporter, ca_bundle=bundle, jobs=jobs,
                 keep_going=keep_going, no_cache=no_cache, reproducible=reproducible,
+                offline=offline,
             )  # fmt: skip
         finally:
             reporter.close()

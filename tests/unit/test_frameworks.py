@@ -20,7 +20,7 @@ from gpuenv import compat, matrix
 from gpuenv.cell import Cell
 from gpuenv.errors import MatrixError
 from gpuenv.lock import cuda_requirements, env_requirements
-from gpuenv.render import RenderOptions, render
+from gpuenv.render import RenderOptions, render, upstream_indexes, wheelhouse_key
 
 GOLDEN = Path(__file__).parent / "golden"
 REPO = Path(__file__).resolve().parents[2]
@@ -282,6 +282,20 @@ def test_torch_cpu_index_mirror_replaces_pytorchs(write_matrix):
     assert cpu.to_json()["indexes"] == [mirror] and cpu.to_json()["install"] == "torch==2.11.0+cpu"
 
 
+def test_torch_cpu_index_goes_through_the_wheelhouse_under_its_own_key(write_matrix):
+    # What gpuenv builds: the wheelhouse stands for the matrix's indexes plus the cell's own,
+    # so the CPU cell's RUN lines name a key of their own and no upstream.
+    res = resolve(write_matrix, matrix_text("torch", "2.11", "3.11"))
+    cpu = next(c for c in res.cells if not c.is_gpu)
+    gpu = next(c for c in res.cells if c.is_gpu)
+    options = RenderOptions(wheelhouse=True)
+    assert upstream_indexes(options, cpu)[0] == TORCH_CPU_INDEX + "/"
+    assert wheelhouse_key(options, cpu) != wheelhouse_key(options, gpu)
+    dockerfile = render(cpu, options).dockerfile
+    assert f"127.0.0.1:47812/{wheelhouse_key(options, cpu)}/simple/" in dockerfile
+    assert TORCH_CPU_INDEX not in dockerfile and "EXTRA_INDEX_URL" not in dockerfile
+
+
 # ---------------------------------------------------------------------- golden, hadolint
 
 
@@ -304,7 +318,7 @@ def _cell(write_matrix, framework: str, minor: str, variant: str) -> Cell:
 )
 def test_golden(write_matrix, framework, minor, variant):
     cell = _cell(write_matrix, framework, minor, variant)
-    got = render(cell, RenderOptions(ca=True)).dockerfile
+    got = render(cell, RenderOptions(ca=True, wheelhouse=True)).dockerfile
     path = GOLDEN / f"{cell.name}.Dockerfile"
     if os.environ.get("GPUENV_UPDATE_GOLDEN") == "1":
         path.write_text(got, encoding="utf-8")

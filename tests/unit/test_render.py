@@ -18,6 +18,7 @@ import pytest
 from gpuenv import compat, matrix
 from gpuenv.cell import Cell
 from gpuenv.render import RenderOptions, render
+from gpuenv.wheelhouse import index_key, upstreams
 
 GOLDEN = Path(__file__).parent / "golden"
 SHIPPED = Path(__file__).resolve().parents[2] / "matrix.yaml"
@@ -105,7 +106,8 @@ def every_rendering() -> Iterator[tuple[Cell, RenderOptions, str]]:
     [("tf2.21-py3.11-cpu", False), ("tf2.21-py3.11-cuda12.5-gpu", True)],
 )
 def test_golden(name, ca):
-    got = render(shipped(name), RenderOptions(ca=ca)).dockerfile
+    # What gpuenv builds: the install steps use the wheelhouse standing for PyPI.
+    got = render(shipped(name), RenderOptions(ca=ca, wheelhouse=True)).dockerfile
     path = GOLDEN / f"{name}.Dockerfile"
     if os.environ.get("GPUENV_UPDATE_GOLDEN") == "1":
         path.parent.mkdir(exist_ok=True)
@@ -371,3 +373,22 @@ def test_hadolint_reports_no_errors(tmp_path, write_matrix):
     assert len(paths) > 20
     result = _lint(paths)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------------ the wheelhouse
+
+
+def test_install_steps_name_only_the_wheelhouse_and_its_key_follows_the_upstreams():
+    cell = shipped("tf2.21-py3.11-cuda12.5-gpu")
+    private = ("https://private.example/simple", ("https://extra.example/simple",))
+    dockerfiles = {}
+    for index_url, extras in ((None, ()), private):
+        key = index_key(upstreams(index_url, extras))
+        options = RenderOptions(index_url=index_url, extra_index_urls=extras, wheelhouse=True)
+        dockerfiles[key] = render(cell, options).dockerfile
+        for run in runs(dockerfiles[key]):
+            assert f"http://127.0.0.1:47812/{key}/simple/" in run
+            assert "example" not in run and "pypi.org" not in run
+            assert "EXTRA_INDEX_URL" not in run
+    # Another upstream, another RUN line: the spec hash and the layer cache follow it.
+    assert len(set(dockerfiles.values())) == 2

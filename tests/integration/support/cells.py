@@ -41,6 +41,9 @@ TEST_REPOSITORIES = frozenset(
         "gpuenv-test/faults",  # test_engine_faults.py (a private engine; never the shared one)
         "gpuenv-test/faults-push",
         "gpuenv-test/frameworks",  # test_engine_frameworks.py: the torch and JAX cells
+        "gpuenv-test/wheelhouse",  # test_engine_wheelhouse.py: online, then offline
+        "gpuenv-test/wheelhouse-keep",  # its online build, kept for the diff
+        "gpuenv-test/private",  # test_engine_private_index.py: a basic-auth index
     }
 )
 

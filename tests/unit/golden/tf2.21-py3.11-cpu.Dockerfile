@@ -3,6 +3,7 @@
 FROM gpuenv/debian:bookworm
 
 RUN set -eu; \
+    export PIP_INDEX_URL=http://127.0.0.1:47812/c7f8d697991d53b5/simple/ UV_INDEX_URL=http://127.0.0.1:47812/c7f8d697991d53b5/simple/; \
     python3 -m venv /tmp/gpuenv-uv; \
     /tmp/gpuenv-uv/bin/pip install --quiet --no-cache-dir --disable-pip-version-check uv==0.13.9; \
     useradd --uid 1000 --user-group --create-home --shell /bin/bash gpuenv; \

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Benchmarks for the wheelhouse (issue 15's targets), ratios measured in one run.
+
+    .venv/bin/python benchmarks/wheelhouse.py [--repeat N] [--cell CELL] [--matrix] [--keep]
+
+1. Warm rebuild: `gpuenv build CELL --no-cache` with a warm wheelhouse against a cold build
+   of the same cell (`--no-cache` and an empty wheelhouse: a fresh XDG_CACHE_HOME). Per
+   repetition: cold, then warm on the wheelhouse the cold build filled. Target <= 0.4x.
+2. `--matrix` (many minutes, ~20 GB of GPU layers): every cell of the matrix built with
+   `--no-cache` from an empty wheelhouse, one command, against hand-written uv Dockerfiles of
+   the same cells (the same packages: the framework, the matrix's pip packages and, for GPU
+   cells, the pinned nvidia wheels; uv straight from the index, as in benchmarks/build.py)
+   built one after another with `--no-cache`. Target <= 0.6x.
+
+The cells are built from a copy of the matrix renamed gpuenv-bench/wheelhouse, so the shipped
+images are not retagged; those images are removed at the end unless --keep is given. Run
+with the classic builder (DOCKER_BUILDKIT=0), which is what gpuenv drives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("gpuenv_bench_build", HERE / "build.py")
+assert _spec is not None and _spec.loader is not None
+b = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(b)
+
+REPOSITORY = "gpuenv-bench/wheelhouse"
+
+
+def bench_matrix(shipped: Path, tmp: Path) -> Path:
+    import yaml
+
+    doc = yaml.safe_load(shipped.read_text())
+    doc["name"] = REPOSITORY
+    matrix = tmp / "wheelhouse-matrix.yaml"
+    matrix.write_text(json.dumps(doc))  # JSON is YAML; version strings stay strings
+    return matrix
+
+
+def build(matrix: Path, cells: list[str], cache: Path, ca: Path | None) -> tuple[float, dict]:
+    env = {**b.DOCKER_ENV, "XDG_CACHE_HOME": str(cache)}
+    ca_args = ["--ca-bundle", str(ca)] if ca else []
+    args = b.gpuenv("build", "-f", str(matrix), *cells, "--no-cache", "--json", *ca_args)
+    start = time.perf_counter()
+    proc = b.sh(args, env=env)
+    seconds = time.perf_counter() - start
+    results = b.build_results(proc)
+    for name in cells or results:
+        assert results[name]["status"] == "built", results[name]
+    return seconds, results
+
+
+def warm_rebuild(matrix: Path, cell: str, repeat: int, ca: Path | None, tmp: Path) -> None:
+    cold_times, warm_times = [], []
+    for i in range(repeat):
+        cache = tmp / f"cache-{i}"
+        seconds, _ = build(matrix, [cell], cache, ca)
+        cold_times.append(seconds)
+        seconds, _ = build(matrix, [cell], cache, ca)
+        warm_times.append(seconds)
+        print(f"  run {i + 1}: cold {cold_times[-1]:.1f} s, warm {warm_times[-1]:.1f} s")
+    c, w = b.median(cold_times), b.median(warm_times)
+    print(f"\n1. {cell}: --no-cache rebuild, warm wheelhouse vs empty, medians of {repeat}")
+    print(f"  {'cold (--no-cache, empty wheelhouse)':<44} {c:6.1f} s")
+    print(f"  {'warm (--no-cache, wheelhouse filled)':<44} {w:6.1f} s")
+    print(b.ratio_line("warm / cold", w, c, 0.4))
+
+
+HANDWRITTEN_UV = """\
+FROM {base}
+RUN set -eu; {fetch_ca}\\
+    python3 -m venv /tmp/uv; \\
+    /tmp/uv/bin/pip install --quiet --no-cache-dir --disable-pip-version-check uv=={uv}; \\
+    /tmp/uv/bin/uv venv --quiet --python python3 /opt/venv; \\
+    /tmp/uv/bin/uv pip install --no-cache --compile-bytecode --python /opt/venv/bin/python \\
+        {packages}; \\
+    rm -rf /tmp/uv /root/.cache{rm_ca}
+ENV PATH=/opt/venv/bin:$PATH
+"""
+
+
+def cold_matrix(matrix: Path, ca: Path | None, tmp: Path) -> None:
+    from gpuenv.contract import CA_URL
+    from gpuenv.render import UV_VERSION
+
+    cells = b.matrix_cells(matrix)
+    fetch_ca, rm_ca = "", ""
+    if ca is not None:
+        fetch_ca = (
+            f'python3 -c \'import urllib.request as r; r.urlretrieve("{CA_URL}", '
+            '"/tmp/ca.pem")\'; export SSL_CERT_FILE=/tmp/ca.pem PIP_CERT=/tmp/ca.pem; '
+        )
+        rm_ca = " /tmp/ca.pem"
+    g, _ = build(matrix, [], tmp / "matrix-cache", ca)
+    print(f"  gpuenv build --no-cache, all {len(cells)} cells, empty wheelhouse: {g:.1f} s")
+    hand = 0.0
+    for name, cell in cells.items():
+        packages = [f"{cell['framework']}=={cell['framework_version']}", *cell["pip"]]
+        if cell["variant"] == "gpu":
+            packages += [f"{k}=={v}" for k, v in sorted(cell["wheels"].items())]
+        context = tmp / f"hand-{name}"
+        context.mkdir()
+        (context / "Dockerfile").write_text(HANDWRITTEN_UV.format(
+            base=cell["base_image"], fetch_ca=fetch_ca, rm_ca=rm_ca,
+            packages=" ".join(packages), uv=UV_VERSION))  # fmt: skip
+        with b.ca_server(ca):
+            start = time.perf_counter()
+            image_id = b.docker_build(context, no_cache=True)
+            seconds = time.perf_counter() - start
+        hand += seconds
+        b.sh(["docker", "rmi", image_id], check=False)
+        print(f"  hand-written uv, {name}: {seconds:.1f} s", flush=True)
+    print(f"\n2. Cold build of the whole matrix ({len(cells)} cells)")
+    print(f"  {'gpuenv build --no-cache, empty wheelhouse':<44} {g:6.1f} s")
+    print(f"  {'hand-written uv Dockerfiles, one after another':<44} {hand:6.1f} s")
+    print(b.ratio_line("gpuenv / hand-written uv", g, hand, 0.6))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=1, help="repetitions (medians) [1]")
+    parser.add_argument("-f", "--file", type=Path, default=b.REPO / "matrix.yaml")
+    parser.add_argument("--cell", default="tf2.21-py3.11-cpu", help="the warm-rebuild cell")
+    parser.add_argument("--matrix", action="store_true", help="also the cold matrix build")
+    parser.add_argument("--ca-bundle", type=Path, default=None, help="[default: $PIP_CERT]")
+    parser.add_argument("--keep", action="store_true", help="keep the images built here")
+    args = parser.parse_args()
+    ca = args.ca_bundle or (Path(os.environ["PIP_CERT"]) if os.environ.get("PIP_CERT") else None)
+    before = b.tags()
+    with tempfile.TemporaryDirectory(prefix="gpuenv-wheelhouse-bench-") as tmp:
+        matrix = bench_matrix(args.file.resolve(), Path(tmp))
+        try:
+            warm_rebuild(matrix, args.cell, args.repeat, ca, Path(tmp))
+            if args.matrix:
+                cold_matrix(matrix, ca, Path(tmp))
+        finally:
+            if not args.keep:
+                for tag in sorted(b.tags() - before):
+                    if tag.startswith(f"{REPOSITORY}:"):
+                        b.sh(["docker", "rmi", tag], check=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""`gpuenv cache`: the wheelhouse's size and entries; prune, export and import it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpuenv.cli.common import FileOption, JsonOption, print_json, say, user_errors
+
+cache_app = typer.Typer(
+    help="The wheelhouse: distributions builds installed, kept by sha256 on this host.",
+    no_args_is_help=False,
+    invoke_without_command=True,
+)
+
+
+@cache_app.callback()
+def cache_cmd(ctx: typer.Context, as_json: JsonOption = False) -> None:
+    """Show where the wheelhouse is, its size and entries (prune, export, import: below)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from gpuenv import wheelhouse
+    from gpuenv.build import human_size
+
+    with user_errors():
+        info = wheelhouse.summary(wheelhouse.Store.default())
+    if as_json:
+        print_json({"path": str(info.root), "files": info.files, "bytes": info.size,
+                    "pages": info.pages, "indexes": info.indexes})  # fmt: skip
+        return
+    print(f"wheelhouse  {info.root}")
+    print(f"files       {info.files} ({human_size(info.size)})")
+    print(f"pages       {info.pages}")
+    for key, urls in info.indexes.items():
+        print(f"index {key}  {' '.join(urls)}")
+
+
+@cache_app.command("prune")
+def prune_cmd(
+    file: FileOption = None,
+    keep_days: Annotated[
+        float,
+        typer.Option("--keep-days", min=0, help="Keep files a build used this recently"),
+    ] = 30,
+) -> None:
+    """Drop the files no entry of the matrix's lock names and no build used recently."""
+    from gpuenv import wheelhouse
+    from gpuenv.build import human_size
+    from gpuenv.project import open_project
+
+    with user_errors():
+        project = open_project(file)
+        lock = project.lock
+        texts = [e.python_env + "\n" + e.cuda for e in lock.cells.values()] if lock else []
+        files, size = wheelhouse.prune(wheelhouse.Store.default(), texts, keep_days)
+    print(f"pruned {files} file(s), {human_size(size)}")
+
+
+@cache_app.command("export")
+def export_cmd(
+    target: Annotated[Path, typer.Argument(help="Tarball to write")],
+    file: FileOption = None,
+    no_bases: Annotated[bool, typer.Option("--no-bases", help="Leave the base images out")] = False,
+) -> None:
+    """Write the wheelhouse and the matrix's base images to one tarball (air-gapped sites)."""
+    from gpuenv import engine, wheelhouse
+    from gpuenv.project import open_project
+
+    with user_errors():
+        bases: list[str] = []
+        docker = None
+        if not no_bases:
+            project = open_project(file)
+            bases = sorted({c.base.image for c in project.cells})
+            docker = engine.connect()
+        files, saved = wheelhouse.export(wheelhouse.Store.default(), target, docker, bases, say)
+    print(f"{target}: {files} file(s), {saved} base image(s)")
+
+
+@cache_app.command("import")
+def import_cmd(
+    source: Annotated[Path, typer.Argument(help="Tarball from gpuenv cache export")],
+) -> None:
+    """Add an export's files to the wheelhouse (each checked by its sha256) and load its bases."""
+    from gpuenv import engine, wheelhouse
+
+    with user_errors():
+        if not source.is_file():
+            from gpuenv.errors import GpuenvError
+
+            raise GpuenvError(f"{source}: no such file")
+        files, loaded = wheelhouse.import_(
+            wheelhouse.Store.default(), source, engine.connect(), say
+        )
+    print(f"{source}: {files} new file(s), {loaded} base image(s) loaded")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(cache_app, name="cache")

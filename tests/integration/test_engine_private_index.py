@@ -1,0 +1,182 @@
+"""A private package index that requires HTTP basic auth, served by the test on loopback.
+
+The index holds one small wheel the test builds (a zip with the three dist-info files) and
+answers 404 for every other project, so TensorFlow and its dependencies come from PyPI (the
+wheelhouse asks the matrix's extra index first, then PyPI). Credentials come from a netrc
+file ($NETRC) for the good build, and from GPUENV_INDEX_USERNAME/PASSWORD (which take
+precedence) with a wrong password for the failing one. The image must hold the package and
+no trace of the credentials: not in any layer, the history or the config.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import secrets
+import subprocess
+import tarfile
+import threading
+import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from support import cells
+from support.cli import clean_env, gpuenv_cmd, output
+from support.engine import docker, inspect, run_in_image
+
+REPOSITORY = "gpuenv-test/private"
+IMAGE = f"{REPOSITORY}:{cells.CPU_CELL}"
+PACKAGE, VERSION = "gpuenv-private-probe", "1.0"
+USER = f"gpuenv-user-{secrets.token_hex(4)}"
+PASSWORD = f"pw-{secrets.token_hex(12)}"
+
+
+def make_wheel() -> tuple[str, bytes]:
+    """A minimal pure-Python wheel: a module, METADATA, WHEEL and RECORD."""
+    dist = f"{PACKAGE.replace('-', '_')}-{VERSION}"
+    files = {
+        "gpuenv_private_probe.py": b"ANSWER = 42\n",
+        f"{dist}.dist-info/METADATA": (
+            f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {VERSION}\n".encode()
+        ),
+        f"{dist}.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: gpuenv-test\nRoot-Is-Purelib: true\n"
+            b"Tag: py3-none-any\n"
+        ),
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append(f"{dist}.dist-info/RECORD,,")
+    files[f"{dist}.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return f"{dist}-py3-none-any.whl", buf.getvalue()
+
+
+class PrivateIndex:
+    """PEP 503 pages on 127.0.0.1:<free port>, every request checked for basic auth."""
+
+    def __init__(self) -> None:
+        self.filename, self.wheel = make_wheel()
+        self.sha = hashlib.sha256(self.wheel).hexdigest()
+        self.requests: list[tuple[str, int]] = []
+        expected = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+        index = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                if self.headers.get("Authorization") != expected:
+                    code, body = 401, b"credentials required\n"
+                elif self.path == f"/simple/{PACKAGE}/":
+                    code = 200
+                    body = (f'<a href="/files/{index.filename}#sha256={index.sha}">'
+                            f"{index.filename}</a>").encode()  # fmt: skip
+                elif self.path == f"/files/{index.filename}":
+                    code, body = 200, index.wheel
+                else:
+                    code, body = 404, b"not here\n"
+                index.requests.append((self.path, code))
+                self.send_response(code)
+                if code == 401:
+                    self.send_header("WWW-Authenticate", 'Basic realm="private"')
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/simple/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> PrivateIndex:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def private(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("private")
+    with PrivateIndex() as index:
+        doc = json.loads(cells.matrix_text(name=REPOSITORY, variants=("cpu",)))
+        doc["packages"]["pip"] = [f"{PACKAGE}=={VERSION}"]
+        doc["build"] = {"extra_index_urls": [index.url]}
+        matrix = tmp / "matrix.yaml"
+        matrix.write_text(json.dumps(doc, indent=2))
+        netrc = tmp / "netrc"
+        netrc.write_text(f"machine 127.0.0.1 login {USER} password {PASSWORD}\n")
+        netrc.chmod(0o600)
+        cache = tmp_path_factory.getbasetemp() / "wheelhouse-cache"  # shared: one TF download
+        env = clean_env(XDG_CACHE_HOME=str(cache), NETRC=str(netrc))
+        yield {"index": index, "matrix": matrix, "env": env}
+
+
+@pytest.fixture(scope="module")
+def built(private):
+    proc = gpuenv_cmd("build", "-f", str(private["matrix"]), "--json", env=private["env"],
+                      check=False)  # fmt: skip
+    assert proc.returncode == 0, output(proc)
+    result = json.loads(proc.stdout)["results"][0]
+    assert result["status"] == "built"
+    return result
+
+
+def needles() -> dict[str, bytes]:
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode())
+    return {"password": PASSWORD.encode(), "user": USER.encode(), "basic token": token}
+
+
+def test_the_package_came_from_the_private_index(built, private):
+    out = run_in_image(IMAGE, "python", "-c", "import gpuenv_private_probe as m; print(m.ANSWER)")
+    assert out.strip().splitlines()[-1] == "42"
+    assert (f"/files/{private['index'].filename}", 200) in private["index"].requests
+    assert all(code != 401 for path, code in private["index"].requests), "sent without creds"
+
+
+def test_credentials_are_in_no_layer_history_or_config(built):
+    wanted = {**needles(), "control": b"ANSWER = 42"}  # the module: in a layer
+    found: dict[str, set[str]] = {}
+    members = 0
+    proc = subprocess.Popen(["docker", "save", built["image_id"]], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+        for member in tar:
+            if member.isfile():
+                data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                members += 1
+                found[member.name] = {what for what, n in wanted.items() if n in data}
+    assert proc.wait(timeout=300) == 0
+    assert members >= 3  # layers, config, manifest: the scan saw the image
+    # Positive control: the scan does see what is in a layer (the private module).
+    assert any("control" in hits for hits in found.values())
+    leaks = {name: hits - {"control"} for name, hits in found.items() if hits - {"control"}}
+    assert leaks == {}
+    del wanted["control"]
+    history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", built["image_id"])
+    config = json.dumps(inspect(built["image_id"]))
+    for what, needle in wanted.items():
+        assert needle.decode() not in history.stdout, what
+        assert needle.decode() not in config, what
+
+
+def test_a_wrong_password_is_one_error_line_and_no_tag(private, built):
+    docker("rmi", IMAGE)  # the good build's tag, so "no tag" means this build made none
+    env = {**private["env"], "GPUENV_INDEX_USERNAME": USER, "GPUENV_INDEX_PASSWORD": "wrong"}
+    proc = gpuenv_cmd("build", "-f", str(private["matrix"]), "--no-cache", env=env, check=False)
+    assert proc.returncode == 1, output(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, output(proc)
+    assert f"refused the credentials of user '{USER}'" in errors[0]
+    assert "GPUENV_INDEX_USERNAME" in errors[0] and "wrong" not in errors[0]
+    assert inspect(IMAGE) is None

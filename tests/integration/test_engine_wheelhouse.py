@@ -1,0 +1,130 @@
+"""The wheelhouse on a real engine: a locked CPU cell built online, then rebuilt with
+--no-cache --offline while every upstream is unreachable, gives the same environment.
+
+Upstream is made unreachable for the offline build by pointing the proxy environment
+variables (which the wheelhouse's upstream client honours) at a dead loopback port, so any
+attempt to reach an index would fail the build. The wheelhouse lives in a session-wide
+XDG_CACHE_HOME (shared with test_engine_private_index.py: TensorFlow is downloaded once).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+from support import cells
+from support.cli import clean_env, gpuenv_cmd, output
+from support.engine import docker, inspect
+
+REPOSITORY = "gpuenv-test/wheelhouse"
+KEEP = "gpuenv-test/wheelhouse-keep:online"
+IMAGE = f"{REPOSITORY}:{cells.CPU_CELL}"
+EXCLUDE_NEWER = "2026-11-01"
+
+
+def dead_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def unreachable(env: dict[str, str]) -> dict[str, str]:
+    dead = f"http://127.0.0.1:{dead_port()}"
+    out = {k: v for k, v in env.items() if k.lower() not in ("no_proxy",)}
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "ALL_PROXY"):
+        out[name] = dead
+    return out
+
+
+@pytest.fixture(scope="session")
+def wheelhouse_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """XDG_CACHE_HOME of the wheelhouse tests (session-wide: one TensorFlow download)."""
+    return tmp_path_factory.getbasetemp() / "wheelhouse-cache"
+
+
+@pytest.fixture(scope="module")
+def online(tmp_path_factory, wheelhouse_cache):
+    """The locked cell, built online into an empty (or this session's) wheelhouse."""
+    tmp = tmp_path_factory.mktemp("wheelhouse")
+    matrix = tmp / "matrix.yaml"
+    matrix.write_text(cells.matrix_text(name=REPOSITORY, variants=("cpu",)))
+    env = clean_env(XDG_CACHE_HOME=str(wheelhouse_cache))
+    gpuenv_cmd("lock", "-f", str(matrix), "--exclude-newer", EXCLUDE_NEWER, env=env)
+    proc = gpuenv_cmd("build", "-f", str(matrix), "--no-cache", "--json", env=env)
+    result = json.loads(proc.stdout)["results"][0]
+    assert result["status"] == "built", output(proc)
+    docker("tag", result["image_id"], KEEP)
+    return {"matrix": matrix, "env": env, "image_id": result["image_id"]}
+
+
+def cache_info(env: dict[str, str]) -> dict:
+    return json.loads(gpuenv_cmd("cache", "--json", env=env).stdout)
+
+
+def test_the_build_line_names_only_the_local_index(online):
+    history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", online["image_id"])
+    assert "http://127.0.0.1:47812/" in history.stdout
+    assert "pypi.org" not in history.stdout and "pythonhosted" not in history.stdout
+    info = cache_info(online["env"])
+    assert info["files"] >= 20 and info["bytes"] > 100_000_000, info  # TF and its deps
+
+
+def test_offline_no_cache_rebuild_with_upstream_unreachable_is_identical(online):
+    before = cache_info(online["env"])
+    env = unreachable(online["env"])
+    proc = gpuenv_cmd(
+        "build", "-f", str(online["matrix"]), "--no-cache", "--offline", "--json",
+        env=env, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, output(proc)
+    result = json.loads(proc.stdout)["results"][0]
+    assert result["status"] == "built" and result["image_id"] != online["image_id"]
+    assert cache_info(online["env"])["files"] == before["files"]  # nothing new fetched
+    diff = gpuenv_cmd("diff", KEEP, IMAGE, "-f", str(online["matrix"]), env=env, check=False)
+    assert diff.returncode == 0 and "identical" in diff.stdout, output(diff)
+
+
+def test_offline_with_an_empty_wheelhouse_names_what_is_missing(online, tmp_path):
+    env = clean_env(XDG_CACHE_HOME=str(tmp_path / "empty"))
+    before = inspect(IMAGE)
+    proc = gpuenv_cmd(
+        "build", "-f", str(online["matrix"]), "--offline", "--no-cache", env=env, check=False
+    )
+    assert proc.returncode == 1, output(proc)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --offline: the wheelhouse lacks")
+    assert "absl-py==" in lines[0] and "gpuenv cache import" in lines[0]
+    assert (inspect(IMAGE) or {}).get("Id") == (before or {}).get("Id")  # nothing retagged
+
+
+def test_offline_refuses_apt_packages_and_unlocked_cells(tmp_path, wheelhouse_cache):
+    env = clean_env(XDG_CACHE_HOME=str(wheelhouse_cache))
+    matrix = tmp_path / "matrix.yaml"
+    doc = json.loads(cells.matrix_text(name=REPOSITORY, variants=("cpu",)))
+    doc["packages"]["apt"] = ["git"]
+    matrix.write_text(json.dumps(doc))
+    proc = gpuenv_cmd("build", "-f", str(matrix), "--offline", env=env, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"error: --offline cannot install apt packages (they come from Debian's archive): "
+        f"{cells.CPU_CELL}; build these cells online"
+    ]
+    matrix.write_text(cells.matrix_text(name=REPOSITORY, variants=("cpu",)))  # no lock here
+    proc = gpuenv_cmd("build", "-f", str(matrix), "--offline", env=env, check=False)
+    assert proc.returncode == 1 and "--offline builds locked cells only" in proc.stderr
+
+
+def test_export_then_import_into_an_empty_wheelhouse(online, tmp_path):
+    tarball = tmp_path / "carry.tar"
+    proc = gpuenv_cmd("cache", "export", str(tarball), "-f", str(online["matrix"]),
+                      env=online["env"])  # fmt: skip
+    info = cache_info(online["env"])
+    assert f"{info['files']} file(s), 1 base image(s)" in proc.stdout
+    env = clean_env(XDG_CACHE_HOME=str(tmp_path / "other"))
+    proc = gpuenv_cmd("cache", "import", str(tarball), env=env)
+    assert f"{info['files']} new file(s), 1 base image(s) loaded" in proc.stdout
+    assert cache_info(env)["files"] == info["files"]
+    assert cache_info(env)["bytes"] == info["bytes"]
