@@ -39,6 +39,9 @@ class Cell:
     wheels: dict[str, str] = field(default_factory=dict)  # nvidia-* pins, GPU cells only
     pip: tuple[str, ...] = ()
     apt: tuple[str, ...] = ()
+    # Requirements files (as the matrix writes them) -> sha256 of their bytes; their lines
+    # are already in `pip`.
+    requirements: dict[str, str] = field(default_factory=dict)
 
     @property
     def image(self) -> str:

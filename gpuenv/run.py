@@ -393,9 +393,16 @@ class Target:
     cell: Cell | None = None  # when chosen from the matrix
 
 
-def target_for(engine: Engine, image: str | None, want_gpu: bool, file: Path | None) -> Target:
+def target_for(
+    engine: Engine,
+    image: str | None,
+    want_gpu: bool,
+    file: Path | None,
+    project: Project | None = None,
+) -> Target:
     """The image `gpuenv run` uses: -i IMAGE as is, else a cell (the default CPU or GPU
-    cell without -i), built first if it is missing."""
+    cell without -i), built first if it is missing. `project`: the matrix when the caller
+    opened it already; else it is opened here (from its snapshot when unchanged)."""
     from gpuenv.project import looks_like_image, open_project
 
     if image is not None and looks_like_image(image):
@@ -403,7 +410,7 @@ def target_for(engine: Engine, image: str | None, want_gpu: bool, file: Path | N
         if labels is None:
             raise fail(f"image {image} not found in the engine")
         return Target(image, labels)
-    project = open_project(file)
+    project = project or open_project(file, cached=True)
     cell = project.default_cell(want_gpu) if image is None else project.one_cell(image, "-i")
     labels = engine.labels(cell.image)
     if labels is None:

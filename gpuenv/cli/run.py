@@ -128,10 +128,13 @@ def run_local(
         # Every option is checked before the engine is reached (or a missing cell built).
         run.check_options(env or [], volume or [], publish or [], workdir, cwd)
         argv = run.command_for(command, cwd)
+        project = None
         if image is None or not looks_like_image(image):
-            open_project(file)  # a bad matrix is an error before the engine is reached
+            # A bad matrix is an error before the engine is reached; an unchanged one comes
+            # from its snapshot (gpuenv/snapshot.py), without the schema or the catalog.
+            project = open_project(file, cached=True)
         eng = engine.connect()
-        target = run.target_for(eng, image, request is not None, file)
+        target = run.target_for(eng, image, request is not None, file, project)
         run.gpu_preflight(eng, target, request)
         opts = run.RunOptions(
             image=target.image, command=argv, gpus=request, env=env or [],
