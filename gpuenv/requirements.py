@@ -44,6 +44,12 @@ def check_written_path(value: str) -> str:
     """The schema's check of the path string itself (the file is read at load time)."""
     if not value or len(value) > 255 or any(ord(c) < 32 for c in value):
         raise ValueError(f"{value[:80]!r} is not a requirements file path")
+    if "://" in value or "@" in value:
+        # Not echoed: it may hold a credential.
+        raise ValueError(
+            "requirements entries are files beside the matrix, not URLs; credentials do not "
+            "belong in the matrix (use pip's netrc or keyring)"
+        )
     if os.path.isabs(value) or value.startswith("~"):
         raise ValueError(
             f"{value!r}: requirements paths are relative to the matrix file's directory"
