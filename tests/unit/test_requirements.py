@@ -57,7 +57,10 @@ def test_lines_join_every_cells_pip_after_the_matrix_packages(tmp_path):
 
 
 def test_per_include_requirements_only_reach_that_cell(tmp_path):
-    inc = '  include:\n    - {tensorflow: "2.21", python: "3.11", variant: gpu, requirements: [gpu.txt]}\n'
+    inc = (
+        '  include:\n    - {tensorflow: "2.21", python: "3.11", variant: gpu,'
+        " requirements: [gpu.txt]}\n"
+    )
     (tmp_path / "gpu.txt").write_text("attrs==25.1.0\n")
     (tmp_path / "reqs.txt").write_text("six\n")
     project = open_project(write(tmp_path, include=inc))
