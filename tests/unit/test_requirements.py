@@ -4,6 +4,7 @@ with one `error:` line naming the file and line (through the real CLI)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -68,27 +69,25 @@ def test_per_include_requirements_only_reach_that_cell(tmp_path):
     assert pips == {"cpu": ("rich", "six"), "gpu": ("rich", "six", "attrs==25.1.0")}
 
 
-def test_an_edit_changes_the_plan_inputs_and_names_the_file(tmp_path, fake_engine):
+def test_an_edit_changes_the_plan_inputs_and_names_the_file(tmp_path):
+    from gpuenv.engine import ImageInfo
+
+    def inputs() -> tuple[dict[str, str], str]:
+        project = open_project(path)
+        cell = project.cells[0]
+        ctx = plan.render_all(project, [cell], None)[cell.name]
+        options = plan.render_options(project, None)
+        return plan.input_digests(ctx, "sha256:b", None, options), ctx.digest()
+
     (tmp_path / "reqs.txt").write_text("six==1.16.0\n")
     path = write(tmp_path)
-    cell = open_project(path).cells[0]
-    ctx = plan.render_all(open_project(path), [cell], None)[cell.name]
-    before = plan.input_digests(
-        ctx, "sha256:b", None, plan.render_options(open_project(path), None)
-    )
+    before, context_before = inputs()
     (tmp_path / "reqs.txt").write_text("six==1.17.0\n")
-    project = open_project(path)
-    cell2 = project.cells[0]
-    ctx2 = plan.render_all(project, [cell2], None)[cell2.name]
-    after = plan.input_digests(ctx2, "sha256:b", None, plan.render_options(project, None))
+    after, context_after = inputs()
     assert before["requirements"] != after["requirements"]
-    assert ctx.digest() != ctx2.digest()  # so the spec hash differs: a rebuild
-
-    class Image:
-        labels = {"io.gpuenv.inputs": __import__("json").dumps(before)}
-
-    reasons = plan._why_rebuild(Image(), after)  # type: ignore[arg-type]
-    assert "requirements file reqs.txt changed" in reasons
+    assert context_before != context_after  # so the spec hash differs: a rebuild
+    image = ImageInfo("sha256:i", labels={"io.gpuenv.inputs": json.dumps(before)})
+    assert "requirements file reqs.txt changed" in plan._why_rebuild(image, after)
 
 
 def test_a_comment_only_edit_changes_no_context(tmp_path):
