@@ -38,6 +38,8 @@ TEST_REPOSITORIES = frozenset(
         "gpuenv-test/harden-a",  # test_engine_ca_concurrent.py: concurrent builds
         "gpuenv-test/harden-b",
         "gpuenv-test/harden-labels",  # test_engine_hostile.py: images with hostile labels
+        "gpuenv-test/reqs",  # test_engine_requirements.py: a cell with a requirements file
+        "gpuenv-test/peek",  # test_engine_push.py: a candidate with another spec hash
     }
 )
 
