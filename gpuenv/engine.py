@@ -608,11 +608,17 @@ def _q(value: str) -> str:
 def _create_body(spec: ContainerSpec) -> dict[str, Any]:
     """POST /containers/create's body, as the SDK's create_container/create_host_config
     would send it for these fields (ports excepted: those go through the SDK)."""
-    host: dict[str, Any] = {"NetworkMode": spec.network or "default", "AutoRemove": False}
+    host: dict[str, Any] = {"NetworkMode": spec.network or "default"}
     if spec.binds:
         host["Binds"] = list(spec.binds)
     if spec.device_requests:
-        host["DeviceRequests"] = [dict(d) for d in spec.device_requests]
+        # As docker.types.DeviceRequest normalises them (None -> empty).
+        host["DeviceRequests"] = [
+            {"Driver": d.get("Driver") or "", "Count": d.get("Count") or 0,
+             "DeviceIDs": d.get("DeviceIDs") or [], "Capabilities": d.get("Capabilities") or [],
+             "Options": d.get("Options") or {}}
+            for d in spec.device_requests
+        ]  # fmt: skip
     if spec.init is not None:
         host["Init"] = spec.init
     if spec.shm_size:
