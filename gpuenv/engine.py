@@ -180,6 +180,7 @@ class Engine:
         made on first use of anything the socket transport does not do."""
         self._client = client
         self._socket = _Socket(socket_path) if socket_path else None
+        self._tty: dict[str, bool] = {}  # containers this engine created -> Tty
 
     @property
     def _api(self) -> Any:
@@ -383,6 +384,7 @@ class Engine:
         if self._socket is not None and not spec.ports:  # port bindings: the SDK converts
             with _translated():
                 created = self._socket.json("POST", "/containers/create", _create_body(spec))
+            self._tty[str(created["Id"])] = spec.tty
             return str(created["Id"])
         api = self._api
         with _translated():
@@ -423,7 +425,11 @@ class Engine:
         # Attached now (before the caller starts it), read later: nothing is missed.
         with _translated():
             if self._socket is not None:
-                return _translated_stream(self._socket.attach(cid))
+                tty = self._tty.get(cid)
+                if tty is None:  # not created here: ask (a TTY's stream is not multiplexed)
+                    config = self._socket.json("GET", f"/containers/{_q(cid)}/json")["Config"]
+                    tty = bool(config.get("Tty"))
+                return _translated_stream(self._socket.attach(cid, tty=tty))
             stream = self._api.attach(
                 cid, stdout=True, stderr=True, stream=True, logs=True, demux=True
             )
@@ -734,10 +740,10 @@ class _Socket:
             message = raw.decode(errors="replace").strip()
         return ApiError(status, reason, message, f"http+docker://localhost{url}")
 
-    def attach(self, cid: str) -> Iterator[tuple[bytes | None, bytes | None]]:
-        """A created container's output from the start, demultiplexed: (stdout, stderr)
-        chunks until the container's streams close. The request is sent now, so nothing
-        the container writes after a later start is missed."""
+    def attach(self, cid: str, *, tty: bool) -> Iterator[tuple[bytes | None, bytes | None]]:
+        """A created container's output from the start: (stdout, stderr) chunks until the
+        container's streams close, demultiplexed (a TTY's single stream is all stdout). The
+        request is sent now, so nothing written after a later start is missed."""
         import socket
 
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -760,7 +766,16 @@ class _Socket:
         except BaseException:
             sock.close()
             raise
-        return self._frames(sock, reader)
+        return self._raw(sock, reader) if tty else self._frames(sock, reader)
+
+    @staticmethod
+    def _raw(sock: Any, reader: Any) -> Iterator[tuple[bytes | None, bytes | None]]:
+        try:
+            while chunk := reader.read1(65536):
+                yield chunk, None
+        finally:
+            reader.close()
+            sock.close()
 
     @staticmethod
     def _frames(sock: Any, reader: Any) -> Iterator[tuple[bytes | None, bytes | None]]:

@@ -126,18 +126,24 @@ def _without_pydantic_on_the_plain_path() -> None:
 
 _without_pydantic_on_the_plain_path()
 
-app = typer.Typer(
-    cls=_Group,
-    name="gpuenv",
-    help="Reproducible CPU and GPU Docker environments for TensorFlow, from one matrix.yaml.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    # Plain Click help: with Rich installed Typer would otherwise import it (and markdown-it)
-    # for every --help and usage error, about 60 ms of a 0.2 s start-up.
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+
+def new_app() -> typer.Typer:
+    """The Typer app the verbs register on (`app`; main makes one per verb: cli/__init__)."""
+    return typer.Typer(
+        cls=_Group,
+        name="gpuenv",
+        help="Reproducible CPU and GPU Docker environments for TensorFlow, from one matrix.yaml.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        # Plain Click help: with Rich installed Typer would otherwise import it (and
+        # markdown-it) for every --help and usage error, about 60 ms of a 0.2 s start-up.
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+
+
+app = new_app()
 
 FileOption = Annotated[
     Path | None,

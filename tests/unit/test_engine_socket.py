@@ -105,6 +105,10 @@ def _handler(routes: dict[tuple[str, str], Any]) -> type:
             if route == "garbage":
                 self.wfile.write(b"SSH-2.0-OpenSSH_9.2\r\n")
                 return
+            if route == "attach-tty":  # a TTY's stream: raw bytes, no frames
+                self.wfile.write(b"HTTP/1.1 101 UPGRADED\r\n\r\nhello\r\nworld\r\n")
+                self.close_connection = True
+                return
             if route == "attach":
                 self.wfile.write(b"HTTP/1.1 101 UPGRADED\r\nContent-Type: "
                                  b"application/vnd.docker.raw-stream\r\n\r\n")  # fmt: skip
@@ -172,6 +176,19 @@ def test_a_container_run_through_the_socket(fake_socket):
     eng.remove_container(cid)
     eng.remove_container("gone")  # 404: already gone is no error
     assert eng._client is None, "none of this needs the SDK"
+
+
+def test_a_tty_containers_stream_is_read_raw(fake_socket):
+    path, routes = fake_socket
+    routes[("POST", "/containers/create")] = (201, {"Id": "t1"})
+    routes[("POST", "/containers/t1/attach")] = "attach-tty"
+    routes[("POST", "/containers/other/attach")] = "attach-tty"
+    routes[("GET", "/containers/other/json")] = (200, {"Config": {"Tty": True}})
+    eng = engines.Engine(socket_path=path)
+    cid = eng.create(ContainerSpec("img", ["sh"], tty=True, stdin=True))
+    assert b"".join(out or b"" for out, _ in eng.attach(cid)) == b"hello\r\nworld\r\n"
+    # A container this engine did not create: its Tty is asked for.
+    assert b"".join(out or b"" for out, _ in eng.attach("other")) == b"hello\r\nworld\r\n"
 
 
 def test_refusals_keep_the_engines_words(fake_socket):
