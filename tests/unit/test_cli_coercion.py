@@ -83,3 +83,28 @@ def test_parsing_a_command_line_builds_no_adapter(tmp_path):
     line = [x for x in out.stderr.splitlines() if x.startswith("HEAVY:")][-1]
     assert "nothing.yaml" in out.stderr  # the command ran (and failed on the matrix)
     assert line == "HEAVY:", out.stderr
+
+
+VERBS = ["matrix", "render", "base", "build", "run", "bench", "monitor", "validate", "lock",
+         "diff", "push", "doctor"]  # fmt: skip
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_a_one_verb_app_says_what_the_whole_app_says(verb):
+    """main() registers only the invoked verb (cli/__init__.app_for): help, usage errors
+    and exit codes must be the whole app's."""
+    from typer.testing import CliRunner
+
+    from gpuenv.cli import app_for
+
+    for argv in ([verb, "--help"], [verb, "--no-such-option"], [verb, "-h"]):
+        one = CliRunner().invoke(app_for(argv), argv, prog_name="gpuenv")
+        whole = CliRunner().invoke(app, argv, prog_name="gpuenv")
+        assert (one.exit_code, one.output) == (whole.exit_code, whole.output), argv
+    assert app_for([verb]) is not app
+
+
+def test_no_verb_or_an_unknown_one_gets_the_whole_app():
+    from gpuenv.cli import app_for
+
+    assert app_for([]) is app and app_for(["--help"]) is app and app_for(["nosuch"]) is app
