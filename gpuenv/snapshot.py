@@ -42,10 +42,12 @@ PACKAGE = Path(gpuenv.__file__).parent
 def tree_digest(root: Path, suffixes: tuple[str, ...] = ()) -> str:
     """sha256 over every file under root (relative names and contents), sorted."""
     h = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        if suffixes and path.suffix not in suffixes:
-            continue
-        if "__pycache__" in path.parts:
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]  # bytecode: not an input
+        found += [Path(folder, f) for f in files if not suffixes or Path(f).suffix in suffixes]
+    for path in sorted(found):
+        if not path.is_file():
             continue
         data = path.read_bytes()
         h.update(f"{path.relative_to(root)}\0{len(data)}\0".encode())
