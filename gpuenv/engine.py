@@ -663,6 +663,48 @@ def _parse_bytes(text: str) -> int:
     return int(float(value[:-1]) * units[value[-1]])
 
 
+MAX_ANSWER = 64 << 20  # an Engine API answer gpuenv reads whole (inspect, info, create)
+
+
+def _read_head(reader: Any, url: str) -> tuple[int, str, dict[str, str]]:
+    """Status line and headers; ApiError when the peer does not speak HTTP."""
+    line = reader.readline(65537)
+    parts = line.decode("latin-1").split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise ApiError(502, "Bad Gateway", f"no Engine API answer ({line[:80]!r})", url)
+    headers: dict[str, str] = {}
+    for _ in range(200):
+        raw = reader.readline(65537)
+        if raw in (b"\r\n", b"\n", b""):
+            return int(parts[1]), parts[2].strip() if len(parts) > 2 else "", headers
+        name, _, value = raw.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    raise ApiError(502, "Bad Gateway", "no end to the answer's headers", url)
+
+
+def _read_body(reader: Any, headers: dict[str, str], url: str) -> bytes:
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        out = bytearray()
+        while True:
+            size_line = reader.readline(1024).split(b";")[0].strip()
+            try:
+                size = int(size_line, 16)
+            except ValueError:
+                raise ApiError(502, "Bad Gateway", "a malformed chunked answer", url) from None
+            if size == 0:
+                return bytes(out)
+            if len(out) + size > MAX_ANSWER:
+                raise ApiError(502, "Bad Gateway", "an answer larger than 64 MiB", url)
+            out += reader.read(size)
+            reader.readline(1024)  # the CRLF after the chunk
+    length = headers.get("content-length")
+    if length is not None and length.isdigit():
+        if int(length) > MAX_ANSWER:
+            raise ApiError(502, "Bad Gateway", "an answer larger than 64 MiB", url)
+        return bytes(reader.read(int(length)))
+    return bytes(reader.read(MAX_ANSWER))
+
+
 class _Socket:
     """HTTP/1.1 to the engine's Unix socket with the standard library: one connection per
     request (a Unix socket connects in microseconds), JSON in and out."""
@@ -670,24 +712,17 @@ class _Socket:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def _connection(self, timeout: float | None) -> Any:
-        import http.client
+    def _open(self, timeout: float | None) -> Any:
         import socket
 
-        path = self.path
-
-        class Connection(http.client.HTTPConnection):
-            def connect(self) -> None:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(timeout)
-                try:
-                    sock.connect(path)
-                except OSError:
-                    sock.close()
-                    raise
-                self.sock = sock
-
-        return Connection("localhost", timeout=timeout)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        return sock
 
     def request(
         self,
@@ -698,22 +733,25 @@ class _Socket:
         timeout: float | None = 60,
         ok: tuple[int, ...] = (200, 201, 204),
     ) -> bytes:
-        import http.client
-
-        conn = self._connection(timeout)
+        """One request, `Connection: close`; the body (Content-Length, chunked, or up to
+        the close). http.client would cost its import (email.parser & co, ~15 ms) on
+        every `run`; the engine's answers need no more than this."""
+        data = json.dumps(body).encode() if body is not None else b""
+        head = f"{method} {url} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+        if body is not None:
+            head += "Content-Type: application/json\r\n"
+        head += f"Content-Length: {len(data)}\r\n\r\n"
+        sock = self._open(timeout)
         try:
-            data = json.dumps(body).encode() if body is not None else None
-            headers = {"Content-Type": "application/json"} if data is not None else {}
-            conn.request(method, url, body=data, headers=headers)
-            resp = conn.getresponse()
-            raw = resp.read()
-        except http.client.HTTPException as exc:  # not HTTP at all: not an engine
-            raise ApiError(502, "Bad Gateway", f"no Engine API answer ({exc!r})", url) from None
+            sock.sendall(head.encode() + data)
+            with sock.makefile("rb") as reader:
+                status, reason, headers = _read_head(reader, url)
+                raw = _read_body(reader, headers, url)
         finally:
-            conn.close()
-        if resp.status not in ok:
-            raise self._error(resp.status, resp.reason, raw, url)
-        return bytes(raw)
+            sock.close()
+        if status not in ok:
+            raise self._error(status, reason, raw, url)
+        return raw
 
     def json(
         self,
@@ -744,25 +782,17 @@ class _Socket:
         """A created container's output from the start: (stdout, stderr) chunks until the
         container's streams close, demultiplexed (a TTY's single stream is all stdout). The
         request is sent now, so nothing written after a later start is missed."""
-        import socket
-
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        url = f"/containers/{_q(cid)}/attach?logs=1&stream=1&stdout=1&stderr=1"
+        sock = self._open(None)
         try:
-            sock.connect(self.path)
-            url = f"/containers/{_q(cid)}/attach?logs=1&stream=1&stdout=1&stderr=1"
             sock.sendall(
                 f"POST {url} HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\n"
                 "Upgrade: tcp\r\nContent-Length: 0\r\n\r\n".encode()
             )
             reader = sock.makefile("rb")
-            status_line = reader.readline()
-            parts = status_line.decode(errors="replace").split(" ", 2)
-            status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-            while reader.readline() not in (b"\r\n", b"\n", b""):
-                pass  # the headers: a raw stream follows
+            status, reason, headers = _read_head(reader, url)
             if status not in (101, 200):
-                raise self._error(status, parts[2].strip() if len(parts) > 2 else "",
-                                  reader.read(65536), url)  # fmt: skip
+                raise self._error(status, reason, _read_body(reader, headers, url), url)
         except BaseException:
             sock.close()
             raise

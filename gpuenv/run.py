@@ -285,8 +285,6 @@ def run(
 ) -> int:
     """Run the container to its end; its exit code. Output goes to this process's streams,
     or to `stdout`/`stderr` when given (gpuenv bench reads the workload's result there)."""
-    from gpuenv import monitor
-
     spec = container_spec(opts)
     if engine.is_local:  # a remote engine's paths are on its host, not here
         check_bind_sources(spec.binds)
@@ -297,7 +295,7 @@ def run(
     try:
         with (
             _Stopper(engine, cid),
-            monitor.watching(engine, cid, opts.image, opts.gpus, opts.monitor),
+            _watching(engine, cid, opts),
         ):
             if opts.interactive and sys.stdin.isatty():
                 return _run_tty(engine, cid)
@@ -307,6 +305,17 @@ def run(
     finally:
         with contextlib.suppress(GpuenvError):
             engine.remove_container(cid)
+
+
+def _watching(
+    engine: Engine, cid: str, opts: RunOptions
+) -> contextlib.AbstractContextManager[None]:
+    """The GPU sampler when --monitor asked for one (monitor.py imported only then)."""
+    if opts.monitor is None:
+        return contextlib.nullcontext()
+    from gpuenv import monitor
+
+    return monitor.watching(engine, cid, opts.image, opts.gpus, opts.monitor)
 
 
 def _start_error(exc: Exception, opts: RunOptions) -> GpuenvError:
