@@ -185,9 +185,13 @@ def open_project(file: Path | None, *, cached: bool = False) -> Project:
     snap = snapshot.read(path, lock_file)
     if snap is not None:
         return Project(None, snap.resolution, path=path, settings=snap.settings, snapshot=snap)
-    key = snapshot.key(path, lock_file)  # before loading: a file edited meanwhile misses
+    key = snapshot.key(path, lock_file)
     project = _load(path)
-    project.snapshot = _snapshot_of(project, key)
+    # Only when the matrix and the lock were the same before and after loading (and the
+    # lock was read in between, by _snapshot_of): an edit meanwhile writes no snapshot.
+    snap = _snapshot_of(project, key)
+    if snap is not None and snapshot.key(path, lock_file) == key and snapshot.write(snap):
+        project.snapshot = snap
     return project
 
 
@@ -199,8 +203,8 @@ def _load(path: Path) -> Project:
 
 
 def _snapshot_of(project: Project, key: str) -> Snapshot | None:
-    """A snapshot of a freshly loaded project, written to the cache; None when the lock
-    cannot be read (its error must come from the lock itself, every time)."""
+    """A snapshot of a freshly loaded project; None when the lock cannot be read (its
+    error must come from the lock itself, every time)."""
     from gpuenv import snapshot
 
     try:
@@ -218,7 +222,7 @@ def _snapshot_of(project: Project, key: str) -> Snapshot | None:
         depends=snapshot.depends_of(project.matrix),
         entry=snapshot.entry_name(project.path),
     )
-    return snap if snapshot.write(snap) else None
+    return snap
 
 
 def looks_like_image(ref: str) -> bool:

@@ -273,6 +273,10 @@ def dependency_state(path: Path) -> str:
 
 def depends_of(matrix: Any) -> dict[str, str]:
     """The other files a loaded matrix made gpuenv read (requirements files), as written
-    (joined to the matrix's directory, not resolved) -> dependency_state."""
-    paths = [Path(os.path.abspath(matrix.dir / r.written)) for r in matrix.requirements.values()]
-    return {str(p): dependency_state(p) for p in paths}
+    (joined to the matrix's directory, not resolved) -> dependency_state of the bytes
+    loading actually read and where the path led then (not read again: an edit since then
+    must miss, not be recorded as what was loaded)."""
+    return {
+        os.path.abspath(matrix.dir / r.written): f"{r.digest}|{r.path}"
+        for r in matrix.requirements.values()
+    }

@@ -221,3 +221,41 @@ def test_a_snapshot_hit_imports_no_schema_templates_or_yaml(project_dir):
     )
     assert "pydantic" in _imports_after(code, project_dir)  # the first time: a miss
     assert _imports_after(code, project_dir) == set()  # then nothing heavy
+
+
+def test_an_edit_while_loading_writes_no_snapshot(project_dir, cache_home, monkeypatch):
+    from gpuenv import project as projects
+
+    path = project_dir / "matrix.yaml"
+    real = projects._load
+
+    def load_then_edit(p):
+        loaded = real(p)
+        _edit_matrix(project_dir)  # the file changes after it was read
+        return loaded
+
+    monkeypatch.setattr(projects, "_load", load_then_edit)
+    assert open_project(path, cached=True).snapshot is None
+    assert not (cache_home / "gpuenv" / snapshot.entry_name(path)).exists()
+    monkeypatch.setattr(projects, "_load", real)
+    assert open_project(path, cached=True)._matrix is not None  # a miss, then a snapshot
+    assert open_project(path, cached=True)._matrix is None
+
+
+def test_a_requirements_edit_after_loading_is_not_recorded_as_loaded(project_dir, monkeypatch):
+    from gpuenv import project as projects
+
+    path = project_dir / "matrix.yaml"
+    real = projects._load
+
+    def load_then_edit(p):
+        loaded = real(p)
+        _edit_reqs(project_dir)
+        return loaded
+
+    monkeypatch.setattr(projects, "_load", load_then_edit)
+    open_project(path, cached=True)
+    monkeypatch.setattr(projects, "_load", real)
+    again = open_project(path, cached=True)
+    assert again._matrix is not None, "the snapshot recorded the old bytes: must miss"
+    assert again.cells[0].pip == ("six==1.16.0",)
