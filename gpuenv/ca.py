@@ -36,11 +36,37 @@ def find_bundle(explicit: Path | None, matrix_value: str | None, matrix_dir: Pat
 
 
 MAX_BUNDLE_BYTES = 16 << 20
+CHECKED = "ca-checked.json"  # in gpuenv's cache: sha256 of a bundle -> valid until (epoch s)
+
+
+def _known_good(path: Path) -> bool:
+    """Whether these exact bytes passed check_bundle and one of their certificates is still
+    valid (the verdict is remembered by content digest until that certificate expires), so
+    a build that needs no CA need not import ssl and parse a 200 KB system bundle."""
+    from gpuenv import cache
+    from gpuenv.snapshot import file_digest
+
+    until = cache.read_record(CHECKED).get(file_digest(path))
+    return isinstance(until, (int, float)) and time.time() <= until
+
+
+def _remember_good(text: bytes, until: float) -> None:
+    import hashlib
+
+    from gpuenv import cache
+
+    now = time.time()
+    kept = {k: v for k, v in cache.read_record(CHECKED).items()
+            if isinstance(v, (int, float)) and v >= now}  # fmt: skip
+    kept[hashlib.sha256(text).hexdigest()] = until
+    cache.write_record(CHECKED, dict(sorted(kept.items(), key=lambda kv: -kv[1])[:32]))
 
 
 def check_bundle(path: Path, origin: str) -> None:
     """A readable regular file (not a directory or /dev/zero) of PEM certificates that
     OpenSSL loads, at least one of them valid now: else an error naming where it came from."""
+    if _known_good(path):
+        return
     import ssl
 
     from gpuenv.yamlfile import read_capped
@@ -72,6 +98,8 @@ def check_bundle(path: Path, origin: str) -> None:
     ]
     if certs and not valid:
         raise GpuenvError(f"{where}: every certificate in it has expired (or is not yet valid)")
+    if valid:
+        _remember_good(text, max(ssl.cert_time_to_seconds(c["notAfter"]) for c in valid))
 
 
 class CAServer(SharedServer):

@@ -76,6 +76,10 @@ class Cell:
             return f"cu{self.cuda_major}/bin"
         return None
 
+    # Requirements files (as the matrix writes them) -> sha256 of their bytes; their lines
+    # are already in `pip`.
+    requirements: dict[str, str] = field(default_factory=dict)
+
     @property
     def image(self) -> str:
         return f"{self.repository}:{self.name}"

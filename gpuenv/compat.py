@@ -289,6 +289,10 @@ def _resolve_one(m: LoadedMatrix, cat: Catalog, combo: Combination) -> Cell:
             raise _Rejected(str(exc)) from None
         release = cat.toolkits[cuda].release
     base = _base(m, cat, python)
+    # Requirements files' lines join pip (so the lock, the build and drift see them); the
+    # files' digests name an edit in `build --dry-run` (plan.input_digests).
+    files = [*m.model.packages.requirements, *combo.get("requirements", ())]
+    requirement_lines = m.requirement_lines(files)
     return Cell(
         name=cell_name(cat.short, row.minor, python, variant, cuda),
         repository=m.model.name,
@@ -302,11 +306,12 @@ def _resolve_one(m: LoadedMatrix, cat: Catalog, combo: Combination) -> Cell:
         cudnn=cudnn,
         cuda_release=release,
         wheels=wheels,
-        pip=tuple(m.model.packages.pip) + tuple(combo.get("pip", ())),
+        pip=tuple(m.model.packages.pip) + tuple(combo.get("pip", ())) + requirement_lines,
         apt=tuple(m.model.packages.apt) + tuple(combo.get("apt", ())),
         install=install,
         indexes=indexes,
         cuda_with_framework=cat.cuda_with_framework and variant == "gpu",
+        requirements={p: m.requirements[p].digest for p in files},
     )
 
 

@@ -1,5 +1,12 @@
 """The Docker Engine, through the Docker SDK for Python. The only module that imports docker.
 
+The SDK (requests, urllib3, ssl: ~0.12 s to import) is imported on first use. On a local
+engine (a Unix socket: DOCKER_HOST=unix://..., or no DOCKER_HOST and the default context),
+the few calls a no-op `build` and a `run` make (image inspect, container create, attach,
+start, wait, stop, remove, info) go straight to the Engine API over the socket with the
+standard library (`_Socket`), so those commands never import it; anything else, and every
+other kind of engine (tcp, ssh, TLS, contexts), uses the SDK.
+
 The rest of gpuenv sees typed operations (image info, build, tag/remove, a container spec
 → create/start/attach/wait/stop/remove, logs, push/pull, save/load, history) and gpuenv's
 own errors: every engine failure a user can meet (engine down, socket permissions, a
@@ -10,19 +17,15 @@ what to do, and the engine's own text in `detail` for callers that explain it fu
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
-
-import docker
-import docker.errors
-import requests.exceptions
-import urllib3.exceptions
-from docker.context import ContextAPI
 
 from gpuenv import contract
 from gpuenv.errors import GpuenvError
@@ -134,27 +137,50 @@ def engine_error(exc: Exception) -> EngineError:
     return EngineError(message, detail=text, status=status)
 
 
-# What a connection that breaks mid-stream raises: below the SDK (urllib3, requests), so
-# not a DockerException (an engine restarted during a build: "Connection broken").
-_CONNECTION_ERRORS = (
-    docker.errors.DockerException, OSError, requests.exceptions.RequestException,
-    urllib3.exceptions.HTTPError,
-)  # fmt: skip
+def _sdk_error(exc: BaseException, name: str = "DockerException") -> bool:
+    """Whether exc is the SDK's `name` error (False when the SDK was never imported: then
+    nothing can have raised one)."""
+    errors = sys.modules.get("docker.errors")
+    return errors is not None and isinstance(exc, getattr(errors, name))
+
+
+def _status(exc: BaseException) -> int | None:
+    return getattr(exc, "status_code", None)
+
+
+def _connection_error(exc: BaseException) -> bool:
+    """An SDK error, or what a connection that breaks mid-stream raises below the SDK
+    (urllib3, requests: an engine restarted during a build, "Connection broken"). Checked
+    by the modules already imported: when they were not, nothing can have raised them."""
+    if _sdk_error(exc):
+        return True
+    for module, name in (("requests.exceptions", "RequestException"),
+                         ("urllib3.exceptions", "HTTPError")):  # fmt: skip
+        found = sys.modules.get(module)
+        if found is not None and isinstance(exc, getattr(found, name)):
+            return True
+    return False
 
 
 @contextmanager
 def _translated() -> Iterator[None]:
-    """SDK, HTTP and socket failures leave as EngineError."""
+    """SDK, Engine API and socket failures leave as EngineError."""
     try:
         yield
-    except _CONNECTION_ERRORS as exc:
+    except (OSError, ApiError) as exc:
         raise engine_error(exc) from None
+    except Exception as exc:
+        if _connection_error(exc):
+            raise engine_error(exc) from None
+        raise
 
 
 def _base_url() -> tuple[str | None, dict[str, Any]]:
     """DOCKER_HOST if set, else the current Docker context's endpoint (as the CLI does)."""
     if os.environ.get("DOCKER_HOST"):
         return None, {}
+    from docker.context import ContextAPI
+
     try:
         ctx = ContextAPI.get_current_context()
     except Exception:  # a broken ~/.docker/config.json must not stop a local engine
@@ -166,12 +192,23 @@ def _base_url() -> tuple[str | None, dict[str, Any]]:
 
 
 class Engine:
-    def __init__(self, client: docker.DockerClient) -> None:
+    def __init__(self, client: Any = None, *, socket_path: str | None = None) -> None:
+        """An SDK client, or (local engines) the socket's path: the SDK client is then
+        made on first use of anything the socket transport does not do."""
         self._client = client
-        self._api = client.api
+        self._socket = _Socket(socket_path) if socket_path else None
+        self._tty: dict[str, bool] = {}  # containers this engine created -> Tty
+
+    @property
+    def _api(self) -> Any:
+        if self._client is None:
+            self._client = _sdk_client(None, {})
+        return self._client.api
 
     @property
     def url(self) -> str:
+        if self._socket is not None:
+            return f"unix://{self._socket.path}"
         return str(self._api.base_url)
 
     @property
@@ -189,12 +226,17 @@ class Engine:
 
     def info(self) -> dict[str, Any]:
         with _translated():
+            if self._socket is not None:
+                return dict(self._socket.json("GET", "/info"))
             return dict(self._api.info())
 
     def ping(self, timeout: float) -> bool:
         """Whether the engine answers within `timeout` seconds (a dropped link never
         answers, and a stream from it never ends: callers watch with this)."""
         try:
+            if self._socket is not None:
+                self._socket.request("GET", "/_ping", timeout=timeout)
+                return True
             resp = self._api.get(self._api._url("/_ping"), timeout=timeout)
             return bool(resp.status_code == 200)
         except Exception:  # refused, reset, timed out, TLS: all mean "not now"
@@ -218,22 +260,23 @@ class Engine:
     def close(self) -> None:
         """Close the client's connections; streams in flight (a build) end, and the engine
         cancels what they were doing."""
-        self._api.close()
+        if self._client is not None:
+            self._client.api.close()
 
     # ------------------------------------------------------------------ images
 
     def image(self, ref: str) -> ImageInfo | None:
         """`docker image inspect`, or None when there is no such image."""
         try:
+            if self._socket is not None:
+                return ImageInfo.from_inspect(self._socket.json("GET", f"/images/{_q(ref)}/json"))
             return ImageInfo.from_inspect(self._api.inspect_image(ref))
-        except docker.errors.ImageNotFound:
-            return None
-        except docker.errors.APIError as exc:
-            if exc.status_code == 404:
+        except Exception as exc:
+            if _status(exc) == 404 or _sdk_error(exc, "ImageNotFound"):
                 return None
-            raise engine_error(exc) from None
-        except (docker.errors.DockerException, OSError) as exc:
-            raise engine_error(exc) from None
+            if isinstance(exc, (OSError, ApiError)) or _sdk_error(exc):
+                raise engine_error(exc) from None
+            raise
 
     def labels(self, ref: str) -> dict[str, str] | None:
         info = self.image(ref)
@@ -244,10 +287,12 @@ class Engine:
         there is no such container."""
         try:
             data = self._api.inspect_container(container)
-        except docker.errors.NotFound:
-            return None
-        except (docker.errors.DockerException, OSError) as exc:
-            raise engine_error(exc) from None
+        except Exception as exc:
+            if _sdk_error(exc, "NotFound"):
+                return None
+            if isinstance(exc, OSError) or _sdk_error(exc):
+                raise engine_error(exc) from None
+            raise
         return self.image(str(data["Image"]))
 
     def gpuenv_images(self) -> list[dict[str, str]]:
@@ -285,8 +330,10 @@ class Engine:
         try:
             self._api.remove_image(ref, force=force, noprune=False)
             return True
-        except docker.errors.APIError:
-            return False
+        except Exception as exc:
+            if _sdk_error(exc, "APIError"):
+                return False
+            raise
 
     def import_image(self, tar_path: str, ref: str, changes: list[str]) -> str:
         """`docker import` of a root filesystem tar file, tagged ref."""
@@ -416,6 +463,11 @@ class Engine:
 
     def create(self, spec: ContainerSpec) -> str:
         """Create (not start) a container; returns its ID."""
+        if self._socket is not None and not spec.ports:  # port bindings: the SDK converts
+            with _translated():
+                created = self._socket.json("POST", "/containers/create", _create_body(spec))
+            self._tty[str(created["Id"])] = spec.tty
+            return str(created["Id"])
         api = self._api
         with _translated():
             host = api.create_host_config(
@@ -445,6 +497,9 @@ class Engine:
 
     def start(self, cid: str) -> None:
         with _translated():
+            if self._socket is not None:
+                self._socket.json("POST", f"/containers/{_q(cid)}/start")
+                return
             self._api.start(cid)
 
     def attach(self, cid: str) -> Iterator[tuple[bytes | None, bytes | None]]:
@@ -453,6 +508,12 @@ class Engine:
         with _translated():
             if self.url.startswith("https://"):
                 return _translated_stream(self._attach_tls(cid))
+            if self._socket is not None:
+                tty = self._tty.get(cid)
+                if tty is None:  # not created here: ask (a TTY's stream is not multiplexed)
+                    config = self._socket.json("GET", f"/containers/{_q(cid)}/json")["Config"]
+                    tty = bool(config.get("Tty"))
+                return _translated_stream(self._socket.attach(cid, tty=tty))
             stream = self._api.attach(
                 cid, stdout=True, stderr=True, stream=True, logs=True, demux=True
             )
@@ -471,7 +532,7 @@ class Engine:
         )
         sock = api._get_raw_response_socket(response)
         sock.settimeout(None)  # a quiet workload is not a failure; _watch notices a dead link
-        return _frames(sock)
+        return _frames(lambda: sock.recv(65536))
 
     def attach_socket(self, cid: str) -> Any:
         """A raw socket to the container's TTY (stdin, stdout, stderr)."""
@@ -488,11 +549,18 @@ class Engine:
     def wait(self, cid: str, timeout: float | None = None) -> int:
         """The container's exit code once it has stopped."""
         with _translated():
+            if self._socket is not None:
+                path = f"/containers/{_q(cid)}/wait"
+                return int(self._socket.json("POST", path, timeout=timeout)["StatusCode"])
             return int(self._api.wait(cid, timeout=timeout)["StatusCode"])
 
     def stop(self, cid: str, timeout: int) -> None:
         """SIGTERM, then SIGKILL after `timeout` seconds, as `docker stop` does."""
         with _translated():
+            if self._socket is not None:
+                path = f"/containers/{_q(cid)}/stop?t={int(timeout)}"
+                self._socket.json("POST", path, timeout=None, ok=(204, 304))
+                return
             self._api.stop(cid, timeout=timeout)
 
     def logs(self, cid: str, *, stderr: bool = False) -> str:
@@ -502,14 +570,16 @@ class Engine:
     def remove_container(self, cid: str) -> None:
         """Remove (forcing) a container; one already gone, or going, is no error."""
         try:
-            self._api.remove_container(cid, force=True, v=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            if exc.status_code not in (404, 409):  # 409: removal already in progress
+            if self._socket is not None:
+                self._socket.json("DELETE", f"/containers/{_q(cid)}?force=1&v=1")
+            else:
+                self._api.remove_container(cid, force=True, v=True)
+        except Exception as exc:
+            if _status(exc) in (404, 409) or _sdk_error(exc, "NotFound"):  # 409: removing
+                return
+            if isinstance(exc, (OSError, ApiError)) or _sdk_error(exc):
                 raise engine_error(exc) from None
-        except (docker.errors.DockerException, OSError) as exc:
-            raise engine_error(exc) from None
+            raise
 
     def exec(self, cid: str, command: list[str], user: str = "") -> tuple[int, str]:
         """Run a command in a running container; (exit code, stdout)."""
@@ -535,15 +605,16 @@ class Engine:
         return code, out
 
 
-def _frames(sock: Any) -> Iterator[tuple[bytes | None, bytes | None]]:
-    """The engine's multiplexed stream (non-TTY): frames of an 8-byte header (stream 1
-    stdout, 2 stderr; big-endian length in bytes 4-7) and a payload."""
+def _frames(recv: Callable[[], bytes]) -> Iterator[tuple[bytes | None, bytes | None]]:
+    """The engine's multiplexed stream (non-TTY), read by `recv` (b"" at the end): frames of
+    an 8-byte header (stream 1 stdout, 2 stderr; big-endian length in bytes 4-7) and a
+    payload. The one reader of it: the socket transport's attach and the TLS attach."""
     buf = b""
 
     def fill(n: int) -> bool:
         nonlocal buf
         while len(buf) < n:
-            chunk = sock.recv(65536)
+            chunk = recv()
             if not chunk:
                 return False
             buf += chunk
@@ -563,6 +634,8 @@ def _translated_stream(stream: Iterator[Any]) -> Iterator[Any]:
 
 
 def _device_request(body: dict[str, Any]) -> Any:
+    import docker.types
+
     return docker.types.DeviceRequest(
         driver=body["Driver"],
         count=body["Count"],
@@ -581,10 +654,24 @@ _conn = _Connection()
 
 
 def connect() -> Engine:
-    """A client for DOCKER_HOST / the current context / the local socket, checked by a ping."""
+    """A client for DOCKER_HOST / the current context / the local socket, checked by a ping
+    (the socket transport's is a GET /_ping: it answers, or the error is the SDK's)."""
     if _conn.engine is not None:
         return _conn.engine
-    base_url, extra = _base_url()
+    socket_path = local_socket()
+    if socket_path is not None:
+        engine = Engine(socket_path=socket_path)
+        with _translated():
+            engine._socket.request("GET", "/_ping")  # type: ignore[union-attr]
+        _conn.engine = engine
+        return engine
+    _conn.engine = Engine(_sdk_client(*_base_url()))
+    return _conn.engine
+
+
+def _sdk_client(base_url: str | None, extra: dict[str, Any]) -> Any:
+    import docker
+
     # With the default version="auto" the client asks the engine for its API version
     # first, which already proves the engine answers: no separate ping.
     try:
@@ -599,8 +686,7 @@ def connect() -> Engine:
             "expected unix:///PATH, tcp://HOST:PORT or ssh://USER@HOST"
         ) from None
     _pin_engine_ca(client.api)
-    _conn.engine = Engine(client)
-    return _conn.engine
+    return client
 
 
 _CA_OVERRIDES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
@@ -634,3 +720,254 @@ def _pin_engine_ca(api: Any) -> None:
         return settings
 
     api.merge_environment_settings = merge_keeping_ca
+
+
+DEFAULT_SOCKET = "/var/run/docker.sock"
+
+
+def local_socket() -> str | None:
+    """The Unix socket of a local engine, when that is what the SDK would connect to:
+    DOCKER_HOST=unix:///PATH, or no DOCKER_HOST, no DOCKER_CONTEXT other than default, and
+    no current context other than default in the Docker config. None otherwise (the SDK
+    then reads contexts, TLS and ssh itself)."""
+    host = os.environ.get("DOCKER_HOST", "")
+    if host:
+        path = host.removeprefix("unix://")
+        ok = host.startswith("unix://") and path.startswith("/") and "\0" not in path
+        return path if ok and len(path) < 108 else None
+    if os.environ.get("DOCKER_CONTEXT", "default") != "default":
+        return None
+    config_dir = os.environ.get("DOCKER_CONFIG") or os.path.join(os.path.expanduser("~"), ".docker")
+    try:
+        with open(os.path.join(config_dir, "config.json"), encoding="utf-8") as fh:
+            current = json.load(fh).get("currentContext")
+    except FileNotFoundError:
+        current = None
+    except (OSError, ValueError, AttributeError):
+        return None  # unreadable: let the SDK decide, as before
+    return DEFAULT_SOCKET if current in (None, "", "default") else None
+
+
+# ------------------------------------------------------------- the socket transport
+
+
+class ApiError(Exception):
+    """An Engine API answer other than success, worded as the SDK's APIError is (callers
+    match the engine's own text in it: gpus.explain_start_error, run._start_error)."""
+
+    def __init__(self, status: int, reason: str, message: str, url: str) -> None:
+        kind = "Client" if status < 500 else "Server"
+        super().__init__(f'{status} {kind} Error for {url}: {reason} ("{message}")')
+        self.status_code = status
+        self.explanation = message
+
+
+def _q(value: str) -> str:
+    from urllib.parse import quote
+
+    return quote(value, safe="")
+
+
+def _create_body(spec: ContainerSpec) -> dict[str, Any]:
+    """POST /containers/create's body, as the SDK's create_container/create_host_config
+    would send it for these fields (ports excepted: those go through the SDK)."""
+    host: dict[str, Any] = {"NetworkMode": spec.network or "default"}
+    if spec.binds:
+        host["Binds"] = list(spec.binds)
+    if spec.device_requests:
+        # As docker.types.DeviceRequest normalises them (None -> empty).
+        host["DeviceRequests"] = [
+            {"Driver": d.get("Driver") or "", "Count": d.get("Count") or 0,
+             "DeviceIDs": d.get("DeviceIDs") or [], "Capabilities": d.get("Capabilities") or [],
+             "Options": d.get("Options") or {}}
+            for d in spec.device_requests
+        ]  # fmt: skip
+    if spec.init is not None:
+        host["Init"] = spec.init
+    if spec.shm_size:
+        host["ShmSize"] = _parse_bytes(spec.shm_size)
+    if spec.ipc:
+        host["IpcMode"] = spec.ipc
+    if spec.tmpfs:
+        host["Tmpfs"] = dict(spec.tmpfs)
+    body: dict[str, Any] = {
+        "Image": spec.image,
+        "Cmd": list(spec.command),
+        "User": spec.user,
+        "WorkingDir": spec.workdir,
+        "Env": [f"{k}={v}" for k, v in spec.env.items()] or None,
+        "Labels": dict(spec.labels) or None,
+        "Tty": spec.tty,
+        "OpenStdin": spec.stdin,
+        "StdinOnce": spec.stdin,
+        "AttachStdin": spec.stdin,
+        "AttachStdout": True,
+        "AttachStderr": True,
+        "NetworkDisabled": False,
+        "HostConfig": host,
+    }
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def _parse_bytes(text: str) -> int:
+    """ "2g" -> bytes, as the SDK (and docker's --shm-size) read it: b, k, m, g in 1024s."""
+    units = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+    value = text.strip().lower().removesuffix("b") if text[-2:-1].isalpha() else text.lower()
+    if value[-1:].isdigit():
+        return int(float(value))
+    if value[-1:] not in units:
+        raise EngineError(f"--shm-size {text!r}: expected a number with b, k, m or g")
+    return int(float(value[:-1]) * units[value[-1]])
+
+
+MAX_ANSWER = 64 << 20  # an Engine API answer gpuenv reads whole (inspect, info, create)
+
+
+def _read_head(reader: Any, url: str) -> tuple[int, str, dict[str, str]]:
+    """Status line and headers; ApiError when the peer does not speak HTTP."""
+    line = reader.readline(65537)
+    parts = line.decode("latin-1").split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise ApiError(502, "Bad Gateway", f"no Engine API answer ({line[:80]!r})", url)
+    headers: dict[str, str] = {}
+    for _ in range(200):
+        raw = reader.readline(65537)
+        if raw in (b"\r\n", b"\n", b""):
+            return int(parts[1]), parts[2].strip() if len(parts) > 2 else "", headers
+        name, _, value = raw.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    raise ApiError(502, "Bad Gateway", "no end to the answer's headers", url)
+
+
+def _read_body(reader: Any, headers: dict[str, str], url: str) -> bytes:
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        out = bytearray()
+        while True:
+            size_line = reader.readline(1024).split(b";")[0].strip()
+            try:
+                size = int(size_line, 16)
+            except ValueError:
+                raise ApiError(502, "Bad Gateway", "a malformed chunked answer", url) from None
+            if size == 0:
+                return bytes(out)
+            if len(out) + size > MAX_ANSWER:
+                raise ApiError(502, "Bad Gateway", "an answer larger than 64 MiB", url)
+            out += reader.read(size)
+            reader.readline(1024)  # the CRLF after the chunk
+    length = headers.get("content-length")
+    if length is not None and length.isdigit():
+        if int(length) > MAX_ANSWER:
+            raise ApiError(502, "Bad Gateway", "an answer larger than 64 MiB", url)
+        return bytes(reader.read(int(length)))
+    return bytes(reader.read(MAX_ANSWER))
+
+
+class _Socket:
+    """HTTP/1.1 to the engine's Unix socket with the standard library: one connection per
+    request (a Unix socket connects in microseconds), JSON in and out."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _open(self, timeout: float | None) -> Any:
+        import socket
+
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        body: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = 60,
+        ok: tuple[int, ...] = (200, 201, 204),
+    ) -> bytes:
+        """One request, `Connection: close`; the body (Content-Length, chunked, or up to
+        the close). http.client would cost its import (email.parser & co, ~15 ms) on
+        every `run`; the engine's answers need no more than this."""
+        data = json.dumps(body).encode() if body is not None else b""
+        head = f"{method} {url} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+        if body is not None:
+            head += "Content-Type: application/json\r\n"
+        head += f"Content-Length: {len(data)}\r\n\r\n"
+        sock = self._open(timeout)
+        try:
+            sock.sendall(head.encode() + data)
+            with sock.makefile("rb") as reader:
+                status, reason, headers = _read_head(reader, url)
+                raw = _read_body(reader, headers, url)
+        finally:
+            sock.close()
+        if status not in ok:
+            raise self._error(status, reason, raw, url)
+        return raw
+
+    def json(
+        self,
+        method: str,
+        url: str,
+        body: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = 60,
+        ok: tuple[int, ...] = (200, 201, 204),
+    ) -> Any:
+        raw = self.request(method, url, body, timeout=timeout, ok=ok)
+        try:
+            return json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            raise ApiError(
+                502, "Bad Gateway", "the answer is not the Engine API's JSON", url
+            ) from None
+
+    @staticmethod
+    def _error(status: int, reason: str, raw: bytes, url: str) -> ApiError:
+        try:
+            message = str(json.loads(raw).get("message") or "")
+        except (ValueError, AttributeError):
+            message = raw.decode(errors="replace").strip()
+        return ApiError(status, reason, message, f"http+docker://localhost{url}")
+
+    def attach(self, cid: str, *, tty: bool) -> Iterator[tuple[bytes | None, bytes | None]]:
+        """A created container's output from the start: (stdout, stderr) chunks until the
+        container's streams close, demultiplexed (a TTY's single stream is all stdout). The
+        request is sent now, so nothing written after a later start is missed."""
+        url = f"/containers/{_q(cid)}/attach?logs=1&stream=1&stdout=1&stderr=1"
+        sock = self._open(None)
+        try:
+            sock.sendall(
+                f"POST {url} HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\n"
+                "Upgrade: tcp\r\nContent-Length: 0\r\n\r\n".encode()
+            )
+            reader = sock.makefile("rb")
+            status, reason, headers = _read_head(reader, url)
+            if status not in (101, 200):
+                raise self._error(status, reason, _read_body(reader, headers, url), url)
+        except BaseException:
+            sock.close()
+            raise
+        return self._raw(sock, reader) if tty else self._frames(sock, reader)
+
+    @staticmethod
+    def _raw(sock: Any, reader: Any) -> Iterator[tuple[bytes | None, bytes | None]]:
+        try:
+            while chunk := reader.read1(65536):
+                yield chunk, None
+        finally:
+            reader.close()
+            sock.close()
+
+    @staticmethod
+    def _frames(sock: Any, reader: Any) -> Iterator[tuple[bytes | None, bytes | None]]:
+        try:
+            yield from _frames(lambda: reader.read1(65536))
+        finally:
+            reader.close()
+            sock.close()

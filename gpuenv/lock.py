@@ -23,13 +23,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from gpuenv.cell import Cell
 from gpuenv.errors import GpuenvError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    import yaml
 
     from gpuenv.engine import Engine, ImageInfo
     from gpuenv.matrix import LoadedMatrix
@@ -208,6 +208,8 @@ def _literal(dumper: yaml.SafeDumper, value: _Literal) -> yaml.Node:
 
 
 def write(lock: Lock) -> None:
+    import yaml  # here: a build that only reads a cached lock never imports it
+
     dumper = type("LockDumper", (yaml.SafeDumper,), {})
     dumper.add_representer(_Literal, _literal)
     cells = {}

@@ -12,10 +12,9 @@ combination is compat.py's business.
 from __future__ import annotations
 
 import itertools
-import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
@@ -34,6 +33,9 @@ from pydantic import (
 
 from gpuenv import yamlfile
 from gpuenv.errors import MatrixError
+
+if TYPE_CHECKING:
+    from gpuenv.requirements import RequirementsFile
 
 DEFAULT_MATRIX = "matrix.yaml"
 FRAMEWORK_KEYS = ("tensorflow", "torch", "jax")
@@ -87,6 +89,15 @@ def _pip(value: str) -> str:
     return str(req)
 
 
+pip_requirement = _pip  # requirements files' lines pass the same check (requirements.py)
+
+
+def _requirements_path(value: str) -> str:
+    from gpuenv.requirements import check_written_path
+
+    return check_written_path(value)
+
+
 def _apt(value: str) -> str:
     if not _APT.fullmatch(value):
         raise ValueError(f"{value!r} is not a Debian package name (optionally name=version)")
@@ -134,6 +145,7 @@ Version = Annotated[StrictStr, AfterValidator(_version)]
 ImageTag = Annotated[StrictStr, AfterValidator(_tag)]
 CellPattern = Annotated[StrictStr, AfterValidator(_cell_pattern)]
 PipRequirement = Annotated[StrictStr, AfterValidator(_pip)]
+RequirementsPath = Annotated[StrictStr, AfterValidator(_requirements_path)]
 AptPackage = Annotated[StrictStr, AfterValidator(_apt)]
 ImageRef = Annotated[StrictStr, AfterValidator(_image)]
 Repository = Annotated[StrictStr, AfterValidator(_repository)]
@@ -186,6 +198,9 @@ class Include(_Strict):
     cudnn: Version | None = Field(None, description="cuDNN major.minor for a GPU cell, e.g. 9.3")
     pip: list[PipRequirement] = Field(default_factory=list, description="extra pip packages")
     apt: list[AptPackage] = Field(default_factory=list, description="extra Debian packages")
+    requirements: list[RequirementsPath] = Field(
+        default_factory=list, description="requirements files (relative to this file)"
+    )
 
     @model_validator(mode="after")
     def _framework(self) -> Include:
@@ -280,6 +295,11 @@ BaseSpec = Annotated[
 class Packages(_Strict):
     pip: list[PipRequirement] = Field(default_factory=list)
     apt: list[AptPackage] = Field(default_factory=list)
+    requirements: list[RequirementsPath] = Field(
+        default_factory=list,
+        description="requirements files (relative to this file, inside its directory); "
+        "plain requirements only: no options, URLs, paths or credentials",
+    )
 
 
 class BuildOptions(_Strict):
@@ -323,15 +343,41 @@ class LoadedMatrix:
         self.doc = doc
         self.path = doc.path
         self.dir = doc.path.parent
+        self.requirements: dict[str, RequirementsFile] = {}  # as written -> read and checked
+
+    def read_requirements(self) -> None:
+        """Read every requirements file the matrix names; an unusable one is an error
+        naming its line in the matrix, or the file's own line for a refused requirement."""
+        from gpuenv.requirements import RequirementsProblem, read
+
+        places: list[tuple[str, tuple[str | int, ...]]] = [
+            (p, ("packages", "requirements", i))
+            for i, p in enumerate(self.model.packages.requirements)
+        ]
+        for n, inc in enumerate(self.model.matrix.include):
+            places += [(p, ("matrix", "include", n, "requirements", i))
+                       for i, p in enumerate(inc.requirements)]  # fmt: skip
+        for written, loc in places:
+            if written in self.requirements:
+                continue
+            try:
+                self.requirements[written] = read(written, self.dir)
+            except RequirementsProblem as exc:
+                if exc.line is None:
+                    raise self.error(exc.message, loc) from None
+                raise MatrixError(self.dir / written, exc.message, exc.line) from None
+
+    def requirement_lines(self, paths: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(line for p in paths for line in self.requirements[p].lines)
 
     def error(self, message: str, loc: tuple[str | int, ...] = ()) -> MatrixError:
         return MatrixError(self.path, message, self.doc.line_of(loc) if loc else None)
 
 
 def matrix_path(explicit: Path | None) -> Path:
-    if explicit is not None:
-        return explicit
-    return Path(os.environ.get("GPUENV_MATRIX") or DEFAULT_MATRIX)
+    from gpuenv.project import matrix_file  # one place decides (and it imports no schema)
+
+    return matrix_file(explicit)
 
 
 def load(path: Path) -> LoadedMatrix:
@@ -342,7 +388,9 @@ def load(path: Path) -> LoadedMatrix:
         model = Matrix.model_validate(doc.data)
     except ValidationError as exc:
         raise _schema_error(exc, doc) from None
-    return LoadedMatrix(model, doc)
+    loaded = LoadedMatrix(model, doc)
+    loaded.read_requirements()
+    return loaded
 
 
 def _schema_error(exc: ValidationError, doc: yamlfile.YamlDocument) -> MatrixError:
@@ -418,7 +466,9 @@ def expand(m: LoadedMatrix) -> list[Combination]:
     product_combos = list(combos)
     for i, inc in enumerate(axes.include):
         values = inc.model_dump(exclude_none=True, exclude_defaults=True)
-        values.update({k: getattr(inc, k) for k in ("pip", "apt") if getattr(inc, k)})
+        values.update(
+            {k: getattr(inc, k) for k in ("pip", "apt", "requirements") if getattr(inc, k)}
+        )
         framework = next((k for k in FRAMEWORK_KEYS if k in values), None)
         extended = False
         for combo in product_combos:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -33,11 +33,12 @@ if TYPE_CHECKING:
 Action = Literal["up-to-date", "pull", "build"]
 
 # The inputs a rebuild can be blamed on, in the order they are reported.
-INPUTS = ("template", "base", "packages", "lock", "ca", "context")
+INPUTS = ("template", "base", "packages", "requirements", "lock", "ca", "context")
 REASONS = {
     "template": "template (images/) changed",
     "base": "base image changed",
     "packages": "packages changed",
+    "requirements": "requirements file changed",
     "lock": "lock entry changed",
     "ca": "CA bundle added or removed",
     "context": "rendered build context changed",
@@ -73,6 +74,8 @@ def input_digests(
         "template": templates_digest()[:16],
         "base": base_id,
         "packages": _short(json.dumps(packages, sort_keys=True)),
+        # path=digest per requirements file, so a rebuild names the file that changed.
+        "requirements": ",".join(f"{p}={d[:12]}" for p, d in sorted(cell.requirements.items())),
         "lock": _short(f"{lock.python_env}\0{lock.cuda}") if lock else "",
         "ca": "1" if options.ca else "",
         "context": ctx.digest()[:16],
@@ -122,14 +125,15 @@ class BuildPlan:
         return {"no_cache": self.no_cache, "cells": [p.to_json() for p in self.cells]}
 
 
-def render_options(m: LoadedMatrix, ca_bundle: Path | None) -> RenderOptions:
+def render_options(m: LoadedMatrix | Project, ca_bundle: Path | None) -> RenderOptions:
+    from gpuenv.project import Project, settings_of
     from gpuenv.render import RenderOptions
 
-    b = m.model.build
+    settings = m.settings if isinstance(m, Project) else settings_of(m)
     return RenderOptions(
         ca=ca_bundle is not None,
-        index_url=b.index_url,
-        extra_index_urls=tuple(b.extra_index_urls),
+        index_url=settings.index_url,
+        extra_index_urls=settings.extra_index_urls,
         wheelhouse=True,
     )
 
@@ -161,11 +165,22 @@ def render_all(
 ) -> dict[str, BuildContext]:
     """Every cell's build context, with its lock entries; a template error, or a lock that
     no longer matches, stops here, before anything touches the engine."""
-    from gpuenv.render import render
+    from gpuenv.render import BuildContext
 
-    options = render_options(project.matrix, ca_bundle)
+    options = render_options(project, ca_bundle)
     locked = lock_entries(project, cells)
-    return {c.name: render(c, options, locked.get(c.name)) for c in cells}
+    # The snapshot's contexts for these options (gpuenv/snapshot.py: its key covers the
+    # matrix, lock, catalog and templates); only the cells it lacks are rendered.
+    key = json.dumps(asdict(options), sort_keys=True)
+    cached = project.cached_contexts(key)
+    missing = [c for c in cells if c.name not in cached]
+    if missing:
+        from gpuenv.render import render
+
+        fresh = {c.name: render(c, options, locked.get(c.name)).files for c in missing}
+        project.remember_contexts(key, fresh)
+        cached = {**cached, **fresh}
+    return {c.name: BuildContext(c, dict(cached[c.name])) for c in cells}
 
 
 def _base_ids(engine: Engine, project: Project, cells: list[Cell]) -> dict[str, str | None]:
@@ -197,8 +212,31 @@ def _why_rebuild(existing: ImageInfo, inputs: dict[str, str]) -> list[str]:
         recorded = None
     if not isinstance(recorded, dict):
         return ["spec hash differs (the image records no inputs: built by an older gpuenv)"]
-    changed = [REASONS[k] for k in INPUTS if k != "context" and recorded.get(k) != inputs[k]]
+    changed = []
+    for k in INPUTS:
+        if k == "context" or recorded.get(k, "" if k == "requirements" else None) == inputs[k]:
+            continue
+        if k == "requirements":
+            changed.append(_requirements_reason(str(recorded.get(k) or ""), inputs[k]))
+        else:
+            changed.append(REASONS[k])
     return changed or [REASONS["context"]]
+
+
+def _requirements_reason(before: str, now: str) -> str:
+    """Which requirements files were edited, added or dropped since the image was built."""
+
+    def parse(text: str) -> dict[str, str]:
+        return dict(item.rpartition("=")[::2] for item in text.split(",") if "=" in item)
+
+    old, new = parse(before), parse(now)
+    edited = [p for p in new if p in old and old[p] != new[p]]
+    added = [p for p in new if p not in old]
+    dropped = [p for p in old if p not in new]
+    parts = [f"requirements file {p} changed" for p in edited]
+    parts += [f"requirements file {p} added" for p in added]
+    parts += [f"requirements file {p} removed" for p in dropped]
+    return "; ".join(parts) or REASONS["requirements"]
 
 
 def make_plan(
@@ -215,7 +253,7 @@ def make_plan(
     images are pulled from before building ($GPUENV_REGISTRY's, gpuenv/publish.py);
     `contexts` are the cells' rendered contexts when the caller already has them
     (render_all); they are rendered here otherwise."""
-    options = render_options(project.matrix, ca_bundle)
+    options = render_options(project, ca_bundle)
     locked = lock_entries(project, cells)
     if contexts is None:
         contexts = render_all(project, cells, ca_bundle)

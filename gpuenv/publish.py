@@ -147,12 +147,37 @@ def check_pushable(cell: Cell, info: ImageInfo | None, spec_hash: str | None) ->
 # ---------------------------------------------------------------------- pulling
 
 
-def pull_matching(engine: Engine, ref: str, spec: str, keep_as: str) -> tuple[str | None, str]:
-    """Pull `ref`; when its spec hash is `spec`, tag it `keep_as` and return its image ID.
+def peek_spec_hash(engine: Engine, ref: str) -> tuple[str | None, str]:
+    """(the spec hash `ref` carries in the registry, "") read without pulling; (None, why)
+    when the registry says there is no such image or cannot be reached (a pull would fail
+    too); ("?", why) when it cannot be read here (credentials the engine holds, a remote
+    engine whose view of the registry differs): then the caller pulls to find out."""
+    from gpuenv.contract import SPEC_HASH
+    from gpuenv.registry import RegistryUnreadable, remote_labels
 
-    Otherwise (not there, registry down, another spec hash) return None and why, leaving
-    nothing behind that the pull added; a tag `ref` that was already there stays where it
-    was."""
+    if not engine.is_local:
+        return "?", "a remote engine reaches registries from its own host"
+    try:
+        labels = remote_labels(ref)
+    except RegistryUnreadable as exc:
+        if exc.missing or exc.down:
+            return None, f"{ref}: {exc}"
+        return "?", str(exc)
+    return labels.get(SPEC_HASH, ""), ""
+
+
+def pull_matching(engine: Engine, ref: str, spec: str, keep_as: str) -> tuple[str | None, str]:
+    """Pull `ref` when its spec hash is `spec`; tag it `keep_as` and return its image ID.
+
+    The spec hash is read from the registry first (manifest and config blob, a few KB):
+    another hash, or no such image, returns None and why without pulling gigabytes. Where
+    the registry cannot be read here, the image is pulled and compared as before. Nothing
+    the pull added is left behind; a tag `ref` that was already there stays where it was."""
+    remote, why = peek_spec_hash(engine, ref)
+    if remote is None:
+        return None, why
+    if remote != "?" and remote != spec:
+        return None, f"{ref} has another spec hash (read from the registry; not pulled)"
     before = engine.image(ref)
     try:
         for chunk in engine.pull(ref):

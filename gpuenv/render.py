@@ -12,13 +12,15 @@ import shlex
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import jinja2
-
-from gpuenv import contract
+from gpuenv import contract, snapshot
 from gpuenv.cell import Cell
-from gpuenv.compat import driver_floor
-from gpuenv.lock import CellLock
+
+if TYPE_CHECKING:
+    import jinja2
+
+    from gpuenv.lock import CellLock
 
 # The uv release bootstrapped (and removed) inside each install step. Part of the rendered
 # line, so changing it rebuilds, as it should.
@@ -77,10 +79,7 @@ class BuildContext:
         return target
 
 
-def templates_dir() -> Path:
-    """images/ in a source checkout, or the copy the wheel carries inside the package."""
-    packaged = Path(__file__).parent / "images"
-    return packaged if packaged.is_dir() else Path(__file__).parent.parent / "images"
+templates_dir = snapshot.templates_dir
 
 
 def templates_digest() -> str:
@@ -100,6 +99,8 @@ def _digest_of(root: Path) -> str:
 
 @cache
 def _environment(root: Path) -> jinja2.Environment:
+    import jinja2  # only when rendering: a snapshot's contexts need no templates
+
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(root),
         undefined=jinja2.StrictUndefined,
@@ -139,7 +140,8 @@ def render(
         # Without the wheelhouse: the matrix's indexes, then the cell's own (PyTorch's CPU
         # index or its mirror); with it, the key above stands for all of them.
         extra_index_urls=(
-            [] if options.wheelhouse
+            []
+            if options.wheelhouse
             else list(dict.fromkeys((*options.extra_index_urls, *cell.indexes)))
         ),
         uv_version=UV_VERSION,
@@ -167,6 +169,8 @@ def render(
 def driver_cuda_floor(cell: Cell) -> str:
     """NVIDIA_REQUIRE_CUDA's value: the CUDA major's floor (cuda>=12.0), not the exact minor,
     so hosts with an older driver of the same major pass under minor-version compatibility."""
+    from gpuenv.compat import driver_floor
+
     assert cell.cuda is not None
     driver_floor(cell.cuda)  # an unknown major fails here, not on a GPU host
     return f"{cell.cuda.split('.')[0]}.0"

@@ -286,8 +286,6 @@ def run(
 ) -> int:
     """Run the container to its end; its exit code. Output goes to this process's streams,
     or to `stdout`/`stderr` when given (gpuenv bench reads the workload's result there)."""
-    from gpuenv import monitor
-
     spec = container_spec(opts)
     if engine.is_local:  # a remote engine's paths are on its host, not here
         check_bind_sources(spec.binds)
@@ -298,7 +296,7 @@ def run(
     try:
         with (
             _Stopper(engine, cid),
-            monitor.watching(engine, cid, opts.image, opts.gpus, opts.monitor),
+            _watching(engine, cid, opts),
         ):
             if opts.interactive and sys.stdin.isatty():
                 return _run_tty(engine, cid)
@@ -325,6 +323,17 @@ def _remove(engine: Engine, cid: str) -> None:
             f"container {cid[:12]} could not be removed: the Docker Engine at {engine.url} "
             f"did not answer; once it is back: docker rm -f {cid[:12]}"
         )
+
+
+def _watching(
+    engine: Engine, cid: str, opts: RunOptions
+) -> contextlib.AbstractContextManager[None]:
+    """The GPU sampler when --monitor asked for one (monitor.py imported only then)."""
+    if opts.monitor is None:
+        return contextlib.nullcontext()
+    from gpuenv import monitor
+
+    return monitor.watching(engine, cid, opts.image, opts.gpus, opts.monitor)
 
 
 def _start_error(exc: Exception, opts: RunOptions) -> GpuenvError:
@@ -455,9 +464,16 @@ class Target:
     cell: Cell | None = None  # when chosen from the matrix
 
 
-def target_for(engine: Engine, image: str | None, want_gpu: bool, file: Path | None) -> Target:
+def target_for(
+    engine: Engine,
+    image: str | None,
+    want_gpu: bool,
+    file: Path | None,
+    project: Project | None = None,
+) -> Target:
     """The image `gpuenv run` uses: -i IMAGE as is, else a cell (the default CPU or GPU
-    cell without -i), built first if it is missing."""
+    cell without -i), built first if it is missing. `project`: the matrix when the caller
+    opened it already; else it is opened here (from its snapshot when unchanged)."""
     from gpuenv.project import looks_like_image, open_project
 
     if image is not None and looks_like_image(image):
@@ -465,7 +481,7 @@ def target_for(engine: Engine, image: str | None, want_gpu: bool, file: Path | N
         if labels is None:
             raise fail(f"image {image} not found in the engine")
         return Target(image, labels)
-    project = open_project(file)
+    project = project or open_project(file, cached=True)
     cell = project.default_cell(want_gpu) if image is None else project.one_cell(image, "-i")
     labels = engine.labels(cell.image)
     if labels is None:

@@ -95,7 +95,7 @@ def build_cmd(
     from gpuenv.project import open_project
 
     with user_errors():
-        project = open_project(file)
+        project = open_project(file, cached=True)  # a snapshot while nothing changed
         cells = project.select(patterns)
         bundle = project.ca_bundle(ca_bundle)
         from gpuenv.registry import registry_from_env

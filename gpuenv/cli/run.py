@@ -4,11 +4,14 @@ GPU preflight. gpuenv's own failures exit 125/126/127, as docker run's do."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gpuenv.cli.common import FileOption, user_errors
+
+if TYPE_CHECKING:
+    from gpuenv.monitor import MonitorOptions
 from gpuenv.cli.kube import (
     KubeAttach,
     KubeCode,
@@ -115,7 +118,6 @@ def run_local(
 ) -> None:  # fmt: skip
     from gpuenv import engine, run
     from gpuenv.gpus import parse_gpus
-    from gpuenv.monitor import MonitorOptions
     from gpuenv.project import looks_like_image, open_project
 
     with user_errors(exit_code=125):
@@ -128,19 +130,30 @@ def run_local(
         # Every option is checked before the engine is reached (or a missing cell built).
         run.check_options(env or [], volume or [], publish or [], workdir, cwd)
         argv = run.command_for(command, cwd)
+        project = None
         if image is None or not looks_like_image(image):
-            open_project(file)  # a bad matrix is an error before the engine is reached
+            # A bad matrix is an error before the engine is reached; an unchanged one comes
+            # from its snapshot (gpuenv/snapshot.py), without the schema or the catalog.
+            project = open_project(file, cached=True)
         eng = engine.connect()
-        target = run.target_for(eng, image, request is not None, file)
+        target = run.target_for(eng, image, request is not None, file, project)
         run.gpu_preflight(eng, target, request)
         opts = run.RunOptions(
             image=target.image, command=argv, gpus=request, env=env or [],
             volumes=volume or [], ports=publish or [], network=network, workdir=workdir,
             ipc=ipc, interactive=interactive, cwd=cwd,
-            monitor=MonitorOptions.parse(monitor, monitor_out),
+            monitor=_monitor_options(monitor, monitor_out),
         )  # fmt: skip
         code = run.run(eng, opts)
     raise typer.Exit(code)
+
+
+def _monitor_options(monitor: str | None, out: Path | None) -> MonitorOptions | None:
+    if monitor is None and out is None:
+        return None  # the common case: no sampler, and monitor.py not even imported
+    from gpuenv.monitor import MonitorOptions
+
+    return MonitorOptions.parse(monitor, out)
 
 
 def register(app: typer.Typer) -> None:

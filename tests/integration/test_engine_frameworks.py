@@ -197,8 +197,9 @@ def test_examples_run_and_print_their_device(built, cell, script, says) -> None:
 
 
 def test_torch_cpu_cell_is_planned_with_pytorchs_index(built) -> None:
-    """The excluded torch CPU cell, rendered from a matrix that keeps it: PyTorch's index
-    (or the matrix's mirror) is on the install step, and `build --dry-run` plans it."""
+    """The excluded torch CPU cell, rendered from a matrix that keeps it: the install step
+    names the wheelhouse under a key that stands for the mirror (never the mirror itself),
+    the cell carries the mirror as its index, and `build --dry-run` plans it."""
     text = MATRIX.replace(
         '    - {torch: "2.11", variant: cpu}   # on PyTorch\'s own index: not reachable here\n', ""
     )
@@ -212,7 +213,10 @@ def test_torch_cpu_cell_is_planned_with_pytorchs_index(built) -> None:
     gpuenv_cmd("render", "-f", str(path), "torch2.11-py3.11-cpu", "-o", str(out))
     dockerfile = (out / "torch2.11-py3.11-cpu" / "Dockerfile").read_text()
     assert "torch==2.11.0+cpu" in dockerfile
-    assert 'UV_EXTRA_INDEX_URL="https://mirror.example/whl/cpu"' in dockerfile
+    assert "mirror.example" not in dockerfile and "127.0.0.1:47812/" in dockerfile
+    cells = json.loads(gpuenv_cmd("matrix", "-f", str(path), "--json").stdout)
+    cpu = next(c for c in cells["cells"] if c["name"] == "torch2.11-py3.11-cpu")
+    assert cpu["indexes"] == ["https://mirror.example/whl/cpu"]
     plan = json.loads(
         gpuenv_cmd("build", "-f", str(path), "torch2.11-py3.11-cpu", "--dry-run", "--json").stdout
     )

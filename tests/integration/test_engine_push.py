@@ -35,6 +35,8 @@ pytest_plugins = ["push_fixtures"]
 
 pytestmark = [pytest.mark.engine]
 
+PEEK = "gpuenv-test/peek"  # a repository of its own for the candidate that is not pulled
+
 
 def no_traceback(proc) -> None:
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
@@ -196,6 +198,42 @@ def test_build_pulls_a_published_image_with_the_same_spec_hash(cli, pushed, regi
     finally:
         docker_cmd("rmi", image, check=False)
         docker_cmd("rmi", published, check=False)
+
+
+def test_a_published_image_with_another_spec_hash_is_not_pulled(cli, pushed, registry, tmp_path):
+    """The candidate's spec hash is read from the registry (manifest + config blob, a few
+    KB): another hash means no pull at all. Proof from the engine itself: its event log has
+    no pull of the reference, and the candidate's image never reaches it."""
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text(shipped_text(name=PEEK))
+    image = f"{PEEK}:{CPU_CELL}"
+    candidate = f"{registry.host}/x/peek:{CPU_CELL}"
+    context = tmp_path / "candidate"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        f"FROM {CPU_IMAGE}\nLABEL io.gpuenv.spec-hash={'0' * 64} io.gpuenv.cell={CPU_CELL}\n"
+    )
+    try:
+        docker_cmd("build", "--network", "none", "-q", "-t", candidate, str(context))
+        candidate_id = inspect(candidate)["Id"]
+        docker_cmd("push", candidate)
+        docker_cmd("rmi", candidate)
+        assert inspect(candidate_id) is None  # only the registry has it now
+        since = str(int(time.time()) - 1)
+        env = {"GPUENV_REGISTRY": f"{registry.host}/x"}
+        proc = cli("build", CPU_CELL, "-f", str(matrix), "--json", env=env)
+        (result,) = json.loads(proc.stdout)["results"]
+        assert result["status"] == "built", proc.stderr
+        events = docker_cmd(
+            "events", "--since", since, "--until", str(int(time.time()) + 1),
+            "--filter", "type=image", "--filter", "event=pull", "--format", "{{.Actor.ID}}",
+        ).stdout  # fmt: skip
+        assert "peek" not in events, f"the engine pulled it: {events}"
+        assert inspect(candidate_id) is None and inspect(candidate) is None
+        assert "another spec hash (read from the registry; not pulled)" in proc.stderr
+    finally:
+        docker_cmd("rmi", image, check=False)
+        docker_cmd("rmi", candidate, check=False)
 
 
 def test_registry_value_is_checked(cli, tmp_path):

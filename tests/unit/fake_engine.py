@@ -30,6 +30,7 @@ class FakeEngine:
         self.remote = remote or {}
         self._info = info or {"ID": "ENGINE-1", "KernelVersion": "6.1.0-28-amd64"}
         self.removed: list[str] = []
+        self.pulled: list[str] = []  # refs a pull was started for
         self.created: list[ContainerSpec] = []
         self.containers: dict[str, ContainerSpec] = {}
         # What a container of an image does: (exit code, stdout); or an EngineError on start
@@ -78,6 +79,7 @@ class FakeEngine:
 
     # -- registries
     def pull(self, ref: str) -> Iterator[dict[str, Any]]:
+        self.pulled.append(ref)
         what = self.remote[ref]
         if isinstance(what, Exception):
             raise what

@@ -267,24 +267,31 @@ PULLED = "127.0.0.1:5000/x/tensorflow:tf2.21-py3.11-cpu"
 CELL_IMAGE = "gpuenv/tensorflow:tf2.21-py3.11-cpu"
 
 
+@pytest.fixture
+def unreadable_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry's labels cannot be read here: pull_matching pulls to compare (the
+    fallback these tests exercise; the registry read itself: test_registry.py)."""
+    monkeypatch.setattr(publish, "peek_spec_hash", lambda engine, ref: ("?", "test"))
+
+
 def _image(spec: str, image_id: str = "sha256:pulled") -> ImageInfo:
     return ImageInfo(id=image_id, labels={"io.gpuenv.spec-hash": spec})
 
 
-def test_a_pulled_image_with_the_spec_hash_becomes_the_cells(fake_engine):
+def test_a_pulled_image_with_the_spec_hash_becomes_the_cells(fake_engine, unreadable_registry):
     eng = fake_engine(remote={PULLED: _image("h1")})
     assert publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE) == ("sha256:pulled", "")
     assert eng.local == {CELL_IMAGE: _image("h1")}  # the registry's tag is not left behind
 
 
-def test_a_pulled_image_with_another_spec_hash_is_removed(fake_engine):
+def test_a_pulled_image_with_another_spec_hash_is_removed(fake_engine, unreadable_registry):
     eng = fake_engine(remote={PULLED: _image("h-old")})
     image_id, why = publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)
     assert image_id is None and "another spec hash" in why
     assert eng.local == {} and eng.removed == [PULLED]
 
 
-def test_a_registry_tag_that_was_already_there_is_kept(fake_engine):
+def test_a_registry_tag_that_was_already_there_is_kept(fake_engine, unreadable_registry):
     eng = fake_engine(remote={PULLED: _image("h1")}, local={PULLED: _image("h1")})
     assert publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)[0] == "sha256:pulled"
     assert set(eng.local) == {PULLED, CELL_IMAGE} and eng.removed == []
@@ -317,7 +324,9 @@ def test_a_registry_tag_that_was_already_there_is_kept(fake_engine):
     ],
     ids=["raised", "in-stream"],
 )
-def test_a_failed_pull_leaves_nothing_and_says_why(fake_engine, remote, needle):
+def test_a_failed_pull_leaves_nothing_and_says_why(
+    fake_engine, unreadable_registry, remote, needle
+):
     eng = fake_engine(remote={PULLED: remote})
     image_id, why = publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)
     assert image_id is None

@@ -44,6 +44,8 @@ TEST_REPOSITORIES = frozenset(
         "gpuenv-test/wheelhouse",  # test_engine_wheelhouse.py: online, then offline
         "gpuenv-test/wheelhouse-keep",  # its online build, kept for the diff
         "gpuenv-test/private",  # test_engine_private_index.py: a basic-auth index
+        "gpuenv-test/reqs",  # test_engine_requirements.py: a cell with a requirements file
+        "gpuenv-test/peek",  # test_engine_push.py: a candidate with another spec hash
     }
 )
 

@@ -1,0 +1,282 @@
+"""The resolved matrix, cached: what a no-op `build` or a `run` needs without pydantic,
+the catalog or Jinja2.
+
+A snapshot holds the matrix's cells, defaults and rejections, the few settings build and
+run read (name, CA bundle, indexes), the parsed lock, and the rendered build contexts per
+render options. It lives in gpuenv's cache (gpuenv/cache.py) under a name derived from the
+matrix's absolute path, and is used only when its key is the digest of everything it was
+made from, recomputed on every use:
+
+- the matrix file's bytes and absolute path (relative paths in it resolve from there),
+- the lock file's bytes (or its absence),
+- every other file the matrix made gpuenv read (requirements files), by path and bytes,
+- gpuenv's own sources and data (catalog) and its version, and the templates under images/.
+
+Any change misses; a missing, unreadable, corrupt or foreign entry is ignored (the matrix is
+then loaded as before and the entry rewritten). A snapshot is written only when reading it
+back gives exactly what was computed, so a field that does not survive JSON turns the cache
+off rather than change an answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import gpuenv
+from gpuenv import cache as caches
+from gpuenv.cell import Base, Cell
+
+if TYPE_CHECKING:
+    from gpuenv.lock import Lock
+
+FORMAT = 1
+PACKAGE = Path(gpuenv.__file__).parent
+
+
+def tree_digest(root: Path, suffixes: tuple[str, ...] = ()) -> str:
+    """sha256 over every file under root (relative names and contents), sorted."""
+    h = hashlib.sha256()
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]  # bytecode: not an input
+        found += [Path(folder, f) for f in files if not suffixes or Path(f).suffix in suffixes]
+    for path in sorted(found):
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        h.update(f"{path.relative_to(root)}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+def templates_dir() -> Path:
+    """images/ in a source checkout, or the copy the wheel carries inside the package."""
+    packaged = PACKAGE / "images"
+    return packaged if packaged.is_dir() else PACKAGE.parent / "images"
+
+
+def code_digest() -> str:
+    """gpuenv itself: version, sources, catalog data and templates. A code change (even
+    without a version bump, as in a checkout) must never read a snapshot an older gpuenv
+    wrote."""
+    parts = [
+        gpuenv.__version__,
+        tree_digest(PACKAGE, (".py", ".yaml", ".json", ".j2", ".txt")),
+        tree_digest(templates_dir()),
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+MAX_INPUT_BYTES = 64 << 20  # beyond what the loaders accept (matrix 1 MB, lock 50 MB)
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a regular file's bytes. Anything else is a value of its own, never read
+    (/dev/zero or a FIFO given as the matrix must not hang or fill memory here; loading
+    then refuses it): "absent", "special", "unreadable", "large" with size and mtime."""
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            return f"special:{st.st_mode:o}"
+        if st.st_size > MAX_INPUT_BYTES:
+            return f"large:{st.st_size}:{st.st_mtime_ns}"
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_INPUT_BYTES + 1)
+    except FileNotFoundError:
+        return "absent"
+    except OSError:
+        return "unreadable"
+    if len(data) > MAX_INPUT_BYTES:  # grew since the stat
+        return f"large:{len(data)}:{st.st_mtime_ns}"
+    return hashlib.sha256(data).hexdigest()
+
+
+def key(matrix: Path, lock: Path) -> str:
+    doc = {
+        "format": FORMAT,
+        "code": code_digest(),
+        "matrix": [str(matrix.resolve()), file_digest(matrix)],
+        "lock": [str(lock.resolve()), file_digest(lock)],
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def entry_name(matrix: Path) -> str:
+    """One cache file per matrix (by absolute path); a new key replaces the old entry."""
+    where = hashlib.sha256(str(matrix.resolve()).encode()).hexdigest()[:24]
+    return f"resolved-{where}.json"
+
+
+# ------------------------------------------------------------------ the snapshot
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What build and run read of the matrix besides its cells."""
+
+    name: str
+    ca_bundle: str | None = None
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+
+
+@dataclass
+class Resolved:
+    """compat.Resolution's fields, as a snapshot gives them back."""
+
+    cells: list[Cell] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    default_cpu: Cell | None = None
+    default_gpu: Cell | None = None
+
+
+@dataclass
+class Snapshot:
+    key: str
+    settings: Settings
+    resolution: Resolved
+    lock: dict[str, Any] | None  # lock_to_json's shape; None: no lock file
+    depends: dict[str, str]  # other files read (requirements): path -> file_digest
+    contexts: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    entry: str = ""  # the cache file's name (entry_name of the matrix)
+
+
+def cell_to_json(cell: Cell) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in fields(cell):
+        value = getattr(cell, f.name)
+        if isinstance(value, Base):
+            value = {"kind": value.kind, "value": value.value, "python": value.python}
+        elif isinstance(value, tuple):
+            value = {"tuple": list(value)}
+        out[f.name] = value
+    return out
+
+
+def cell_from_json(data: dict[str, Any]) -> Cell:
+    values = {}
+    for name, value in data.items():
+        if name == "base":
+            value = Base(**value)
+        elif isinstance(value, dict) and set(value) == {"tuple"}:
+            value = tuple(value["tuple"])
+        values[name] = value
+    return Cell(**values)
+
+
+def lock_to_json(lock: Lock) -> dict[str, Any]:
+    return {
+        "exclude_newer": lock.exclude_newer,
+        "bases": lock.bases,
+        "cells": {name: [c.inputs, c.python_env, c.cuda] for name, c in sorted(lock.cells.items())},
+    }
+
+
+def lock_from_json(path: Path, data: dict[str, Any]) -> Lock:
+    from gpuenv.lock import CellLock, Lock
+
+    cells = {name: CellLock(*entry) for name, entry in data["cells"].items()}
+    return Lock(path, data["exclude_newer"], cells, data["bases"])
+
+
+def to_json(snap: Snapshot) -> dict[str, Any]:
+    res = snap.resolution
+    return {
+        "format": FORMAT,
+        "key": snap.key,
+        "settings": {
+            "name": snap.settings.name,
+            "ca_bundle": snap.settings.ca_bundle,
+            "index_url": snap.settings.index_url,
+            "extra_index_urls": list(snap.settings.extra_index_urls),
+        },
+        "cells": [cell_to_json(c) for c in res.cells],
+        "rejected": res.rejected,
+        "default_cpu": res.default_cpu.name if res.default_cpu else None,
+        "default_gpu": res.default_gpu.name if res.default_gpu else None,
+        "lock": snap.lock,
+        "depends": snap.depends,
+        "contexts": snap.contexts,
+    }
+
+
+def from_json(data: dict[str, Any], entry: str) -> Snapshot:
+    s = data["settings"]
+    cells = [cell_from_json(c) for c in data["cells"]]
+    by_name = {c.name: c for c in cells}
+    resolution = Resolved(
+        cells=cells,
+        rejected=list(data["rejected"]),
+        default_cpu=by_name[data["default_cpu"]] if data["default_cpu"] else None,
+        default_gpu=by_name[data["default_gpu"]] if data["default_gpu"] else None,
+    )
+    settings = Settings(
+        name=str(s["name"]),
+        ca_bundle=s["ca_bundle"],
+        index_url=s["index_url"],
+        extra_index_urls=tuple(s["extra_index_urls"]),
+    )
+    contexts = data.get("contexts") or {}
+    for per_cell in contexts.values():
+        for files in per_cell.values():
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+                raise ValueError("context files must be text")
+    return Snapshot(
+        str(data["key"]),
+        settings,
+        resolution,
+        data["lock"],
+        dict(data["depends"]),
+        contexts,
+        entry,
+    )
+
+
+def read(matrix: Path, lock: Path) -> Snapshot | None:
+    """The snapshot for this matrix when every input is what it was made from; else None."""
+    entry = entry_name(matrix)
+    raw = caches.read_record(entry)
+    if not raw or raw.get("format") != FORMAT or raw.get("key") != key(matrix, lock):
+        return None
+    try:
+        snap = from_json(raw, entry)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None  # corrupt or written by a gpuenv that shaped it otherwise
+    for path, state in snap.depends.items():
+        if dependency_state(Path(path)) != state:
+            return None
+    return snap
+
+
+def write(snap: Snapshot) -> bool:
+    """Store a snapshot, only if reading it back gives exactly the same thing."""
+    doc = to_json(snap)
+    try:
+        if from_json(json.loads(json.dumps(doc, sort_keys=True)), snap.entry) != snap:
+            return False
+    except (TypeError, ValueError, KeyError):
+        return False
+    return caches.write_record(snap.entry, doc)
+
+
+def dependency_state(path: Path) -> str:
+    """A file's bytes and where it leads: a symlink pointed elsewhere (perhaps outside the
+    matrix's directory, which loading refuses) misses even with the same bytes."""
+    return f"{file_digest(path)}|{path.resolve()}"
+
+
+def depends_of(matrix: Any) -> dict[str, str]:
+    """The other files a loaded matrix made gpuenv read (requirements files), as written
+    (joined to the matrix's directory, not resolved) -> dependency_state of the bytes
+    loading actually read and where the path led then (not read again: an edit since then
+    must miss, not be recorded as what was loaded)."""
+    return {
+        os.path.abspath(matrix.dir / r.written): f"{r.digest}|{r.path}"
+        for r in matrix.requirements.values()
+    }

@@ -1,0 +1,206 @@
+"""Reading an image's labels from a registry (registry.remote_labels) and pull before build
+deciding on them (publish.pull_matching): a small registry API v2 served by http.server on
+loopback, answering manifests, an index, config blobs and bearer challenges."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpuenv import publish, registry
+from gpuenv.engine import ImageInfo
+
+MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+INDEX = "application/vnd.oci.image.index.v1+json"
+
+
+class Store:
+    def __init__(self) -> None:
+        self.blobs: dict[str, bytes] = {}
+        self.manifests: dict[str, tuple[str, bytes]] = {}  # tag or digest -> (type, body)
+        self.seen: list[str] = []
+        self.token: str | None = None  # when set, requests need "Bearer <token>"
+
+    def add_image(self, repo: str, tag: str, labels: dict[str, str], *, index: bool = False,
+                  config: bytes | None = None) -> None:  # fmt: skip
+        body = config or json.dumps({"config": {"Labels": labels}}).encode()
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        self.blobs[f"{repo}@{digest}"] = body
+        manifest = json.dumps({"schemaVersion": 2, "mediaType": MANIFEST,
+                               "config": {"digest": digest, "size": len(body)},
+                               "layers": []}).encode()  # fmt: skip
+        if not index:
+            self.manifests[f"{repo}:{tag}"] = (MANIFEST, manifest)
+            return
+        m_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+        self.manifests[f"{repo}:{m_digest}"] = (MANIFEST, manifest)
+        entries = [
+            {"digest": "sha256:" + "0" * 64, "platform": {"os": "linux", "architecture": "s390x"}},
+            {"digest": m_digest, "platform": {"os": "linux", "architecture": "amd64"}},
+            {"digest": m_digest, "platform": {"os": "linux", "architecture": "arm64"}},
+        ]
+        self.manifests[f"{repo}:{tag}"] = (INDEX, json.dumps({"manifests": entries}).encode())
+
+
+def handler_for(store: Store, port_box: list[int]) -> type:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            store.seen.append(self.path)
+            if self.path.startswith("/token"):
+                return self._send(200, "application/json", b'{"token": "t0k"}')
+            if store.token and self.headers.get("Authorization") != f"Bearer {store.token}":
+                challenge = (f'Bearer realm="http://127.0.0.1:{port_box[0]}/token",'
+                             'service="test",scope="repository:x:pull"')  # fmt: skip
+                return self._send(401, "application/json", b"{}", challenge)
+            parts = self.path.split("/")  # /v2/<repo...>/manifests|blobs/<ref>
+            kind, ref, repo = parts[-2], parts[-1], "/".join(parts[2:-2])
+            if kind == "manifests" and f"{repo}:{ref}" in store.manifests:
+                media, body = store.manifests[f"{repo}:{ref}"]
+                return self._send(200, media, body)
+            if kind == "blobs" and f"{repo}@{ref}" in store.blobs:
+                return self._send(200, "application/octet-stream", store.blobs[f"{repo}@{ref}"])
+            return self._send(404, "application/json", b'{"errors":[{"code":"MANIFEST_UNKNOWN"}]}')
+
+        def _send(self, code: int, media: str, body: bytes, challenge: str = "") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", media)
+            self.send_header("Content-Length", str(len(body)))
+            if challenge:
+                self.send_header("WWW-Authenticate", challenge)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Store, str]]:
+    store, box = Store(), [0]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler_for(store, box))
+    box[0] = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield store, f"127.0.0.1:{box[0]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_labels_from_a_manifest_and_its_config(served):
+    store, host = served
+    store.add_image("x/tensorflow", "c1", {"io.gpuenv.spec-hash": "h1", "a": "b"})
+    assert registry.remote_labels(f"{host}/x/tensorflow:c1") == {
+        "io.gpuenv.spec-hash": "h1", "a": "b"}  # fmt: skip
+    assert all("/blobs/" not in p or p.endswith(tuple("0123456789abcdef")) for p in store.seen)
+
+
+def test_an_index_resolves_to_this_platform(served, monkeypatch):
+    store, host = served
+    store.add_image("x/tf", "c1", {"io.gpuenv.spec-hash": "h2"}, index=True)
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
+    assert registry.remote_labels(f"{host}/x/tf:c1")["io.gpuenv.spec-hash"] == "h2"
+    monkeypatch.setattr("platform.machine", lambda: "riscv64")
+    with pytest.raises(registry.RegistryUnreadable, match="no linux/riscv64") as exc:
+        registry.remote_labels(f"{host}/x/tf:c1")
+    assert exc.value.missing
+
+
+def test_an_anonymous_bearer_challenge_is_followed(served):
+    store, host = served
+    store.token = "t0k"
+    store.add_image("x/tf", "c1", {"io.gpuenv.spec-hash": "h3"})
+    assert registry.remote_labels(f"{host}/x/tf:c1")["io.gpuenv.spec-hash"] == "h3"
+    assert any(p.startswith("/token?") and "scope=repository" in p for p in store.seen)
+
+
+def test_missing_tampered_and_down(served):
+    store, host = served
+    with pytest.raises(registry.RegistryUnreadable) as exc:
+        registry.remote_labels(f"{host}/x/tf:nope")
+    assert exc.value.missing and not exc.value.down
+    store.add_image("x/tf", "bad", {}, config=b"not json")
+    with pytest.raises(registry.RegistryUnreadable, match="not JSON"):
+        registry.remote_labels(f"{host}/x/tf:bad")
+    store.add_image("x/tf", "swapped", {"io.gpuenv.spec-hash": "h1"})
+    _, manifest = store.manifests["x/tf:swapped"]
+    digest = json.loads(manifest)["config"]["digest"]
+    forged = json.dumps({"config": {"Labels": {"io.gpuenv.spec-hash": "h9"}}}).encode()
+    store.blobs[f"x/tf@{digest}"] = forged
+    with pytest.raises(registry.RegistryUnreadable, match="does not match its digest"):
+        registry.remote_labels(f"{host}/x/tf:swapped")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    with pytest.raises(registry.RegistryUnreadable) as exc:
+        registry.remote_labels(f"127.0.0.1:{free}/x/tf:c1")
+    assert exc.value.down and not exc.value.missing
+
+
+@pytest.mark.parametrize(
+    ("ref", "split"),
+    [
+        ("127.0.0.1:5000/x/tf:c1", ("127.0.0.1:5000", "x/tf", "c1")),
+        ("localhost/tf:c1", ("localhost", "tf", "c1")),
+        ("ghcr.io/acme/tf:c1", ("ghcr.io", "acme/tf", "c1")),
+        ("acme/tf:c1", ("registry-1.docker.io", "acme/tf", "c1")),
+        ("python:3.11", ("registry-1.docker.io", "library/python", "3.11")),
+        ("127.0.0.1:5000/x/tf", ("127.0.0.1:5000", "x/tf", "latest")),
+    ],
+)
+def test_references_split_as_docker_reads_them(ref, split):
+    assert registry.split_ref(ref) == split
+
+
+# ------------------------------------------------------------ pull before build decides
+
+
+def _image(spec: str) -> ImageInfo:
+    return ImageInfo(id="sha256:pulled", labels={"io.gpuenv.spec-hash": spec})
+
+
+def test_another_spec_hash_in_the_registry_is_not_pulled(served, fake_engine):
+    store, host = served
+    ref = f"{host}/x/tensorflow:c1"
+    store.add_image("x/tensorflow", "c1", {"io.gpuenv.spec-hash": "h-old"})
+    eng = fake_engine(remote={ref: _image("h-old")})
+    image_id, why = publish.pull_matching(eng, ref, "h1", keep_as="acme/tf:c1")
+    assert image_id is None and "another spec hash" in why and "not pulled" in why
+    assert eng.pulled == [] and eng.local == {}
+
+
+def test_the_same_spec_hash_is_pulled(served, fake_engine):
+    store, host = served
+    ref = f"{host}/x/tensorflow:c1"
+    store.add_image("x/tensorflow", "c1", {"io.gpuenv.spec-hash": "h1"})
+    eng = fake_engine(remote={ref: _image("h1")})
+    assert publish.pull_matching(eng, ref, "h1", keep_as="acme/tf:c1") == ("sha256:pulled", "")
+    assert eng.pulled == [ref]
+
+
+def test_a_missing_tag_or_a_registry_that_is_down_is_not_pulled(served, fake_engine):
+    _, host = served
+    eng = fake_engine(remote={})
+    image_id, why = publish.pull_matching(eng, f"{host}/x/tf:none", "h1", keep_as="a/b:c")
+    assert image_id is None and "not found" in why and eng.pulled == []
+
+
+def test_a_remote_engine_pulls_to_compare(served, fake_engine):
+    store, host = served
+    ref = f"{host}/x/tensorflow:c1"
+    store.add_image("x/tensorflow", "c1", {"io.gpuenv.spec-hash": "h-old"})
+    eng = fake_engine(remote={ref: _image("h-old")})
+    eng.is_local = False  # its view of 127.0.0.1 is another host's
+    image_id, why = publish.pull_matching(eng, ref, "h1", keep_as="acme/tf:c1")
+    assert image_id is None and "another spec hash" in why
+    assert eng.pulled == [ref] and eng.local == {}

@@ -1,0 +1,186 @@
+"""Requirements files (`packages: {requirements: [...]}`, per include too): what joins a
+cell's packages, what the plan and the lock see, and every hostile file or path refused
+with one `error:` line naming the file and line (through the real CLI)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpuenv import lock as locks
+from gpuenv import plan
+from gpuenv.cli import app
+from gpuenv.project import open_project
+
+MATRIX = """\
+name: acme/gpuenv
+matrix:
+  tensorflow: ["2.21"]
+  python: ["3.11"]
+  variant: [cpu, gpu]
+{include}bases:
+  "3.11": {{debian: bookworm}}
+packages:
+  pip: [rich]
+  requirements: [{files}]
+"""
+
+
+def write(tmp_path: Path, files: str = "reqs.txt", include: str = "") -> Path:
+    path = tmp_path / "matrix.yaml"
+    path.write_text(MATRIX.format(files=files, include=include), encoding="utf-8")
+    return path
+
+
+def rejected(path: Path) -> str:
+    result = CliRunner().invoke(app, ["matrix", "-f", str(path)])
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
+    assert "Traceback" not in result.stderr
+    return result.stderr.rstrip("\n")
+
+
+def test_lines_join_every_cells_pip_after_the_matrix_packages(tmp_path):
+    (tmp_path / "reqs.txt").write_text("# tools\nsix==1.17.0  # pinned\n\nattrs>=23,<26\n")
+    path = write(tmp_path)
+    project = open_project(path)
+    for cell in project.cells:
+        assert cell.pip == ("rich", "six==1.17.0", "attrs<26,>=23")
+        assert set(cell.requirements) == {"reqs.txt"}
+    # The lock resolves them (its inputs digest covers them: an edit drifts the lock).
+    assert "six==1.17.0" in locks.env_requirements(project.cells[0])
+
+
+def test_per_include_requirements_only_reach_that_cell(tmp_path):
+    inc = (
+        '  include:\n    - {tensorflow: "2.21", python: "3.11", variant: gpu,'
+        " requirements: [gpu.txt]}\n"
+    )
+    (tmp_path / "gpu.txt").write_text("attrs==25.1.0\n")
+    (tmp_path / "reqs.txt").write_text("six\n")
+    project = open_project(write(tmp_path, include=inc))
+    pips = {c.variant: c.pip for c in project.cells}
+    assert pips == {"cpu": ("rich", "six"), "gpu": ("rich", "six", "attrs==25.1.0")}
+
+
+def test_an_edit_changes_the_plan_inputs_and_names_the_file(tmp_path):
+    from gpuenv.engine import ImageInfo
+
+    def inputs() -> tuple[dict[str, str], str]:
+        project = open_project(path)
+        cell = project.cells[0]
+        ctx = plan.render_all(project, [cell], None)[cell.name]
+        options = plan.render_options(project, None)
+        return plan.input_digests(ctx, "sha256:b", None, options), ctx.digest()
+
+    (tmp_path / "reqs.txt").write_text("six==1.16.0\n")
+    path = write(tmp_path)
+    before, context_before = inputs()
+    (tmp_path / "reqs.txt").write_text("six==1.17.0\n")
+    after, context_after = inputs()
+    assert before["requirements"] != after["requirements"]
+    assert context_before != context_after  # so the spec hash differs: a rebuild
+    image = ImageInfo("sha256:i", labels={"io.gpuenv.inputs": json.dumps(before)})
+    assert "requirements file reqs.txt changed" in plan._why_rebuild(image, after)
+
+
+def test_a_comment_only_edit_changes_no_context(tmp_path):
+    (tmp_path / "reqs.txt").write_text("six==1.17.0\n")
+    path = write(tmp_path)
+    first = plan.render_all(open_project(path), open_project(path).cells, None)
+    (tmp_path / "reqs.txt").write_text("# why: tests\nsix==1.17.0\n")
+    second = plan.render_all(open_project(path), open_project(path).cells, None)
+    assert {k: v.digest() for k, v in first.items()} == {k: v.digest() for k, v in second.items()}
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("-e .\n", "-e: pip options"),
+        ("--index-url https://example.org/simple\n", "--index-url: pip options"),
+        ("--extra-index-url=https://example.org/simple\n", "pip options"),
+        ("-r other.txt\n", "-r: pip options"),
+        ("-c constraints.txt\n", "-c: pip options"),
+        ("six==1.17.0 --hash=sha256:abc\n", "an inline option"),
+        ("--trusted-host example.org\n", "pip options"),
+        ("git+https://github.com/x/y.git\n", "URLs and VCS"),
+        ("y @ https://example.org/y-1.0.tar.gz\n", "URLs and VCS"),
+        ("y @ file:///tmp/y\n", "URLs and VCS"),
+        ("https://example.org/y-1.0-py3-none-any.whl\n", "URLs and VCS"),
+        ("https://user:secret@example.org/simple/y\n", "credentials"),
+        ("y @ https://${TOKEN}@example.org/y.whl\n", "credentials"),
+        ("./local/pkg\n", "local paths"),
+        ("y-1.0-py3-none-any.whl\n", "local paths"),
+        ('six; python_version < "3.12"\n', "not a plain pip requirement"),
+        ("six \\\n  ==1.17.0\n", "line continuations"),
+        ("six==1.17.0; rm -rf /\n", "pip options"),
+        ("six>=\n", "not a valid pip requirement"),
+        ("$(curl evil)\n", "not a plain pip requirement"),
+        ("${TOKEN}\n", "credentials or environment variables"),
+    ],
+)
+def test_hostile_lines_are_refused_with_the_files_line(tmp_path, text, says):
+    (tmp_path / "reqs.txt").write_text("six\n\n" + text)
+    message = rejected(write(tmp_path))
+    assert message.startswith(f"error: {tmp_path / 'reqs.txt'}:3: "), message
+    assert says in message
+    assert "secret" not in message  # a credential is never echoed
+
+
+@pytest.mark.parametrize(
+    ("files", "setup", "says"),
+    [
+        ("../outside.txt", "outside", "outside the matrix's directory"),
+        ("link.txt", "symlink-out", "outside the matrix's directory"),
+        ("/etc/passwd", None, "relative to the matrix file's directory"),
+        ("~/reqs.txt", None, "relative to the matrix file's directory"),
+        ("missing.txt", None, "does not exist"),
+        ("adir", "dir", "not a regular file"),
+        ("zero", "devzero", "outside the matrix's directory"),
+        ("fifo", "fifo", "not a regular file"),
+        ("bin.txt", "binary", "not UTF-8"),
+        ("big.txt", "big", "larger than"),
+        ("secret.txt", "unreadable", "cannot be read"),
+        ("1.5", None, "YAML reads"),
+    ],
+)
+def test_bad_paths_are_refused_at_their_matrix_line(tmp_path, files, setup, says):
+    root = tmp_path / "project"
+    root.mkdir()
+    if setup == "outside":
+        (tmp_path / "outside.txt").write_text("six\n")
+    elif setup == "symlink-out":
+        (tmp_path / "outside.txt").write_text("six\n")
+        (root / "link.txt").symlink_to(tmp_path / "outside.txt")
+    elif setup == "dir":
+        (root / "adir").mkdir()
+    elif setup == "devzero":
+        (root / "zero").symlink_to("/dev/zero")
+    elif setup == "fifo":
+        os.mkfifo(root / "fifo")  # must be refused without being opened (no hang)
+    elif setup == "binary":
+        (root / "bin.txt").write_bytes(b"six\n\xff\xfe\n")
+    elif setup == "big":
+        (root / "big.txt").write_text("six\n" * 300_000)
+    elif setup == "unreadable":
+        if os.geteuid() == 0:
+            pytest.skip("root reads files whatever their mode")
+        (root / "secret.txt").write_text("six\n")
+        (root / "secret.txt").chmod(0)
+    path = write(root, files=files)
+    message = rejected(path)
+    line = MATRIX.format(files=files, include="").splitlines().index(f"  requirements: [{files}]")
+    assert message.startswith(f"error: {path}:{line + 1}: "), message
+    assert says in message
+
+
+def test_credentials_in_the_matrix_path_itself_are_refused(tmp_path):
+    message = rejected(write(tmp_path, files='"https://u:p@example.org/r.txt"'))
+    assert "credentials do not belong in the matrix" in message
+    assert "u:p" not in message
