@@ -52,7 +52,7 @@ def test_frames_split_anywhere_are_reassembled() -> None:
     data = _frame(1, b"ready\n") + _frame(2, b"warn\n") + _frame(1, b"x" * 70000)
     for cut in (1, 3, 8, 9, 13, 20, len(data) - 1):
         sock = _ChunkedSocket([data[:cut], data[cut:]])
-        got = list(_frames(lambda: sock.recv(65536)))
+        got = list(_frames(lambda s=sock: s.recv(65536)))
         assert got == [(b"ready\n", None), (None, b"warn\n"), (b"x" * 70000, None)], cut
 
 
