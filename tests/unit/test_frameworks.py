@@ -431,6 +431,24 @@ def test_hostile_axes(write_matrix, tmp_path, line_of, old, new, needle, says):
             '{torch: "2.11", python: "3.12", variant: cpu, cuda: "13.0"}',
             ("cuda/cudnn are set on a CPU cell",),
         ),
+        # Impossible CUDA for the framework: torch 2.11 ships CUDA 13 wheels only, JAX 0.7
+        # CUDA 12 ones.
+        (
+            '{torch: "2.11", python: "3.12", variant: gpu, cuda: "12.8", cudnn: "9.10"}',
+            (
+                "include entry 1 cannot be built",
+                "PyTorch 2.11.0 requires nvidia-cublas",
+                "CUDA 12.8 wheel set does not include",
+            ),
+        ),
+        (
+            '{jax: "0.7", python: "3.12", variant: gpu, cuda: "13.0", cudnn: "9.19"}',
+            (
+                "include entry 1 cannot be built",
+                "JAX 0.7.2 requires nvidia-cublas-cu12",
+                "CUDA 13.0 wheel set does not include",
+            ),
+        ),
     ],
 )
 def test_hostile_include(write_matrix, tmp_path, line_of, entry, says):
