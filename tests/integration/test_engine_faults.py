@@ -449,7 +449,9 @@ def test_registry_killed_mid_push_resumes_on_retry(pe, project, fresh_registry, 
     assert {t: r["status"] for t, r in by_ref.items()} == {CELL: "pushed", "latest": "pushed"}
     assert by_ref[CELL]["digest"] == by_ref["latest"]["digest"]
     # Resumed: the layer that was complete is not uploaded again (3 blobs: 2 layers, config).
-    assert registry.uploads_started() - posts <= 3 - (kept - blobs), (
+    # The registry keeps a manifest as a blob too: when the kill came after a tag's manifest,
+    # every blob was there (kept - blobs = 4) and nothing may be uploaded again.
+    assert registry.uploads_started() - posts <= max(0, 3 - (kept - blobs)), (
         "a complete layer was sent again"
     )
 
