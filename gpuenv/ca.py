@@ -44,7 +44,7 @@ def _known_good(path: Path) -> bool:
     valid (the verdict is remembered by content digest until that certificate expires), so
     a build that needs no CA need not import ssl and parse a 200 KB system bundle."""
     from gpuenv import cache
-    from gpuenv.snapshot import file_digest
+    from gpuenv.cache import file_digest
 
     until = cache.read_record(CHECKED).get(file_digest(path))
     return isinstance(until, (int, float)) and time.time() <= until

@@ -9,8 +9,10 @@ two gpuenv processes never leave a half-written file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -70,3 +72,27 @@ def write_record(name: str, data: dict[str, Any]) -> bool:
 
 def update_record(name: str, changes: dict[str, Any]) -> bool:
     return write_record(name, {**read_record(name), **changes})
+
+
+MAX_INPUT_BYTES = 64 << 20  # beyond what the loaders accept (matrix 1 MB, lock 50 MB)
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a regular file's bytes. Anything else is a value of its own, never read
+    (/dev/zero or a FIFO given as the matrix must not hang or fill memory here; loading
+    then refuses it): "absent", "special", "unreadable", "large" with size and mtime."""
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            return f"special:{st.st_mode:o}"
+        if st.st_size > MAX_INPUT_BYTES:
+            return f"large:{st.st_size}:{st.st_mtime_ns}"
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_INPUT_BYTES + 1)
+    except FileNotFoundError:
+        return "absent"
+    except OSError:
+        return "unreadable"
+    if len(data) > MAX_INPUT_BYTES:  # grew since the stat
+        return f"large:{len(data)}:{st.st_mtime_ns}"
+    return hashlib.sha256(data).hexdigest()

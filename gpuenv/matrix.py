@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -33,6 +32,7 @@ from pydantic import (
 
 from gpuenv import yamlfile
 from gpuenv.errors import MatrixError
+from gpuenv.requirements import pip_requirement
 
 if TYPE_CHECKING:
     from gpuenv.requirements import RequirementsFile
@@ -73,23 +73,6 @@ def _cell_pattern(value: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_.*?\[\]-]{1,128}", value):
         raise ValueError(f"{value!r} is not a cell name or glob")
     return value
-
-
-def _pip(value: str) -> str:
-    if not _PIP_CHARS.fullmatch(value):
-        raise ValueError(
-            f"{value!r} is not a plain pip requirement (name, extras and version specifiers "
-            "only; no URLs, markers, quotes or shell syntax)"
-        )
-    try:
-        req = Requirement(value)
-    except InvalidRequirement as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else "invalid"
-        raise ValueError(f"{value!r} is not a valid pip requirement: {reason}") from None
-    return str(req)
-
-
-pip_requirement = _pip  # requirements files' lines pass the same check (requirements.py)
 
 
 def _requirements_path(value: str) -> str:
@@ -144,7 +127,7 @@ def _url(value: str) -> str:
 Version = Annotated[StrictStr, AfterValidator(_version)]
 ImageTag = Annotated[StrictStr, AfterValidator(_tag)]
 CellPattern = Annotated[StrictStr, AfterValidator(_cell_pattern)]
-PipRequirement = Annotated[StrictStr, AfterValidator(_pip)]
+PipRequirement = Annotated[StrictStr, AfterValidator(pip_requirement)]
 RequirementsPath = Annotated[StrictStr, AfterValidator(_requirements_path)]
 AptPackage = Annotated[StrictStr, AfterValidator(_apt)]
 ImageRef = Annotated[StrictStr, AfterValidator(_image)]
@@ -372,12 +355,6 @@ class LoadedMatrix:
 
     def error(self, message: str, loc: tuple[str | int, ...] = ()) -> MatrixError:
         return MatrixError(self.path, message, self.doc.line_of(loc) if loc else None)
-
-
-def matrix_path(explicit: Path | None) -> Path:
-    from gpuenv.project import matrix_file  # one place decides (and it imports no schema)
-
-    return matrix_file(explicit)
 
 
 def load(path: Path) -> LoadedMatrix:

@@ -150,8 +150,8 @@ class Project:
 
 
 def matrix_file(explicit: Path | None) -> Path:
-    """`-f FILE`, $GPUENV_MATRIX, ./matrix.yaml (gpuenv.matrix.matrix_path, without
-    importing the schema)."""
+    """`-f FILE`, $GPUENV_MATRIX, ./matrix.yaml: the one place that decides (it imports no
+    schema)."""
     if explicit is not None:
         return explicit
     return Path(os.environ.get("GPUENV_MATRIX") or "matrix.yaml")

@@ -21,6 +21,28 @@ from pathlib import Path
 MAX_BYTES = 1_000_000
 MAX_LINES = 5_000
 
+# Name, extras and version specifiers: nothing that could be a URL, a marker, a quote or
+# shell syntax (the value reaches a Dockerfile's RUN line when there is no lock).
+_PIP_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-\[\],<>=!~ ]*")
+
+
+def pip_requirement(value: str) -> str:
+    """A plain pip requirement, normalised (packaging's form), or ValueError saying why not.
+    The one check for `packages.pip`, `include` pip entries and requirements files' lines."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    if not _PIP_CHARS.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a plain pip requirement (name, extras and version specifiers "
+            "only; no URLs, markers, quotes or shell syntax)"
+        )
+    try:
+        req = Requirement(value)
+    except InvalidRequirement as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else "invalid"
+        raise ValueError(f"{value!r} is not a valid pip requirement: {reason}") from None
+    return str(req)
+
 
 @dataclass(frozen=True)
 class RequirementsFile:
@@ -106,8 +128,6 @@ _CREDENTIAL = re.compile(r"[^\s/@]+:[^\s/@]*@|\$\{?[A-Za-z_]")
 
 def parse(text: str, written: str) -> tuple[str, ...]:
     """The requirements in a file's text, each checked and normalised (packaging's form)."""
-    from gpuenv.matrix import pip_requirement
-
     out: list[str] = []
     physical = text.splitlines()
     if len(physical) > MAX_LINES:

@@ -23,13 +23,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gpuenv
 from gpuenv import cache as caches
+from gpuenv.cache import file_digest
 from gpuenv.cell import Base, Cell
 
 if TYPE_CHECKING:
@@ -71,30 +71,6 @@ def code_digest() -> str:
         tree_digest(templates_dir()),
     ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
-
-
-MAX_INPUT_BYTES = 64 << 20  # beyond what the loaders accept (matrix 1 MB, lock 50 MB)
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of a regular file's bytes. Anything else is a value of its own, never read
-    (/dev/zero or a FIFO given as the matrix must not hang or fill memory here; loading
-    then refuses it): "absent", "special", "unreadable", "large" with size and mtime."""
-    try:
-        st = path.stat()
-        if not stat.S_ISREG(st.st_mode):
-            return f"special:{st.st_mode:o}"
-        if st.st_size > MAX_INPUT_BYTES:
-            return f"large:{st.st_size}:{st.st_mtime_ns}"
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_INPUT_BYTES + 1)
-    except FileNotFoundError:
-        return "absent"
-    except OSError:
-        return "unreadable"
-    if len(data) > MAX_INPUT_BYTES:  # grew since the stat
-        return f"large:{len(data)}:{st.st_mtime_ns}"
-    return hashlib.sha256(data).hexdigest()
 
 
 def key(matrix: Path, lock: Path) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv import plan, snapshot
+from gpuenv import cache, plan, snapshot
 from gpuenv.project import open_project
 
 REPO = Path(__file__).resolve().parents[2]
@@ -184,10 +184,10 @@ def test_an_unwritable_cache_only_costs_the_load(project_dir, cache_home):
 
 def test_dev_zero_as_matrix_or_lock_is_never_read_for_the_key(tmp_path):
     # The key digests only regular files; /dev/zero would otherwise fill memory.
-    assert snapshot.file_digest(Path("/dev/zero")).startswith("special:")
-    assert snapshot.file_digest(tmp_path / "nope") == "absent"
+    assert cache.file_digest(Path("/dev/zero")).startswith("special:")
+    assert cache.file_digest(tmp_path / "nope") == "absent"
     os.mkfifo(tmp_path / "fifo")
-    assert snapshot.file_digest(tmp_path / "fifo").startswith("special:")
+    assert cache.file_digest(tmp_path / "fifo").startswith("special:")
 
 
 def _imports_after(code: str, cwd: Path) -> set[str]:
