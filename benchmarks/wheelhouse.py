@@ -76,19 +76,6 @@ def warm_rebuild(matrix: Path, cell: str, repeat: int, ca: Path | None, tmp: Pat
     print(b.ratio_line("warm / cold", w, c, 0.4))
 
 
-HANDWRITTEN_UV = """\
-FROM {base}
-RUN set -eu; {fetch_ca}\\
-    python3 -m venv /tmp/uv; \\
-    /tmp/uv/bin/pip install --quiet --no-cache-dir --disable-pip-version-check uv=={uv}; \\
-    /tmp/uv/bin/uv venv --quiet --python python3 /opt/venv; \\
-    /tmp/uv/bin/uv pip install --no-cache --compile-bytecode --python /opt/venv/bin/python \\
-        {packages}; \\
-    rm -rf /tmp/uv /root/.cache{rm_ca}
-ENV PATH=/opt/venv/bin:$PATH
-"""
-
-
 def cold_matrix(matrix: Path, ca: Path | None, tmp: Path) -> None:
     from gpuenv.contract import CA_URL
     from gpuenv.render import UV_VERSION
@@ -110,7 +97,7 @@ def cold_matrix(matrix: Path, ca: Path | None, tmp: Path) -> None:
             packages += [f"{k}=={v}" for k, v in sorted(cell["wheels"].items())]
         context = tmp / f"hand-{name}"
         context.mkdir()
-        (context / "Dockerfile").write_text(HANDWRITTEN_UV.format(
+        (context / "Dockerfile").write_text(b.HANDWRITTEN["uv"].format(
             base=cell["base_image"], fetch_ca=fetch_ca, rm_ca=rm_ca,
             packages=" ".join(packages), uv=UV_VERSION))  # fmt: skip
         with b.ca_server(ca):
