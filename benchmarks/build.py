@@ -93,12 +93,12 @@ def tags() -> set[str]:
     return {t for t in out.split() if "<none>" not in t}
 
 
-def docker_build(context: Path, *, no_cache: bool) -> str:
+def docker_build(context: Path, *, no_cache: bool, env: dict[str, str] | None = None) -> str:
     """`docker build` (classic builder, host network, untagged); returns the image ID."""
     args = ["docker", "build", "--network", "host", "-q"]
     if no_cache:
         args.append("--no-cache")
-    return sh([*args, str(context)]).stdout.strip().splitlines()[-1]
+    return sh([*args, str(context)], env=env or DOCKER_ENV).stdout.strip().splitlines()[-1]
 
 
 def median(values: list[float]) -> float:

@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """Benchmarks for the wheelhouse (issue 15's targets), ratios measured in one run.
 
-    .venv/bin/python benchmarks/wheelhouse.py [--repeat N] [--cell CELL] [--matrix] [--keep]
+    .venv/bin/python benchmarks/wheelhouse.py [--repeat N] [--cell CELL] [--part P] [--keep]
 
 1. Warm rebuild: `gpuenv build CELL --no-cache` with a warm wheelhouse against a cold build
    of the same cell (`--no-cache` and an empty wheelhouse: a fresh XDG_CACHE_HOME). Per
    repetition: cold, then warm on the wheelhouse the cold build filled. Target <= 0.4x.
-2. `--matrix` (many minutes, ~20 GB of GPU layers): every cell of the matrix built with
-   `--no-cache` from an empty wheelhouse, one command, against hand-written uv Dockerfiles of
-   the same cells (the same packages: the framework, the matrix's pip packages and, for GPU
-   cells, the pinned nvidia wheels; uv straight from the index, as in benchmarks/build.py)
-   built one after another with `--no-cache`. Target <= 0.6x.
+2. `--part matrix` (many minutes, ~25 GB of disk at its peak; root): every cell of the
+   matrix built from an empty engine (a throwaway dockerd with only the bases loaded) and an
+   empty wheelhouse, one command, against hand-written uv Dockerfiles of the same cells (the
+   same packages: the framework, the matrix's pip packages and, for GPU cells, the pinned
+   nvidia wheels; uv straight from the index, as in benchmarks/build.py) built one after
+   another with `--no-cache` on that engine. Target <= 0.6x.
 
 The cells are built from a copy of the matrix renamed gpuenv-bench/wheelhouse, so the shipped
 images are not retagged; those images are removed at the end unless --keep is given. Run
@@ -23,6 +24,7 @@ import argparse
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,10 +49,19 @@ def bench_matrix(shipped: Path, tmp: Path) -> Path:
     return matrix
 
 
-def build(matrix: Path, cells: list[str], cache: Path, ca: Path | None) -> tuple[float, dict]:
-    env = {**b.DOCKER_ENV, "XDG_CACHE_HOME": str(cache)}
+def build(
+    matrix: Path,
+    cells: list[str],
+    cache: Path,
+    ca: Path | None,
+    *,
+    no_cache: bool = True,
+    env: dict[str, str] | None = None,
+) -> tuple[float, dict]:
+    env = {**(env or b.DOCKER_ENV), "XDG_CACHE_HOME": str(cache)}
     ca_args = ["--ca-bundle", str(ca)] if ca else []
-    args = b.gpuenv("build", "-f", str(matrix), *cells, "--no-cache", "--json", *ca_args)
+    flags = ["--no-cache"] if no_cache else []
+    args = b.gpuenv("build", "-f", str(matrix), *cells, *flags, "--json", *ca_args)
     start = time.perf_counter()
     proc = b.sh(args, env=env)
     seconds = time.perf_counter() - start
@@ -76,11 +87,20 @@ def warm_rebuild(matrix: Path, cell: str, repeat: int, ca: Path | None, tmp: Pat
     print(b.ratio_line("warm / cold", w, c, 0.4))
 
 
-def cold_matrix(matrix: Path, ca: Path | None, tmp: Path) -> None:
+def cold_matrix(shipped_matrix: Path, ca: Path | None, tmp: Path) -> None:
+    """Both sides on one empty dockerd of their own (empty data root; only the bases loaded
+    into it), so neither finds a layer of the other's or of the shipped images. gpuenv builds
+    the whole matrix in one command, with an empty wheelhouse and without --no-cache: on an
+    empty engine the builder cache holds only what this build made, which is what lets a GPU
+    cell reuse its CPU sibling's layer. The hand-written Dockerfiles then build one after
+    another (--no-cache; each is removed after it is timed, so they do not fill the disk)."""
+    sys.path.insert(0, str(b.REPO / "tests" / "integration"))
+    from support.dockerd import second_dockerd  # the tests' throwaway engine (root only)
+
     from gpuenv.contract import CA_URL
     from gpuenv.render import UV_VERSION
 
-    cells = b.matrix_cells(matrix)
+    cells = b.matrix_cells(shipped_matrix)
     fetch_ca, rm_ca = "", ""
     if ca is not None:
         fetch_ca = (
@@ -88,27 +108,38 @@ def cold_matrix(matrix: Path, ca: Path | None, tmp: Path) -> None:
             '"/tmp/ca.pem")\'; export SSL_CERT_FILE=/tmp/ca.pem PIP_CERT=/tmp/ca.pem; '
         )
         rm_ca = " /tmp/ca.pem"
-    g, _ = build(matrix, [], tmp / "matrix-cache", ca)
-    print(f"  gpuenv build --no-cache, all {len(cells)} cells, empty wheelhouse: {g:.1f} s")
-    hand = 0.0
-    for name, cell in cells.items():
-        packages = [f"{cell['framework']}=={cell['framework_version']}", *cell["pip"]]
-        if cell["variant"] == "gpu":
-            packages += [f"{k}=={v}" for k, v in sorted(cell["wheels"].items())]
-        context = tmp / f"hand-{name}"
-        context.mkdir()
-        (context / "Dockerfile").write_text(b.HANDWRITTEN["uv"].format(
-            base=cell["base_image"], fetch_ca=fetch_ca, rm_ca=rm_ca,
-            packages=" ".join(packages), uv=UV_VERSION))  # fmt: skip
-        with b.ca_server(ca):
-            start = time.perf_counter()
-            image_id = b.docker_build(context, no_cache=True)
-            seconds = time.perf_counter() - start
-        hand += seconds
-        b.sh(["docker", "rmi", image_id], check=False)
-        print(f"  hand-written uv, {name}: {seconds:.1f} s", flush=True)
-    print(f"\n2. Cold build of the whole matrix ({len(cells)} cells)")
-    print(f"  {'gpuenv build --no-cache, empty wheelhouse':<44} {g:6.1f} s")
+    bases = sorted({c["base_image"] for c in cells.values()})
+    with second_dockerd("gpuenv-bm-") as (_client, root):
+        host = {**b.DOCKER_ENV, "DOCKER_HOST": f"unix://{root}/d.sock"}
+        save = subprocess.Popen(["docker", "save", *bases], stdout=subprocess.PIPE)
+        b.sh(["docker", "load", "-q"], stdin=save.stdout, env=host)
+        save.wait()
+        matrix = bench_matrix(shipped_matrix, tmp)
+        g, results = build(matrix, [], tmp / "matrix-cache", ca, no_cache=False, env=host)
+        print(f"  gpuenv build, all {len(cells)} cells, empty engine and wheelhouse: {g:.1f} s")
+        for name, r in results.items():
+            print(f"    {name}: {r['seconds']:.1f} s")
+        images = b.sh(["docker", "images", "-q", REPOSITORY], env=host).stdout.split()
+        b.sh(["docker", "rmi", "-f", *sorted(set(images))], env=host, check=False)
+        hand = 0.0
+        for name, cell in cells.items():
+            packages = [f"{cell['framework']}=={cell['framework_version']}", *cell["pip"]]
+            if cell["variant"] == "gpu":
+                packages += [f"{k}=={v}" for k, v in sorted(cell["wheels"].items())]
+            context = tmp / f"hand-{name}"
+            context.mkdir()
+            (context / "Dockerfile").write_text(b.HANDWRITTEN["uv"].format(
+                base=cell["base_image"], fetch_ca=fetch_ca, rm_ca=rm_ca,
+                packages=" ".join(packages), uv=UV_VERSION))  # fmt: skip
+            with b.ca_server(ca):
+                start = time.perf_counter()
+                image_id = b.docker_build(context, no_cache=True, env=host)
+                seconds = time.perf_counter() - start
+            hand += seconds
+            b.sh(["docker", "rmi", image_id], check=False, env=host)
+            print(f"  hand-written uv, {name}: {seconds:.1f} s", flush=True)
+    print(f"\n2. Cold build of the whole matrix ({len(cells)} cells), empty engine")
+    print(f"  {'gpuenv build, empty engine and wheelhouse':<44} {g:6.1f} s")
     print(f"  {'hand-written uv Dockerfiles, one after another':<44} {hand:6.1f} s")
     print(b.ratio_line("gpuenv / hand-written uv", g, hand, 0.6))
 
@@ -118,7 +149,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="repetitions (medians) [1]")
     parser.add_argument("-f", "--file", type=Path, default=b.REPO / "matrix.yaml")
     parser.add_argument("--cell", default="tf2.21-py3.11-cpu", help="the warm-rebuild cell")
-    parser.add_argument("--matrix", action="store_true", help="also the cold matrix build")
+    parser.add_argument(
+        "--part",
+        choices=["rebuild", "matrix", "all"],
+        default="rebuild",
+        help="the warm rebuild (1), the cold matrix (2) or both [rebuild]",
+    )
     parser.add_argument("--ca-bundle", type=Path, default=None, help="[default: $PIP_CERT]")
     parser.add_argument("--keep", action="store_true", help="keep the images built here")
     args = parser.parse_args()
@@ -127,9 +163,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpuenv-wheelhouse-bench-") as tmp:
         matrix = bench_matrix(args.file.resolve(), Path(tmp))
         try:
-            warm_rebuild(matrix, args.cell, args.repeat, ca, Path(tmp))
-            if args.matrix:
-                cold_matrix(matrix, ca, Path(tmp))
+            if args.part in ("rebuild", "all"):
+                warm_rebuild(matrix, args.cell, args.repeat, ca, Path(tmp))
+            if args.part in ("matrix", "all"):
+                (Path(tmp) / "matrix").mkdir()
+                cold_matrix(args.file.resolve(), ca, Path(tmp) / "matrix")
         finally:
             if not args.keep:
                 for tag in sorted(b.tags() - before):

@@ -16,7 +16,6 @@ import threading
 import time
 from concurrent.futures import Future
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +24,7 @@ from gpuenv.cell import Cell
 from gpuenv.engine import BuildFailed, Engine
 from gpuenv.errors import GpuenvError
 from gpuenv.plan import BuildPlan, CellPlan
+from gpuenv.results import CellResult, Reporter
 
 if TYPE_CHECKING:
     from gpuenv.project import Project
@@ -46,47 +46,6 @@ def context_tar(ctx: BuildContext) -> io.BytesIO:
             tar.addfile(info, io.BytesIO(data))
     buf.seek(0)
     return buf
-
-
-@dataclass
-class CellResult:
-    cell: Cell
-    status: str = "pending"  # built | cached | pulled | failed | skipped
-    image_id: str | None = None
-    size: int | None = None
-    seconds: float = 0.0
-    error: str | None = None
-    step: str | None = None
-    log_tail: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "cell": self.cell.name,
-            "image": self.cell.image,
-            "status": self.status,
-            "image_id": self.image_id,
-            "size": self.size,
-            "seconds": round(self.seconds, 2),
-            "error": self.error,
-            "failed_step": self.step,
-            "log_tail": self.log_tail if self.status == "failed" else [],
-        }
-
-
-class Reporter:
-    """What the build tells its user; the CLI supplies a console implementation."""
-
-    def info(self, message: str) -> None:
-        pass
-
-    def started(self, cell: Cell) -> None:
-        pass
-
-    def log(self, cell: Cell, line: str) -> None:
-        pass
-
-    def finished(self, result: CellResult) -> None:
-        pass
 
 
 def sibling_cpu(cell: Cell, cells: list[Cell]) -> Cell | None:
@@ -424,17 +383,6 @@ def _explain(error: str, tail: list[str]) -> str:
 
 def failed(results: list[CellResult]) -> list[CellResult]:
     return [r for r in results if r.status in ("failed", "skipped")]
-
-
-def human_size(size: int | None) -> str:
-    if size is None:
-        return "-"
-    value = float(size)
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
-        value /= 1000
-    return f"{value:.1f} GB"
 
 
 def ensure_no_failures(results: list[CellResult]) -> None:

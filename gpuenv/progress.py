@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from gpuenv.build import CellResult, Reporter, human_size
 from gpuenv.cell import Cell
+from gpuenv.results import CellResult, Reporter
 
 if TYPE_CHECKING:
     from rich.table import Table
 
 # Rich is imported only for a terminal (live status lines); a build whose output goes to a
-# log or a pipe, and a no-op build's summary, print plain lines and never import it.
-_COLOURS = {"built": "32", "cached": "36", "failed": "31", "skipped": "33"}
+# log or a pipe prints plain lines and never imports it.
 
 
 class ConsoleReporter(Reporter):
@@ -91,23 +89,3 @@ class ConsoleReporter(Reporter):
     def close(self) -> None:
         if self.live:
             self.live.stop()
-
-
-def summary(results: list[CellResult]) -> None:
-    """The results as a table on stdout; the status coloured on a terminal (not NO_COLOR)."""
-    rows = [("CELL", "IMAGE", "SIZE", "TIME", "STATUS")]
-    rows += [
-        (r.cell.name, r.cell.image, human_size(r.size), f"{r.seconds:.1f} s", r.status)
-        for r in results
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    for n, row in enumerate(rows):
-        cells = [
-            v.rjust(w) if i in (2, 3) else v.ljust(w)
-            for i, (v, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        if colour and n and row[4] in _COLOURS:
-            cells[4] = f"\x1b[{_COLOURS[row[4]]}m{row[4]}\x1b[0m"
-        print("  ".join(cells).rstrip())
-    sys.stdout.flush()

@@ -2,61 +2,40 @@
 
 Each verb parses its options, calls one domain function, and prints. Heavy modules
 (docker, jinja2, pydantic via the matrix, rich) are imported inside the verbs, so that
-`gpuenv --help` and the parsing of every verb stay fast.
+`gpuenv --help` and the parsing of every verb stay fast. A `gpuenv build` with nothing to
+build is answered before Typer is even imported (gpuenv/cli/noop.py); every other
+invocation, and that one whenever it finds anything to do, goes through the app
+(gpuenv/cli/verbs.py).
 """
 
 from __future__ import annotations
 
 import sys
-
-import typer
-
-from gpuenv.cli import (
-    bench,
-    build,
-    cache,
-    diff,
-    doctor,
-    lock,
-    matrix,
-    monitor,
-    push,
-    run,
-    validate,
-)
-from gpuenv.cli.common import app, new_app, normalise_argv
-
-VERB_MODULES = (matrix, build, run, bench, monitor, validate, lock, diff, push, doctor, cache)
-for _verbs in VERB_MODULES:
-    _verbs.register(app)
-
-
-def app_for(argv: list[str]) -> typer.Typer:
-    """An app with only the verb's own module registered when argv names one (Typer turns
-    every registered command into a Click command on each call: ~20 ms for all of them);
-    the whole app for `--help`, no verb or an unknown one (its error lists them all)."""
-    verb = argv[0] if argv and not argv[0].startswith("-") else None
-    if verb is None:
-        return app
-    for module in VERB_MODULES:
-        one = new_app()
-        # A callback keeps it a group: Typer would run a lone command directly, reading
-        # the verb itself as the command's first argument.
-        one.callback()(_group)
-        module.register(one)
-        if any(c.name == verb for c in one.registered_commands):
-            return one
-    return app
-
-
-def _group() -> None:
-    pass
+from typing import Any
 
 
 def main() -> None:
+    argv = sys.argv[1:]
+    if argv[:1] == ["build"]:
+        from gpuenv.cli.noop import answered
+
+        if answered(argv[1:]):
+            return
+    from gpuenv.cli.verbs import app_for, normalise_argv
+
     # `-it` (docker's spelling) would parse as `-i t` because -i takes the image.
-    argv = normalise_argv(sys.argv[1:])
+    argv = normalise_argv(argv)
     app_for(argv)(argv)
 
 
-__all__ = ["app", "main"]
+def __getattr__(name: str) -> Any:
+    """`gpuenv.cli.app` and `gpuenv.cli.app_for` (tests drive the app in-process), loaded
+    on first use so that importing the package costs nothing."""
+    if name in ("app", "app_for"):
+        from gpuenv.cli import verbs
+
+        return getattr(verbs, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["app", "app_for", "main"]

@@ -108,7 +108,8 @@ def build_cmd(
             else:
                 print("\n".join(plan.describe(the_plan)))
             return
-        from gpuenv.progress import ConsoleReporter, summary
+        from gpuenv.progress import ConsoleReporter
+        from gpuenv.results import summary
 
         reporter = ConsoleReporter()
         try:

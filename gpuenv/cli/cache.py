@@ -22,7 +22,7 @@ def cache_cmd(ctx: typer.Context, as_json: JsonOption = False) -> None:
     if ctx.invoked_subcommand is not None:
         return
     from gpuenv import wheelhouse
-    from gpuenv.build import human_size
+    from gpuenv.results import human_size
 
     with user_errors():
         info = wheelhouse.summary(wheelhouse.Store.default())
@@ -47,8 +47,8 @@ def prune_cmd(
 ) -> None:
     """Drop the files no entry of the matrix's lock names and no build used recently."""
     from gpuenv import wheelhouse
-    from gpuenv.build import human_size
     from gpuenv.project import open_project
+    from gpuenv.results import human_size
 
     with user_errors():
         project = open_project(file)

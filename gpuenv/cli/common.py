@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,29 +13,7 @@ import typer
 from typer._click import exceptions as click_errors  # Typer's own copy of Click's
 from typer.core import TyperGroup
 
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the main thread is, like Ctrl-C's KeyboardInterrupt: every
-    `finally` and `with` on the way out runs (containers removed, temporary files and the
-    CA server gone, streams closed so the engine cancels a build). Python's default for
-    SIGTERM ends the process at once and would skip all of them."""
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise Terminated()
-
-
-def interrupted_code(exc: BaseException | None) -> int:
-    """128 + the signal: 143 after SIGTERM, 130 after Ctrl-C (as shells report them)."""
-    while exc is not None:
-        if isinstance(exc, Terminated):
-            return 128 + signal.SIGTERM
-        exc = exc.__cause__ or exc.__context__
-    return 128 + signal.SIGINT
-
-
-def _interrupted_message(code: int) -> str:
-    return "error: interrupted (SIGTERM)" if code == 143 else "error: interrupted"
+from gpuenv.cli.signals import interrupted_code, interrupted_message, on_sigterm_raise
 
 
 class _Group(TyperGroup):
@@ -47,10 +23,7 @@ class _Group(TyperGroup):
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         argv = list(kwargs.get("args") or (args[0] if args else None) or sys.argv[1:])
-        # Only where no one chose otherwise, and only where Python allows it (main thread).
-        main = threading.current_thread() is threading.main_thread()
-        if main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _terminated)
+        on_sigterm_raise()
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
         except click_errors.NoArgsIsHelpError as exc:
@@ -65,7 +38,7 @@ class _Group(TyperGroup):
             print(f"error: {verb + ': ' if verb else ''}{message}{hint}", file=sys.stderr)
         except typer.Abort as exc:
             code = interrupted_code(exc)
-            print(_interrupted_message(code), file=sys.stderr)
+            print(interrupted_message(code), file=sys.stderr)
         if not isinstance(code, int):
             code = 0
         if standalone_mode:
@@ -231,7 +204,7 @@ def user_errors(exit_code: int | None = None) -> Iterator[None]:
         raise fail(exc.message, code) from None
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
         code = interrupted_code(exc)
-        raise fail(_interrupted_message(code).removeprefix("error: "), code) from None
+        raise fail(interrupted_message(code).removeprefix("error: "), code) from None
 
 
 def say(message: str) -> None:

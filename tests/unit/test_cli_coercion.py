@@ -91,7 +91,7 @@ VERBS = ["matrix", "render", "base", "build", "run", "bench", "monitor", "valida
 
 @pytest.mark.parametrize("verb", VERBS)
 def test_a_one_verb_app_says_what_the_whole_app_says(verb):
-    """main() registers only the invoked verb (cli/__init__.app_for): help, usage errors
+    """main() registers only the invoked verb (cli/verbs.app_for): help, usage errors
     and exit codes must be the whole app's."""
     from typer.testing import CliRunner
 

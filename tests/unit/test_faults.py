@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpuenv import cache, run, sizes
-from gpuenv.cli.common import Terminated, interrupted_code
+from gpuenv.cli.signals import Terminated, interrupted_code
 from gpuenv.engine import EngineError, _frames, _pin_engine_ca, engine_error
 
 # ----------------------------------------------------------------- interrupted: 130 or 143

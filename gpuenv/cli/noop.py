@@ -1,0 +1,104 @@
+"""`gpuenv build` when every selected image is up to date, answered before Typer loads.
+
+A no-op build is what CI and every `make`-style wrapper run most often, and Python plus
+Typer's import alone cost more than the check itself (issue 15: <= 0.15x a warm `docker
+build`). So `main()` first gives a plain `gpuenv build [PATTERN...] [-f FILE] [--json]` to
+`answered()`, which runs the same domain code the verb does (the snapshot, the plan) and
+prints the same table or JSON, but only when the answer is "nothing to build". Anything
+else returns False and the whole CLI takes over from the start, so there is one source of
+truth for every build, error and message:
+
+- any other option or spelling (`--no-cache`, `--dry-run`, `--`, `-fFILE`, `--help`, ...);
+- $GPUENV_REGISTRY set (its value is checked by the verb);
+- a cell to build or pull, a missing base, or any error at all (the verb reports it).
+
+It reads and prints; it writes nothing the verb would not, so falling through is safe.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+_NO_VALUE = ("--json",)
+_FILE = ("-f", "--file")
+
+
+def parse(args: list[str]) -> tuple[list[str], Path | None, bool] | None:
+    """(patterns, -f FILE, --json) for the spellings this path takes; None otherwise."""
+    patterns: list[str] = []
+    file: Path | None = None
+    as_json = False
+    rest = iter(args)
+    for arg in rest:
+        if arg in _FILE:
+            value = next(rest, None)
+            if value is None or file is not None or value.startswith("-"):
+                return None
+            file = Path(value)
+        elif arg.startswith("--file="):
+            if file is not None or arg == "--file=":
+                return None
+            file = Path(arg.removeprefix("--file="))
+        elif arg in _NO_VALUE:
+            as_json = True
+        elif arg.startswith("-") or not arg:
+            return None
+        else:
+            patterns.append(arg)
+    return patterns, file, as_json
+
+
+def answered(args: list[str]) -> bool:
+    """True when the build had nothing to do and its result is printed; False to let the
+    CLI handle the invocation from the start."""
+    parsed = parse(args)
+    if parsed is None or os.environ.get("GPUENV_REGISTRY"):
+        return False
+    from gpuenv.cli.signals import interrupted_code, interrupted_message, on_sigterm_raise
+
+    on_sigterm_raise()
+    try:
+        results = up_to_date(*parsed[:2])
+    except KeyboardInterrupt as exc:  # nothing was started: say so and stop, as the verb does
+        code = interrupted_code(exc)
+        print(interrupted_message(code), file=sys.stderr)
+        sys.exit(code)
+    except Exception:
+        return False
+    if results is None:
+        return False
+    from gpuenv import results as reports
+
+    if parsed[2]:
+        import json
+
+        print(json.dumps({"results": [r.to_json() for r in results]}, indent=2))
+    else:
+        reports.summary(results)
+    return True
+
+
+def up_to_date(patterns: list[str], file: Path | None) -> list | None:
+    """The cells' results when every one is up to date (status "cached"), else None."""
+    import time
+
+    from gpuenv import engine, plan
+    from gpuenv.project import open_project
+    from gpuenv.results import CellResult
+
+    project = open_project(file, cached=True)  # a snapshot miss loads it the long way
+    cells = project.select(patterns)
+    bundle = project.ca_bundle(None)
+    contexts = plan.render_all(project, cells, bundle)
+    the_plan = plan.make_plan(engine.connect(), project, cells, ca_bundle=bundle, contexts=contexts)
+    results = []
+    for p in the_plan.cells:
+        start = time.monotonic()
+        if p.action != "up-to-date" or p.existing is None:
+            return None
+        result = CellResult(p.cell, "cached", p.existing.id, p.existing.size)
+        result.seconds = time.monotonic() - start
+        results.append(result)
+    return results
