@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import tarfile
 import threading
@@ -178,8 +179,9 @@ def check_offline(engine: Engine, project: Project, cells: list[Cell]) -> None:
         entry = lock.cells[cell.name]
         needed = wheelhouse.locked_requirements(entry.python_env + "\n" + entry.cuda)
         missing = wheelhouse.offline_misses(store, key, needed)
-        uv = store.page(key, "uv") or []
-        if not any(f"-{UV_VERSION}-" in f.filename and store.has(f.sha256) for f in uv):
+        # The engine is this machine's (the wheelhouse is on its loopback): its architecture.
+        uv = wheelhouse.uv_wheel(store.page(key, "uv") or [], UV_VERSION, os.uname().machine)
+        if uv is None or not store.has(uv.sha256):
             missing.append(f"uv=={UV_VERSION} (the installer the build bootstraps)")
         if missing:
             more = (

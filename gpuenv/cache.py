@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +52,8 @@ def write_record(name: str, data: dict[str, Any]) -> bool:
     path = cache_file(name)
     if path is None:
         return False
+    import tempfile  # ~3 ms (shutil, compressors): only when something is written
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.")

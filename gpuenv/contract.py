@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from gpuenv.cell import Cell
 
 # ----------------------------------------------------------------------------- labels
@@ -160,3 +162,17 @@ WHEELHOUSE_ROOT = f"http://127.0.0.1:{WHEELHOUSE_PORT}"
 
 def wheelhouse_index_url(key: str) -> str:
     return f"{WHEELHOUSE_ROOT}/{key}/simple/"
+
+
+def wheelhouse_uv_url(key: str, version: str) -> str:
+    """Where an install step downloads its installer: uv's executable of that release, out
+    of the wheel the indexes under `key` offer; the step appends its machine (os.uname)."""
+    return f"{WHEELHOUSE_ROOT}/{key}/tools/uv/{version}/"
+
+
+# ----------------------------------------------------------------------------- project files
+
+
+def lock_path(matrix: Path) -> Path:
+    """The lock file beside its matrix: envs.yaml -> envs.lock."""
+    return matrix.with_suffix(".lock")

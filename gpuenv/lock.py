@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuenv.cell import Cell
+from gpuenv.contract import lock_path
 from gpuenv.errors import GpuenvError
 
 if TYPE_CHECKING:
@@ -55,10 +56,6 @@ class Lock:
     # releases, so a base re-bootstrapped later differs; builds refuse it until re-locked
     # (or until the saved base is loaded: gpuenv base --load).
     bases: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-def lock_path(matrix: Path) -> Path:
-    return matrix.with_suffix(".lock")
 
 
 def env_requirements(cell: Cell) -> list[str]:

@@ -148,11 +148,11 @@ def upstream_indexes(m: LoadedMatrix, cell: Cell) -> tuple[str, ...]:
 
 def lock_entries(project: Project, cells: list[Cell]) -> dict[str, CellLock]:
     """The cells' entries of matrix.lock, when there is one; a stale lock is an error."""
-    from gpuenv import lock as locks
-
     lock = project.lock
     if lock is None:
         return {}
+    from gpuenv import lock as locks
+
     drifted = locks.drift(lock, cells)
     if drifted:
         why = "; ".join(f"{name}: {reason}" for name, reason in drifted.items())
@@ -186,8 +186,6 @@ def render_all(
 def _base_ids(engine: Engine, project: Project, cells: list[Cell]) -> dict[str, str | None]:
     """Each base's image ID (None when missing); a base that drifted from the lock is an
     error: building on it would not give the locked environment."""
-    from gpuenv import lock as locks
-
     lock = project.lock
     out: dict[str, str | None] = {}
     for cell in cells:
@@ -196,8 +194,12 @@ def _base_ids(engine: Engine, project: Project, cells: list[Cell]) -> dict[str, 
             continue
         info = engine.image(image)
         out[image] = info.id if info else None
-        why = locks.base_drift(lock, image, info) if (lock is not None and info) else None
-        if lock is not None and why:
+        if lock is None or info is None:
+            continue
+        from gpuenv import lock as locks
+
+        why = locks.base_drift(lock, image, info)
+        if why:
             raise GpuenvError(
                 f"base {image} differs from {lock.path} ({why}): load the saved "
                 "base (gpuenv base --load FILE) or re-lock (gpuenv lock)"

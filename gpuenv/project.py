@@ -158,9 +158,9 @@ def matrix_file(explicit: Path | None) -> Path:
 
 
 def lock_path(matrix: Path) -> Path:
-    from gpuenv import lock
+    from gpuenv.contract import lock_path as beside
 
-    return lock.lock_path(matrix)
+    return beside(matrix)
 
 
 def settings_of(m: LoadedMatrix) -> Settings:

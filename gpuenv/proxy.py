@@ -29,6 +29,7 @@ import ssl
 import threading
 import urllib.error
 import urllib.request
+import zipfile
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -46,12 +47,14 @@ from gpuenv.wheelhouse import (
     normalize,
     parse_page,
     render_page,
+    uv_wheel,
 )
 
 PROBE = "/gpuenv-wheelhouse"
 TIMEOUT = 120  # seconds per upstream request
 _PAGE = re.compile(r"/([0-9a-f]{16})/simple/([A-Za-z0-9._-]+)/?")
 _FILE = re.compile(r"/([0-9a-f]{16})/files/([a-z0-9-]+)/([0-9a-f]{64})/([A-Za-z0-9._+!-]+)")
+_UV = re.compile(r"/([0-9a-f]{16})/tools/uv/([0-9][0-9A-Za-z.+-]*)/([a-z0-9_]+)")
 
 
 class Upstream:
@@ -221,6 +224,25 @@ class Proxy:
                 self.fetched += 1
         return self.store.verified(want)
 
+    def uv_executable(self, key: str, version: str, machine: str) -> bytes | None:
+        """uv's executable of that release for the build's machine, out of its wheel from
+        the indexes `key` names (stored and checked like every file): an install step
+        downloads it in a second, where making a venv to pip-install uv took ~5 s."""
+        wheel = uv_wheel(self.page(key, "uv") or [], version, machine)
+        if wheel is None:
+            if self.offline:
+                self.problem(f"--offline: the wheelhouse lacks uv {version} for {machine}")
+            return None
+        stored = self.file(key, "uv", wheel.sha256, wheel.filename)
+        if stored is None:
+            return None
+        try:
+            with zipfile.ZipFile(stored) as whl:
+                return whl.read(f"uv-{version}.data/scripts/uv")
+        except (zipfile.BadZipFile, KeyError, OSError) as exc:
+            self.problem(f"{wheel.filename}: no uv executable in it ({exc})")
+            raise _Upstream(502) from None
+
     # ---------------------------------------------------------------- HTTP
 
     def answer(self, conn: socket.socket) -> None:
@@ -290,6 +312,14 @@ class _Handler(BaseHTTPRequestHandler):
                 if not self.head_only:
                     with proxy._lock:
                         proxy.served += 1
+                return
+            m = _UV.fullmatch(path)
+            if m:
+                executable = proxy.uv_executable(*m.groups())
+                if executable is None:
+                    self._send(404, "text/plain", f"uv {m.group(2)}: not on any index\n".encode())
+                    return
+                self._send(200, "application/octet-stream", executable)
                 return
         except _Upstream:
             # 502, never the upstream's 401: pip would then prompt for a password, and the

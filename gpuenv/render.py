@@ -145,6 +145,13 @@ def render(
             else list(dict.fromkeys((*options.extra_index_urls, *cell.indexes)))
         ),
         uv_version=UV_VERSION,
+        uv_url=(
+            contract.wheelhouse_uv_url(wheelhouse_key(options, cell), UV_VERSION)
+            if options.wheelhouse
+            else None
+        ),
+        # The installer's path: downloaded alone, or inside the throwaway venv.
+        uv="/tmp/gpuenv-uv/uv" if options.wheelhouse else "/tmp/gpuenv-uv/bin/uv",
         venv=venv,
         user=contract.USER,
         uid=contract.UID,

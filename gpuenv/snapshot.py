@@ -10,7 +10,8 @@ made from, recomputed on every use:
 - the matrix file's bytes and absolute path (relative paths in it resolve from there),
 - the lock file's bytes (or its absence),
 - every other file the matrix made gpuenv read (requirements files), by path and bytes,
-- gpuenv's own sources and data (catalog) and its version, and the templates under images/.
+- gpuenv's own sources and data (catalog), its version, and the templates under images/,
+  by each file's signature (inode, size, mtime, ctime: see tree_signature).
 
 Any change misses; a missing, unreadable, corrupt or foreign entry is ignored (the matrix is
 then loaded as before and the entry rewritten). A snapshot is written only when reading it
@@ -39,20 +40,26 @@ FORMAT = 1
 PACKAGE = Path(gpuenv.__file__).parent
 
 
-def tree_digest(root: Path, suffixes: tuple[str, ...] = ()) -> str:
-    """sha256 over every file under root (relative names and contents), sorted."""
-    h = hashlib.sha256()
-    found = []
+def tree_signature(root: Path, suffixes: tuple[str, ...] = ()) -> str:
+    """sha256 over every file under root by relative name, inode, size, mtime and ctime,
+    sorted: what git's index trusts to know a file is unchanged, at the cost of one stat
+    per file rather than reading ~1 MB on every no-op build and run. Any write changes the
+    ctime (which no tool can set back) and a replacing rename the inode, so an edited
+    source never passes for the old one."""
+    entries = []
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if d != "__pycache__"]  # bytecode: not an input
-        found += [Path(folder, f) for f in files if not suffixes or Path(f).suffix in suffixes]
-    for path in sorted(found):
-        if not path.is_file():
-            continue
-        data = path.read_bytes()
-        h.update(f"{path.relative_to(root)}\0{len(data)}\0".encode())
-        h.update(data)
-    return h.hexdigest()
+        for name in files:
+            if suffixes and os.path.splitext(name)[1] not in suffixes:
+                continue
+            path = os.path.join(folder, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            rel = os.path.relpath(path, root)
+            entries.append(f"{rel}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}")
+    return hashlib.sha256("\n".join(sorted(entries)).encode()).hexdigest()
 
 
 def templates_dir() -> Path:
@@ -67,8 +74,8 @@ def code_digest() -> str:
     wrote."""
     parts = [
         gpuenv.__version__,
-        tree_digest(PACKAGE, (".py", ".yaml", ".json", ".j2", ".txt")),
-        tree_digest(templates_dir()),
+        tree_signature(PACKAGE, (".py", ".yaml", ".json", ".j2", ".txt")),
+        tree_signature(templates_dir()),
     ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 

@@ -385,6 +385,24 @@ def locked_hashes(texts: Iterable[str]) -> set[str]:
     return {h for text in texts for r in locked_requirements(text) for h in r.hashes}
 
 
+UV_MACHINES = ("x86_64", "aarch64")  # os.uname().machine values uv publishes manylinux wheels for
+
+
+def uv_wheel(files: list[IndexFile], version: str, machine: str) -> IndexFile | None:
+    """uv's manylinux wheel of `version` for `machine` among a page's files (the first by
+    name when there are several); None when the index offers none. Its executable is what
+    an install step runs (gpuenv/proxy.py, Proxy.uv_executable)."""
+    if machine not in UV_MACHINES:
+        return None
+    prefix = f"uv-{version}-py3-none-"
+    wheels = [
+        f for f in files
+        if f.filename.startswith(prefix) and f.filename.endswith(f"_{machine}.whl")
+        and "manylinux" in f.filename and not f.yanked
+    ]  # fmt: skip
+    return min(wheels, key=lambda f: f.filename) if wheels else None
+
+
 def offline_misses(store: Store, key: str, requirements: list[Requirement]) -> list[str]:
     """The locked distributions an offline build could not install from the wheelhouse:
     no stored page for the project through these indexes, or no stored file with one of the

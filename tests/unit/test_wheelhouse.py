@@ -301,6 +301,84 @@ def test_proxy_refuses_a_file_whose_download_does_not_match(tmp_path):
     assert not store.has(SHA) and "the index said" in proxy.problems[0]
 
 
+def _uv_wheel(version: str, body: bytes) -> bytes:
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as whl:
+        whl.writestr(f"uv-{version}.data/scripts/uv", body)
+        whl.writestr(f"uv-{version}.dist-info/METADATA", "Name: uv\n")
+    return buf.getvalue()
+
+
+def test_uv_wheel_is_the_manylinux_one_for_the_machine():
+    def f(name: str, yanked: bool = False) -> IndexFile:
+        return IndexFile(name, f"https://x/{name}", "0" * 64, yanked=yanked)
+
+    files = [
+        f("uv-0.13.9.tar.gz"),
+        f("uv-0.13.9-py3-none-musllinux_1_1_x86_64.whl"),
+        f("uv-0.13.9-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"),
+        f("uv-0.13.9-py3-none-manylinux_2_28_aarch64.whl"),
+        f("uv-0.13.90-py3-none-manylinux_2_17_x86_64.whl"),
+        f("uv-0.13.8-py3-none-manylinux_2_17_x86_64.whl"),
+    ]
+    x86 = wheelhouse.uv_wheel(files, "0.13.9", "x86_64")
+    assert x86 is not None and x86.filename.startswith("uv-0.13.9-py3-none-manylinux_2_17_x86")
+    arm = wheelhouse.uv_wheel(files, "0.13.9", "aarch64")
+    assert arm is not None and arm.filename.endswith("manylinux_2_28_aarch64.whl")
+    assert wheelhouse.uv_wheel(files, "0.13.9", "riscv64") is None
+    assert wheelhouse.uv_wheel(files, "0.13.7", "x86_64") is None
+    yanked = [f("uv-0.13.9-py3-none-manylinux_2_17_x86_64.whl", yanked=True)]
+    assert wheelhouse.uv_wheel(yanked, "0.13.9", "x86_64") is None
+
+
+def test_proxy_serves_uvs_executable_out_of_its_checked_wheel(tmp_path):
+    store = Store(tmp_path)
+    urls = ("https://idx.example/simple/",)
+    key = wheelhouse.index_key(urls)
+    store.save_index(key, urls)
+    whl = _uv_wheel("0.13.9", b"\x7fELF uv")
+    name = "uv-0.13.9-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+    sha = hashlib.sha256(whl).hexdigest()
+    page = f'<a href="/f/{name}#sha256={sha}">uv</a>'.encode()
+    up = StubUpstream(
+        {"https://idx.example/simple/uv/": page}, {f"https://idx.example/f/{name}": whl}
+    )
+    proxy, server = serve(store, up)
+    with server:
+        root = f"http://127.0.0.1:{server.port}/{key}/tools/uv"
+        assert get(f"{root}/0.13.9/x86_64") == (200, b"\x7fELF uv")
+        assert get(f"{root}/0.13.9/aarch64")[0] == 404  # no wheel for that machine
+        assert get(f"{root}/0.13.8/x86_64")[0] == 404
+    assert store.has(sha) and proxy.fetched == 1
+    offline, server = serve(store, StubUpstream({}, {}), offline=True)
+    with server:  # the stored wheel serves an offline build
+        root = f"http://127.0.0.1:{server.port}/{key}/tools/uv"
+        assert get(f"{root}/0.13.9/x86_64") == (200, b"\x7fELF uv")
+        assert get(f"{root}/0.13.9/aarch64")[0] == 404
+    assert "lacks uv 0.13.9 for aarch64" in offline.problems[0]
+
+
+def test_a_wheel_tampered_on_the_way_in_gives_no_uv(tmp_path):
+    store = Store(tmp_path)
+    urls = ("https://idx.example/simple/",)
+    key = wheelhouse.index_key(urls)
+    store.save_index(key, urls)
+    name = "uv-0.13.9-py3-none-manylinux_2_17_x86_64.whl"
+    sha = hashlib.sha256(_uv_wheel("0.13.9", b"uv")).hexdigest()
+    page = f'<a href="/f/{name}#sha256={sha}">uv</a>'.encode()
+    evil = _uv_wheel("0.13.9", b"not uv")
+    up = StubUpstream(
+        {"https://idx.example/simple/uv/": page}, {f"https://idx.example/f/{name}": evil}
+    )
+    proxy, server = serve(store, up)
+    with server:
+        url = f"http://127.0.0.1:{server.port}/{key}/tools/uv/0.13.9/x86_64"
+        assert get(url)[0] == 502
+    assert not store.has(sha) and "the index said" in proxy.problems[0]
+
+
 def test_byte_ranges():
     from gpuenv.proxy import byte_range
 

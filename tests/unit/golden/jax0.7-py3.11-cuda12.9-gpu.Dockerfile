@@ -6,20 +6,22 @@ RUN set -eu; \
     python3 -c 'import urllib.request as r; r.urlretrieve("http://127.0.0.1:47811/ca.pem", "/tmp/gpuenv-ca.pem")'; \
     export SSL_CERT_FILE=/tmp/gpuenv-ca.pem PIP_CERT=/tmp/gpuenv-ca.pem; \
     export PIP_INDEX_URL=http://127.0.0.1:47812/c7f8d697991d53b5/simple/ UV_INDEX_URL=http://127.0.0.1:47812/c7f8d697991d53b5/simple/; \
-    python3 -m venv /tmp/gpuenv-uv; \
-    /tmp/gpuenv-uv/bin/pip install --quiet --no-cache-dir --disable-pip-version-check uv==0.13.9; \
+    mkdir /tmp/gpuenv-uv; \
+    python3 -c 'import os, urllib.request as r; r.urlretrieve("http://127.0.0.1:47812/c7f8d697991d53b5/tools/uv/0.13.9/" + os.uname().machine, "/tmp/gpuenv-uv/uv")'; \
+    chmod 755 /tmp/gpuenv-uv/uv; \
     useradd --uid 1000 --user-group --create-home --shell /bin/bash gpuenv; \
-    /tmp/gpuenv-uv/bin/uv venv --quiet --python python3 /opt/venv; \
-    SOURCE_DATE_EPOCH=0 /tmp/gpuenv-uv/bin/uv pip install --quiet --no-cache --compile-bytecode --python /opt/venv/bin/python jax==0.7.2; \
+    /tmp/gpuenv-uv/uv venv --quiet --python python3 /opt/venv; \
+    SOURCE_DATE_EPOCH=0 /tmp/gpuenv-uv/uv pip install --quiet --no-cache --compile-bytecode --python /opt/venv/bin/python jax==0.7.2; \
     rm -rf /tmp/gpuenv-uv /tmp/gpuenv-ca.pem /root/.cache
 
 RUN set -eu; \
     python3 -c 'import urllib.request as r; r.urlretrieve("http://127.0.0.1:47811/ca.pem", "/tmp/gpuenv-ca.pem")'; \
     export SSL_CERT_FILE=/tmp/gpuenv-ca.pem PIP_CERT=/tmp/gpuenv-ca.pem; \
     export PIP_INDEX_URL=http://127.0.0.1:47812/c7f8d697991d53b5/simple/ UV_INDEX_URL=http://127.0.0.1:47812/c7f8d697991d53b5/simple/; \
-    python3 -m venv /tmp/gpuenv-uv; \
-    /tmp/gpuenv-uv/bin/pip install --quiet --no-cache-dir --disable-pip-version-check uv==0.13.9; \
-    /tmp/gpuenv-uv/bin/uv pip install --quiet --no-cache --python /opt/venv/bin/python jax-cuda12-pjrt==0.7.2 jax-cuda12-plugin==0.7.2 nvidia-cublas-cu12==12.9.1.4 nvidia-cuda-cupti-cu12==12.9.79 nvidia-cuda-nvcc-cu12==12.9.86 nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-runtime-cu12==12.9.79 nvidia-cudnn-cu12==9.10.2.21 nvidia-cufft-cu12==11.4.1.4 nvidia-cusolver-cu12==11.7.5.82 nvidia-cusparse-cu12==12.5.10.65 nvidia-nccl-cu12==2.27.5 nvidia-nvjitlink-cu12==12.9.86 nvidia-nvshmem-cu12==3.3.20; \
+    mkdir /tmp/gpuenv-uv; \
+    python3 -c 'import os, urllib.request as r; r.urlretrieve("http://127.0.0.1:47812/c7f8d697991d53b5/tools/uv/0.13.9/" + os.uname().machine, "/tmp/gpuenv-uv/uv")'; \
+    chmod 755 /tmp/gpuenv-uv/uv; \
+    /tmp/gpuenv-uv/uv pip install --quiet --no-cache --python /opt/venv/bin/python jax-cuda12-pjrt==0.7.2 jax-cuda12-plugin==0.7.2 nvidia-cublas-cu12==12.9.1.4 nvidia-cuda-cupti-cu12==12.9.79 nvidia-cuda-nvcc-cu12==12.9.86 nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-runtime-cu12==12.9.79 nvidia-cudnn-cu12==9.10.2.21 nvidia-cufft-cu12==11.4.1.4 nvidia-cusolver-cu12==11.7.5.82 nvidia-cusparse-cu12==12.5.10.65 nvidia-nccl-cu12==2.27.5 nvidia-nvjitlink-cu12==12.9.86 nvidia-nvshmem-cu12==3.3.20; \
     rm -rf /tmp/gpuenv-uv /tmp/gpuenv-ca.pem /root/.cache
 
 ENV VIRTUAL_ENV=/opt/venv \

@@ -4,11 +4,12 @@ FROM gpuenv/debian:bookworm
 
 RUN set -eu; \
     export PIP_INDEX_URL=http://127.0.0.1:47812/c7f8d697991d53b5/simple/ UV_INDEX_URL=http://127.0.0.1:47812/c7f8d697991d53b5/simple/; \
-    python3 -m venv /tmp/gpuenv-uv; \
-    /tmp/gpuenv-uv/bin/pip install --quiet --no-cache-dir --disable-pip-version-check uv==0.13.9; \
+    mkdir /tmp/gpuenv-uv; \
+    python3 -c 'import os, urllib.request as r; r.urlretrieve("http://127.0.0.1:47812/c7f8d697991d53b5/tools/uv/0.13.9/" + os.uname().machine, "/tmp/gpuenv-uv/uv")'; \
+    chmod 755 /tmp/gpuenv-uv/uv; \
     useradd --uid 1000 --user-group --create-home --shell /bin/bash gpuenv; \
-    /tmp/gpuenv-uv/bin/uv venv --quiet --python python3 /opt/venv; \
-    SOURCE_DATE_EPOCH=0 /tmp/gpuenv-uv/bin/uv pip install --quiet --no-cache --compile-bytecode --python /opt/venv/bin/python tensorflow==2.21.0; \
+    /tmp/gpuenv-uv/uv venv --quiet --python python3 /opt/venv; \
+    SOURCE_DATE_EPOCH=0 /tmp/gpuenv-uv/uv pip install --quiet --no-cache --compile-bytecode --python /opt/venv/bin/python tensorflow==2.21.0; \
     rm -rf /tmp/gpuenv-uv /root/.cache
 
 ENV VIRTUAL_ENV=/opt/venv \

@@ -6,11 +6,12 @@ RUN set -eu; \
     python3 -c 'import urllib.request as r; r.urlretrieve("http://127.0.0.1:47811/ca.pem", "/tmp/gpuenv-ca.pem")'; \
     export SSL_CERT_FILE=/tmp/gpuenv-ca.pem PIP_CERT=/tmp/gpuenv-ca.pem; \
     export PIP_INDEX_URL=http://127.0.0.1:47812/1da23de579c400d8/simple/ UV_INDEX_URL=http://127.0.0.1:47812/1da23de579c400d8/simple/; \
-    python3 -m venv /tmp/gpuenv-uv; \
-    /tmp/gpuenv-uv/bin/pip install --quiet --no-cache-dir --disable-pip-version-check uv==0.13.9; \
+    mkdir /tmp/gpuenv-uv; \
+    python3 -c 'import os, urllib.request as r; r.urlretrieve("http://127.0.0.1:47812/1da23de579c400d8/tools/uv/0.13.9/" + os.uname().machine, "/tmp/gpuenv-uv/uv")'; \
+    chmod 755 /tmp/gpuenv-uv/uv; \
     useradd --uid 1000 --user-group --create-home --shell /bin/bash gpuenv; \
-    /tmp/gpuenv-uv/bin/uv venv --quiet --python python3 /opt/venv; \
-    SOURCE_DATE_EPOCH=0 /tmp/gpuenv-uv/bin/uv pip install --quiet --no-cache --compile-bytecode --python /opt/venv/bin/python torch==2.11.0+cpu; \
+    /tmp/gpuenv-uv/uv venv --quiet --python python3 /opt/venv; \
+    SOURCE_DATE_EPOCH=0 /tmp/gpuenv-uv/uv pip install --quiet --no-cache --compile-bytecode --python /opt/venv/bin/python torch==2.11.0+cpu; \
     rm -rf /tmp/gpuenv-uv /tmp/gpuenv-ca.pem /root/.cache
 
 ENV VIRTUAL_ENV=/opt/venv \
