@@ -69,11 +69,11 @@ def check_bundle(path: Path, origin: str) -> None:
         return
     import ssl
 
-    from gpuenv.yamlfile import read_capped
+    from gpuenv.files import read_regular
 
     where = f"CA bundle {path} (from {origin})"
     try:
-        text = read_capped(path, MAX_BUNDLE_BYTES)
+        text = read_regular(path, MAX_BUNDLE_BYTES)
     except IsADirectoryError:
         raise GpuenvError(f"{where}: not a regular file") from None
     except OSError as exc:

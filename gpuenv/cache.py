@@ -82,16 +82,19 @@ def file_digest(path: Path) -> str:
     """sha256 of a regular file's bytes. Anything else is a value of its own, never read
     (/dev/zero or a FIFO given as the matrix must not hang or fill memory here; loading
     then refuses it): "absent", "special", "unreadable", "large" with size and mtime."""
+    from gpuenv.files import read_regular
+
     try:
         st = path.stat()
         if not stat.S_ISREG(st.st_mode):
             return f"special:{st.st_mode:o}"
         if st.st_size > MAX_INPUT_BYTES:
             return f"large:{st.st_size}:{st.st_mtime_ns}"
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_INPUT_BYTES + 1)
+        data = read_regular(path, MAX_INPUT_BYTES)
     except FileNotFoundError:
         return "absent"
+    except IsADirectoryError:  # replaced by something else since the stat
+        return "special"
     except OSError:
         return "unreadable"
     if len(data) > MAX_INPUT_BYTES:  # grew since the stat

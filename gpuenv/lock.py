@@ -144,7 +144,8 @@ def load(path: Path) -> Lock | None:
     version, a sha256 per cell, an exclude-newer timestamp. Anything else is one error that
     names the file and says how to recover."""
     from gpuenv.errors import MatrixError
-    from gpuenv.yamlfile import MAX_BYTES, parse, read_capped
+    from gpuenv.files import read_regular
+    from gpuenv.yamlfile import MAX_BYTES, parse
 
     if not path.exists() and not path.is_symlink():
         return None
@@ -153,7 +154,7 @@ def load(path: Path) -> Lock | None:
         return GpuenvError(f"{path}: not a gpuenv lock ({why}); rewrite it: gpuenv lock")
 
     try:
-        raw = read_capped(path, MAX_BYTES * 50)
+        raw = read_regular(path, MAX_BYTES * 50)
     except OSError as exc:
         raise bad(f"cannot read: {exc.strerror}") from None
     if len(raw) > MAX_BYTES * 50:

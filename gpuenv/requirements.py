@@ -18,6 +18,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuenv.files import read_regular
+
 MAX_BYTES = 1_000_000
 MAX_LINES = 5_000
 
@@ -106,8 +108,11 @@ def read(written: str, matrix_dir: Path) -> RequirementsFile:
             f"requirements file {written!r} is larger than {MAX_BYTES} bytes", written
         )
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
+        raw = read_regular(path, MAX_BYTES)
+    except IsADirectoryError:  # replaced by something else since the stat
+        raise RequirementsProblem(
+            f"requirements file {written!r} is not a regular file", written
+        ) from None
     except OSError as exc:
         raise RequirementsProblem(
             f"requirements file {written!r} cannot be read: {exc.strerror}", written

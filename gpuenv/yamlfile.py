@@ -7,9 +7,6 @@ node tree so that errors found later, by the schema, can name the line they come
 
 from __future__ import annotations
 
-import errno
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +14,7 @@ from typing import Any
 import yaml
 
 from gpuenv.errors import MatrixError
+from gpuenv.files import read_regular
 
 MAX_BYTES = 1_000_000
 # A real matrix has a few hundred nodes; this bound only stops alias bombs.
@@ -68,18 +66,9 @@ def _child(node: yaml.Node | None, part: str | int) -> tuple[yaml.Node, yaml.Nod
     return None
 
 
-def read_capped(path: Path, limit: int) -> bytes:
-    """At most limit + 1 bytes of a regular file: a device (/dev/zero), a FIFO or a directory
-    is refused before anything is read from it."""
-    with path.open("rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise IsADirectoryError(errno.EISDIR, "not a regular file")
-        return f.read(limit + 1)
-
-
 def load(path: Path) -> YamlDocument:
     try:
-        raw = read_capped(path, MAX_BYTES)
+        raw = read_regular(path, MAX_BYTES)
     except FileNotFoundError:
         raise MatrixError(path, "no such file; pass -f/--file or set GPUENV_MATRIX") from None
     except IsADirectoryError:

@@ -1,0 +1,32 @@
+"""Reading the user's input files: a regular file only, at most `limit` + 1 bytes.
+
+The matrix, a lock, a requirements file or a CA bundle may be named by anyone, so a device
+(/dev/zero), a FIFO or a directory given in their place is refused before anything is read.
+The file is opened without blocking (a FIFO with no writer would otherwise block the open
+itself) and its type is checked on the open descriptor, so a file swapped for a FIFO after
+some earlier check cannot hang gpuenv either.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+
+def read_regular(path: Path | str, limit: int) -> bytes:
+    """At most limit + 1 bytes of a regular file (the caller tells "too large" from the
+    length). Not a regular file: IsADirectoryError; missing: FileNotFoundError; other
+    failures: OSError, as open() raises them."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IsADirectoryError(errno.EISDIR, "not a regular file", str(path))
+        os.set_blocking(fd, True)  # a regular file's reads never wait anyway; be explicit
+        with os.fdopen(fd, "rb", closefd=True) as f:
+            fd = -1
+            return f.read(limit + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
