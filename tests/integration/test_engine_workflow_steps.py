@@ -158,7 +158,7 @@ def test_the_image_workflow_steps_run_here(registry, pushed, cpu_built, loopback
     base_env.update(
         PATH=f"{bin_dir}:{venv_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         RUNNER_TEMP=str(runner_temp),
-        XDG_CACHE_HOME=str(tmp_path / "cache"),  # this run's own validation records
+        XDG_CACHE_HOME=str(tmp_path / "cache"),  # the job sets its own; never the user's
         CI="true",
     )
     values = {
@@ -182,8 +182,21 @@ def test_the_image_workflow_steps_run_here(registry, pushed, cpu_built, loopback
     suites = [junit] if junit.tag == "testsuite" else list(junit)
     assert sum(int(s.get("tests", 0)) for s in suites) > 0
     assert sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites) == 0
-    records = json.loads((tmp_path / "cache" / "gpuenv" / "validated.json").read_text())
+    # The job puts gpuenv's cache under $RUNNER_TEMP; its cache step saves the wheelhouse
+    # exactly where gpuenv keeps it.
+    cache_home = Path(jobs["build"]["env"]["XDG_CACHE_HOME"].replace("${{ runner.temp }}",
+                                                                    str(runner_temp)))  # fmt: skip
+    records = json.loads((cache_home / "gpuenv" / "validated.json").read_text())
     assert records[cpu_built["Id"]] is True
+    caches = [st["with"]["path"] for st in jobs["build"]["steps"]
+              if st.get("uses", "").startswith("actions/cache")]  # fmt: skip
+    saved = [path for path in caches if "wheelhouse" in path]
+    probe = "from gpuenv import wheelhouse; print(wheelhouse.Store.default().root)"
+    where = subprocess.run(
+        [sys.executable, "-c", probe], env={**base_env, "XDG_CACHE_HOME": str(cache_home)},
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert [x.replace("${{ runner.temp }}", str(runner_temp)) for x in saved] == [where]
     repository = f"{OWNER.lower()}/tensorflow"
     assert CPU_CELL in registry.tags(repository)
     pushed = loopback_refs()
