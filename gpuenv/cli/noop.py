@@ -20,6 +20,10 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuenv.results import CellResult
 
 _NO_VALUE = ("--json",)
 _FILE = ("-f", "--file")
@@ -65,7 +69,7 @@ def answered(args: list[str]) -> bool:
         code = interrupted_code(exc)
         print(interrupted_message(code), file=sys.stderr)
         sys.exit(code)
-    except Exception:
+    except Exception:  # whatever it is, the verb meets it again and says it the one way
         return False
     if results is None:
         return False
@@ -80,10 +84,8 @@ def answered(args: list[str]) -> bool:
     return True
 
 
-def up_to_date(patterns: list[str], file: Path | None) -> list | None:
+def up_to_date(patterns: list[str], file: Path | None) -> list[CellResult] | None:
     """The cells' results when every one is up to date (status "cached"), else None."""
-    import time
-
     from gpuenv import engine, plan
     from gpuenv.project import open_project
     from gpuenv.results import CellResult
@@ -95,10 +97,7 @@ def up_to_date(patterns: list[str], file: Path | None) -> list | None:
     the_plan = plan.make_plan(engine.connect(), project, cells, ca_bundle=bundle, contexts=contexts)
     results = []
     for p in the_plan.cells:
-        start = time.monotonic()
         if p.action != "up-to-date" or p.existing is None:
             return None
-        result = CellResult(p.cell, "cached", p.existing.id, p.existing.size)
-        result.seconds = time.monotonic() - start
-        results.append(result)
+        results.append(CellResult(p.cell, "cached", p.existing.id, p.existing.size))
     return results
