@@ -4,7 +4,7 @@ The SDK (requests, urllib3, ssl: ~0.12 s to import) is imported on first use. On
 engine (a Unix socket: DOCKER_HOST=unix://..., or no DOCKER_HOST and the default context),
 the few calls a no-op `build` and a `run` make (image inspect, container create, attach,
 start, wait, stop, remove, info) go straight to the Engine API over the socket with the
-standard library (`_Socket`), so those commands never import it; anything else, and every
+standard library (gpuenv/wire.py), so those commands never import it; anything else, and every
 other kind of engine (tcp, ssh, TLS, contexts), uses the SDK.
 
 The rest of gpuenv sees typed operations (image info, build, tag/remove, a container spec
@@ -17,7 +17,6 @@ what to do, and the engine's own text in `detail` for callers that explain it fu
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -29,6 +28,9 @@ from typing import Any
 
 from gpuenv import contract
 from gpuenv.errors import GpuenvError
+from gpuenv.wire import ApiError, Socket, local_socket
+from gpuenv.wire import frames as _frames
+from gpuenv.wire import quote_segment as _q
 
 LogSink = Callable[[str], None]
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -196,7 +198,7 @@ class Engine:
         """An SDK client, or (local engines) the socket's path: the SDK client is then
         made on first use of anything the socket transport does not do."""
         self._client = client
-        self._socket = _Socket(socket_path) if socket_path else None
+        self._socket = Socket(socket_path) if socket_path else None
         self._tty: dict[str, bool] = {}  # containers this engine created -> Tty
 
     @property
@@ -605,29 +607,6 @@ class Engine:
         return code, out
 
 
-def _frames(recv: Callable[[], bytes]) -> Iterator[tuple[bytes | None, bytes | None]]:
-    """The engine's multiplexed stream (non-TTY), read by `recv` (b"" at the end): frames of
-    an 8-byte header (stream 1 stdout, 2 stderr; big-endian length in bytes 4-7) and a
-    payload. The one reader of it: the socket transport's attach and the TLS attach."""
-    buf = b""
-
-    def fill(n: int) -> bool:
-        nonlocal buf
-        while len(buf) < n:
-            chunk = recv()
-            if not chunk:
-                return False
-            buf += chunk
-        return True
-
-    while fill(8):
-        kind, size = buf[0], int.from_bytes(buf[4:8], "big")
-        if not fill(8 + size):
-            return
-        payload, buf = buf[8 : 8 + size], buf[8 + size :]
-        yield (None, payload) if kind == 2 else (payload, None)
-
-
 def _translated_stream(stream: Iterator[Any]) -> Iterator[Any]:
     with _translated():
         yield from stream
@@ -722,50 +701,7 @@ def _pin_engine_ca(api: Any) -> None:
     api.merge_environment_settings = merge_keeping_ca
 
 
-DEFAULT_SOCKET = "/var/run/docker.sock"
-
-
-def local_socket() -> str | None:
-    """The Unix socket of a local engine, when that is what the SDK would connect to:
-    DOCKER_HOST=unix:///PATH, or no DOCKER_HOST, no DOCKER_CONTEXT other than default, and
-    no current context other than default in the Docker config. None otherwise (the SDK
-    then reads contexts, TLS and ssh itself)."""
-    host = os.environ.get("DOCKER_HOST", "")
-    if host:
-        path = host.removeprefix("unix://")
-        ok = host.startswith("unix://") and path.startswith("/") and "\0" not in path
-        return path if ok and len(path) < 108 else None
-    if os.environ.get("DOCKER_CONTEXT", "default") != "default":
-        return None
-    config_dir = os.environ.get("DOCKER_CONFIG") or os.path.join(os.path.expanduser("~"), ".docker")
-    try:
-        with open(os.path.join(config_dir, "config.json"), encoding="utf-8") as fh:
-            current = json.load(fh).get("currentContext")
-    except FileNotFoundError:
-        current = None
-    except (OSError, ValueError, AttributeError):
-        return None  # unreadable: let the SDK decide, as before
-    return DEFAULT_SOCKET if current in (None, "", "default") else None
-
-
 # ------------------------------------------------------------- the socket transport
-
-
-class ApiError(Exception):
-    """An Engine API answer other than success, worded as the SDK's APIError is (callers
-    match the engine's own text in it: gpus.explain_start_error, run._start_error)."""
-
-    def __init__(self, status: int, reason: str, message: str, url: str) -> None:
-        kind = "Client" if status < 500 else "Server"
-        super().__init__(f'{status} {kind} Error for {url}: {reason} ("{message}")')
-        self.status_code = status
-        self.explanation = message
-
-
-def _q(value: str) -> str:
-    from urllib.parse import quote
-
-    return quote(value, safe="")
 
 
 def _create_body(spec: ContainerSpec) -> dict[str, Any]:
@@ -818,156 +754,3 @@ def _parse_bytes(text: str) -> int:
     if value[-1:] not in units:
         raise EngineError(f"--shm-size {text!r}: expected a number with b, k, m or g")
     return int(float(value[:-1]) * units[value[-1]])
-
-
-MAX_ANSWER = 64 << 20  # an Engine API answer gpuenv reads whole (inspect, info, create)
-
-
-def _read_head(reader: Any, url: str) -> tuple[int, str, dict[str, str]]:
-    """Status line and headers; ApiError when the peer does not speak HTTP."""
-    line = reader.readline(65537)
-    parts = line.decode("latin-1").split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-        raise ApiError(502, "Bad Gateway", f"no Engine API answer ({line[:80]!r})", url)
-    headers: dict[str, str] = {}
-    for _ in range(200):
-        raw = reader.readline(65537)
-        if raw in (b"\r\n", b"\n", b""):
-            return int(parts[1]), parts[2].strip() if len(parts) > 2 else "", headers
-        name, _, value = raw.decode("latin-1").partition(":")
-        headers[name.strip().lower()] = value.strip()
-    raise ApiError(502, "Bad Gateway", "no end to the answer's headers", url)
-
-
-def _read_body(reader: Any, headers: dict[str, str], url: str) -> bytes:
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        out = bytearray()
-        while True:
-            size_line = reader.readline(1024).split(b";")[0].strip()
-            try:
-                size = int(size_line, 16)
-            except ValueError:
-                raise ApiError(502, "Bad Gateway", "a malformed chunked answer", url) from None
-            if size == 0:
-                return bytes(out)
-            if len(out) + size > MAX_ANSWER:
-                raise ApiError(502, "Bad Gateway", "an answer larger than 64 MiB", url)
-            out += reader.read(size)
-            reader.readline(1024)  # the CRLF after the chunk
-    length = headers.get("content-length")
-    if length is not None and length.isdigit():
-        if int(length) > MAX_ANSWER:
-            raise ApiError(502, "Bad Gateway", "an answer larger than 64 MiB", url)
-        return bytes(reader.read(int(length)))
-    return bytes(reader.read(MAX_ANSWER))
-
-
-class _Socket:
-    """HTTP/1.1 to the engine's Unix socket with the standard library: one connection per
-    request (a Unix socket connects in microseconds), JSON in and out."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def _open(self, timeout: float | None) -> Any:
-        import socket
-
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        try:
-            sock.connect(self.path)
-        except OSError:
-            sock.close()
-            raise
-        return sock
-
-    def request(
-        self,
-        method: str,
-        url: str,
-        body: dict[str, Any] | None = None,
-        *,
-        timeout: float | None = 60,
-        ok: tuple[int, ...] = (200, 201, 204),
-    ) -> bytes:
-        """One request, `Connection: close`; the body (Content-Length, chunked, or up to
-        the close). http.client would cost its import (email.parser & co, ~15 ms) on
-        every `run`; the engine's answers need no more than this."""
-        data = json.dumps(body).encode() if body is not None else b""
-        head = f"{method} {url} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
-        if body is not None:
-            head += "Content-Type: application/json\r\n"
-        head += f"Content-Length: {len(data)}\r\n\r\n"
-        sock = self._open(timeout)
-        try:
-            sock.sendall(head.encode() + data)
-            with sock.makefile("rb") as reader:
-                status, reason, headers = _read_head(reader, url)
-                raw = _read_body(reader, headers, url)
-        finally:
-            sock.close()
-        if status not in ok:
-            raise self._error(status, reason, raw, url)
-        return raw
-
-    def json(
-        self,
-        method: str,
-        url: str,
-        body: dict[str, Any] | None = None,
-        *,
-        timeout: float | None = 60,
-        ok: tuple[int, ...] = (200, 201, 204),
-    ) -> Any:
-        raw = self.request(method, url, body, timeout=timeout, ok=ok)
-        try:
-            return json.loads(raw) if raw.strip() else {}
-        except ValueError:
-            raise ApiError(
-                502, "Bad Gateway", "the answer is not the Engine API's JSON", url
-            ) from None
-
-    @staticmethod
-    def _error(status: int, reason: str, raw: bytes, url: str) -> ApiError:
-        try:
-            message = str(json.loads(raw).get("message") or "")
-        except (ValueError, AttributeError):
-            message = raw.decode(errors="replace").strip()
-        return ApiError(status, reason, message, f"http+docker://localhost{url}")
-
-    def attach(self, cid: str, *, tty: bool) -> Iterator[tuple[bytes | None, bytes | None]]:
-        """A created container's output from the start: (stdout, stderr) chunks until the
-        container's streams close, demultiplexed (a TTY's single stream is all stdout). The
-        request is sent now, so nothing written after a later start is missed."""
-        url = f"/containers/{_q(cid)}/attach?logs=1&stream=1&stdout=1&stderr=1"
-        sock = self._open(None)
-        try:
-            sock.sendall(
-                f"POST {url} HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\n"
-                "Upgrade: tcp\r\nContent-Length: 0\r\n\r\n".encode()
-            )
-            reader = sock.makefile("rb")
-            status, reason, headers = _read_head(reader, url)
-            if status not in (101, 200):
-                raise self._error(status, reason, _read_body(reader, headers, url), url)
-        except BaseException:
-            sock.close()
-            raise
-        return self._raw(sock, reader) if tty else self._frames(sock, reader)
-
-    @staticmethod
-    def _raw(sock: Any, reader: Any) -> Iterator[tuple[bytes | None, bytes | None]]:
-        try:
-            while chunk := reader.read1(65536):
-                yield chunk, None
-        finally:
-            reader.close()
-            sock.close()
-
-    @staticmethod
-    def _frames(sock: Any, reader: Any) -> Iterator[tuple[bytes | None, bytes | None]]:
-        try:
-            yield from _frames(lambda: reader.read1(65536))
-        finally:
-            reader.close()
-            sock.close()

@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuenv import contract, snapshot
+from gpuenv import contract, fingerprint
 from gpuenv.cell import Cell
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class BuildContext:
         return target
 
 
-templates_dir = snapshot.templates_dir
+templates_dir = fingerprint.templates_dir
 
 
 def templates_digest() -> str:

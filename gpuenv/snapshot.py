@@ -11,7 +11,7 @@ made from, recomputed on every use:
 - the lock file's bytes (or its absence),
 - every other file the matrix made gpuenv read (requirements files), by path and bytes,
 - gpuenv's own sources and data (catalog), its version, and the templates under images/,
-  by each file's signature (inode, size, mtime, ctime: see tree_signature).
+  by each file's signature (inode, size, mtime, ctime: see fingerprint.tree_signature).
 
 Any change misses; a missing, unreadable, corrupt or foreign entry is ignored (the matrix is
 then loaded as before and the entry rewritten). A snapshot is written only when reading it
@@ -28,66 +28,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import gpuenv
 from gpuenv import cache as caches
-from gpuenv.cache import file_digest
 from gpuenv.cell import Base, Cell
+from gpuenv.fingerprint import dependency_state, key
 
 if TYPE_CHECKING:
     from gpuenv.lock import Lock
 
 FORMAT = 1
-PACKAGE = Path(gpuenv.__file__).parent
-
-
-def tree_signature(root: Path, suffixes: tuple[str, ...] = ()) -> str:
-    """sha256 over every file under root by relative name, inode, size, mtime and ctime,
-    sorted: what git's index trusts to know a file is unchanged, at the cost of one stat
-    per file rather than reading ~1 MB on every no-op build and run. Any write changes the
-    ctime (which no tool can set back) and a replacing rename the inode, so an edited
-    source never passes for the old one."""
-    entries = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]  # bytecode: not an input
-        for name in files:
-            if suffixes and os.path.splitext(name)[1] not in suffixes:
-                continue
-            path = os.path.join(folder, name)
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            rel = os.path.relpath(path, root)
-            entries.append(f"{rel}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}")
-    return hashlib.sha256("\n".join(sorted(entries)).encode()).hexdigest()
-
-
-def templates_dir() -> Path:
-    """images/ in a source checkout, or the copy the wheel carries inside the package."""
-    packaged = PACKAGE / "images"
-    return packaged if packaged.is_dir() else PACKAGE.parent / "images"
-
-
-def code_digest() -> str:
-    """gpuenv itself: version, sources, catalog data and templates. A code change (even
-    without a version bump, as in a checkout) must never read a snapshot an older gpuenv
-    wrote."""
-    parts = [
-        gpuenv.__version__,
-        tree_signature(PACKAGE, (".py", ".yaml", ".json", ".j2", ".txt")),
-        tree_signature(templates_dir()),
-    ]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
-
-
-def key(matrix: Path, lock: Path) -> str:
-    doc = {
-        "format": FORMAT,
-        "code": code_digest(),
-        "matrix": [str(matrix.resolve()), file_digest(matrix)],
-        "lock": [str(lock.resolve()), file_digest(lock)],
-    }
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
 def entry_name(matrix: Path) -> str:
@@ -246,12 +194,6 @@ def write(snap: Snapshot) -> bool:
     except (TypeError, ValueError, KeyError):
         return False
     return caches.write_record(snap.entry, doc)
-
-
-def dependency_state(path: Path) -> str:
-    """A file's bytes and where it leads: a symlink pointed elsewhere (perhaps outside the
-    matrix's directory, which loading refuses) misses even with the same bytes."""
-    return f"{file_digest(path)}|{path.resolve()}"
 
 
 def depends_of(matrix: Any) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The engine's socket transport (gpuenv/engine.py, `_Socket`): the container it asks for is
+"""The engine's socket transport (gpuenv/wire.py): the container it asks for is
 the one the Docker SDK would ask for, it finds the same engine the SDK would, and a peer
 that is not an engine is one error, never a traceback. A tiny Engine API on a Unix socket
 (http.server) answers; the real engine's behaviour is covered by the integration tests."""

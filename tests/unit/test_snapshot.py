@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv import cache, plan, snapshot
+from gpuenv import cache, fingerprint, plan, snapshot
 from gpuenv.project import open_project
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,8 +107,8 @@ def test_a_code_or_template_change_misses(project_dir, monkeypatch, tmp_path):
     open_project(path, cached=True)
     assert open_project(path, cached=True)._matrix is None
     templates = tmp_path / "images"
-    subprocess.run(["cp", "-r", str(snapshot.templates_dir()), str(templates)], check=True)
-    monkeypatch.setattr(snapshot, "templates_dir", lambda: templates)
+    subprocess.run(["cp", "-r", str(fingerprint.templates_dir()), str(templates)], check=True)
+    monkeypatch.setattr(fingerprint, "templates_dir", lambda: templates)
     # Other files with the same bytes: a miss (files are known by their signature), once.
     assert open_project(path, cached=True)._matrix is not None
     assert open_project(path, cached=True)._matrix is None
@@ -123,7 +123,7 @@ def test_a_code_or_template_change_misses(project_dir, monkeypatch, tmp_path):
     os.utime(template, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert template.stat().st_size == before.st_size
     assert open_project(path, cached=True)._matrix is not None
-    monkeypatch.setattr(snapshot.gpuenv, "__version__", "99.0")
+    monkeypatch.setattr(fingerprint.gpuenv, "__version__", "99.0")
     assert open_project(path, cached=True)._matrix is not None
 
 
