@@ -43,11 +43,17 @@ def _known_good(path: Path) -> bool:
     """Whether these exact bytes passed check_bundle and one of their certificates is still
     valid (the verdict is remembered by content digest until that certificate expires), so
     a build that needs no CA need not import ssl and parse a 200 KB system bundle."""
+    return known_good_until(path) is not None
+
+
+def known_good_until(path: Path) -> float | None:
+    """Until when (epoch s) check_bundle's verdict on these exact bytes holds; None when
+    it is not remembered or has expired."""
     from gpuenv import cache
     from gpuenv.cache import file_digest
 
     until = cache.read_record(CHECKED).get(file_digest(path))
-    return isinstance(until, (int, float)) and time.time() <= until
+    return until if isinstance(until, (int, float)) and time.time() <= until else None
 
 
 def _remember_good(text: bytes, until: float) -> None:

@@ -9,7 +9,6 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -68,12 +67,16 @@ def image_labels(cell: Cell) -> dict[str, str]:
     }
 
 
-@dataclass(frozen=True)
 class ImageLabels:
     """What an image's labels claim, parsed. A claim, not a proof: validation checks it
-    against the catalog (gpuenv/validate/expected.py)."""
+    against the catalog (gpuenv/validate/expected.py). A plain class, not a dataclass:
+    this module is on the no-op build's path (gpuenv/verdict.py), which must not pay for
+    importing dataclasses."""
 
-    raw: dict[str, str]
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: dict[str, str]) -> None:
+        self.raw = raw
 
     @property
     def is_gpuenv(self) -> bool:

@@ -4,7 +4,6 @@ works, and the summary table. Kept apart from the builder so that a no-op `gpuen
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field
 
@@ -57,13 +56,21 @@ class Reporter:
 
 def summary(results: list[CellResult]) -> None:
     """The results as a table on stdout; the status coloured on a terminal (not NO_COLOR)."""
+    from gpuenv.terminal import colour_wanted
+
+    sys.stdout.write(summary_text(results, colour=colour_wanted()))
+    sys.stdout.flush()
+
+
+def summary_text(results: list[CellResult], *, colour: bool) -> str:
+    """The summary table, one line per cell under a header; `colour`: ANSI status colours."""
     rows = [("CELL", "IMAGE", "SIZE", "TIME", "STATUS")]
     rows += [
         (r.cell.name, r.cell.image, human_size(r.size), f"{r.seconds:.1f} s", r.status)
         for r in results
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    lines = []
     for n, row in enumerate(rows):
         cells = [
             v.rjust(w) if i in (2, 3) else v.ljust(w)
@@ -71,8 +78,8 @@ def summary(results: list[CellResult]) -> None:
         ]
         if colour and n and row[4] in _COLOURS:
             cells[4] = f"\x1b[{_COLOURS[row[4]]}m{row[4]}\x1b[0m"
-        print("  ".join(cells).rstrip())
-    sys.stdout.flush()
+        lines.append("  ".join(cells).rstrip() + "\n")
+    return "".join(lines)
 
 
 def human_size(size: int | None) -> str:

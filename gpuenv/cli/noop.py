@@ -3,16 +3,23 @@
 A no-op build is what CI and every `make`-style wrapper run most often, and Python plus
 Typer's import alone cost more than the check itself (issue 15: <= 0.15x a warm `docker
 build`). So `main()` first gives a plain `gpuenv build [PATTERN...] [-f FILE] [--json]` to
-`answered()`, which runs the same domain code the verb does (the snapshot, the plan) and
-prints the same table or JSON, but only when the answer is "nothing to build". Anything
-else returns False and the whole CLI takes over from the start, so there is one source of
-truth for every build, error and message:
+`answered()`. It prints the verb's own table or JSON, but only when the answer is "nothing
+to build":
+
+- the answer remembered the last time (gpuenv/verdict.py), while every input the plan read
+  is as it was and the engine still has each image by the same ID; else
+- the plan's: the same domain code the verb runs (the snapshot, render_all, make_plan),
+  which it then remembers.
+
+Anything else returns False and the whole CLI takes over from the start, so there is one
+source of truth for every build, error and message:
 
 - any other option or spelling (`--no-cache`, `--dry-run`, `--`, `-fFILE`, `--help`, ...);
 - $GPUENV_REGISTRY set (its value is checked by the verb);
 - a cell to build or pull, a missing base, or any error at all (the verb reports it).
 
-It reads and prints; it writes nothing the verb would not, so falling through is safe.
+It reads and prints; it writes nothing the verb would not (bar the verdict), so falling
+through is safe.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from gpuenv.plan import BuildPlan
+    from gpuenv.project import Project
     from gpuenv.results import CellResult
 
 _NO_VALUE = ("--json",)
@@ -64,28 +73,75 @@ def answered(args: list[str]) -> bool:
 
     on_sigterm_raise()
     try:
-        results = up_to_date(*parsed[:2])
+        text = answer(*parsed)
     except KeyboardInterrupt as exc:  # nothing was started: say so and stop, as the verb does
         code = interrupted_code(exc)
         print(interrupted_message(code), file=sys.stderr)
         sys.exit(code)
     except Exception:  # whatever it is, the verb meets it again and says it the one way
         return False
-    if results is None:
+    if text is None:
         return False
-    from gpuenv import results as reports
-
-    if parsed[2]:
-        import json
-
-        print(json.dumps({"results": [r.to_json() for r in results]}, indent=2))
-    else:
-        reports.summary(results)
+    sys.stdout.write(text)
+    sys.stdout.flush()
     return True
+
+
+def answer(patterns: list[str], file: Path | None, as_json: bool) -> str | None:
+    """What the build prints when every selected cell is up to date, else None: the
+    remembered answer (gpuenv/verdict.py) while nothing it was made from has changed, or
+    the plan's (which is then remembered)."""
+    from gpuenv import verdict
+    from gpuenv.terminal import colour_wanted
+
+    colour = colour_wanted()
+    text = verdict.recall(file, patterns, as_json=as_json, colour=colour)
+    if text is not None:
+        return text
+    found = _planned(patterns, file)
+    if found is None:
+        return None
+    results, plan, project = found
+    answers = _answers(results)
+    if project.snapshot is not None:  # the inputs the plan was made from, known exactly
+        images = {p.cell.image: p.existing.id for p in plan.cells if p.existing}
+        bases = {p.cell.base.image: p.base_id for p in plan.cells if p.base_id}
+        verdict.remember(
+            file,
+            patterns,
+            inputs_key=project.snapshot.key,
+            depends=project.snapshot.depends,
+            bundle=plan.ca_bundle,
+            images={**bases, **images},
+            answer=answers,
+        )
+    return answers["json" if as_json else "colour" if colour else "table"]
+
+
+def _answers(results: list[CellResult]) -> dict[str, str]:
+    """The verb's output for these results, in each form it can take."""
+    import json
+
+    from gpuenv.results import summary_text
+
+    as_json = json.dumps({"results": [r.to_json() for r in results]}, indent=2) + "\n"
+    return {
+        "table": summary_text(results, colour=False),
+        "colour": summary_text(results, colour=True),
+        "json": as_json,
+    }
 
 
 def up_to_date(patterns: list[str], file: Path | None) -> list[CellResult] | None:
     """The cells' results when every one is up to date (status "cached"), else None."""
+    found = _planned(patterns, file)
+    return found[0] if found else None
+
+
+def _planned(
+    patterns: list[str], file: Path | None
+) -> tuple[list[CellResult], BuildPlan, Project] | None:
+    """The plan's results, the plan and the project, when every cell is up to date."""
     from gpuenv import engine, plan
     from gpuenv.project import open_project
     from gpuenv.results import CellResult
@@ -100,4 +156,4 @@ def up_to_date(patterns: list[str], file: Path | None) -> list[CellResult] | Non
         if p.action != "up-to-date" or p.existing is None:
             return None
         results.append(CellResult(p.cell, "cached", p.existing.id, p.existing.size))
-    return results
+    return results, the_plan, project

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from support.cells import CPU_CELL, SHIPPED_MATRIX
+from support.cells import BASE_IMAGE, CPU_CELL, SHIPPED_MATRIX, TEST_REPOSITORY_PREFIX
 
 
 def _build(*args: str) -> tuple[str, set[str]]:
@@ -53,3 +53,27 @@ def test_a_cell_to_build_goes_to_the_verb(write_test_matrix, extra_pip, shipped_
     assert noop.up_to_date([], missing) is None
     results = noop.up_to_date([CPU_CELL], SHIPPED_MATRIX)
     assert results is not None and [r.status for r in results] == ["cached"]
+
+
+def test_a_remembered_no_op_needs_no_plan_until_an_image_changes(
+    write_test_matrix, shipped_cpu, gpuenv, docker, parse_build
+):
+    """The second no-op is the verdict the first remembered (gpuenv/verdict.py): no plan,
+    no dataclasses, the same table. Another image behind the tag and the verdict says
+    nothing: the plan runs, and rebuilds."""
+    matrix = write_test_matrix(variants=("cpu",))  # the shipped RUN line: layers cached
+    cell = f"{TEST_REPOSITORY_PREFIX}/tf:{CPU_CELL}"
+    gpuenv("build", "-f", str(matrix))
+    planned, modules = _build("-f", str(matrix))
+    assert "gpuenv.plan" in modules or "gpuenv.verdict" in modules
+    remembered, modules = _build("-f", str(matrix))
+    assert "gpuenv.verdict" in modules and "gpuenv.plan" not in modules, sorted(modules)
+    assert "dataclasses" not in modules and "gpuenv.engine" not in modules
+    assert remembered == planned and "cached" in remembered
+
+    docker("tag", BASE_IMAGE, cell)  # not the image the verdict saw
+    answer = gpuenv("build", "-f", str(matrix), "--json")
+    assert [r["status"] for r in json.loads(answer.stdout)["results"]] == ["built"]
+    # The layers were cached: the same image ID as before, so the old verdict holds again.
+    again, _ = _build("-f", str(matrix))
+    assert again == remembered

@@ -6,8 +6,9 @@ would pick whichever conftest.py comes first on sys.path once tests/integration 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,6 +40,16 @@ def write_matrix(tmp_path: Path) -> WriteMatrix:
         return path
 
     return write
+
+
+@pytest.fixture
+def fake_socket(tmp_path: Path) -> Iterator[tuple[str, dict[tuple[str, str], Any]]]:
+    """(socket path, routes): a tiny Engine API served there (tests/unit/engine_api.py)."""
+    from engine_api import serving
+
+    path = str(tmp_path / "engine.sock")
+    with serving(path) as routes:
+        yield path, routes
 
 
 @pytest.fixture

@@ -1,0 +1,74 @@
+"""A tiny Engine API on a Unix socket (http.server): routes (method, path) -> (status,
+payload) or one of the special answers below. The `fake_socket` fixture (conftest.py)
+serves one for a test."""
+
+from __future__ import annotations
+
+import json
+import socketserver
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+Routes = dict[tuple[str, str], Any]
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def _handler(routes: dict[tuple[str, str], Any]) -> type:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            route = routes.get((self.command, self.path.split("?")[0]))
+            if route == "garbage":
+                self.wfile.write(b"SSH-2.0-OpenSSH_9.2\r\n")
+                return
+            if route == "attach-tty":  # a TTY's stream: raw bytes, no frames
+                self.wfile.write(b"HTTP/1.1 101 UPGRADED\r\n\r\nhello\r\nworld\r\n")
+                self.close_connection = True
+                return
+            if route == "attach":
+                self.wfile.write(b"HTTP/1.1 101 UPGRADED\r\nContent-Type: "
+                                 b"application/vnd.docker.raw-stream\r\n\r\n")  # fmt: skip
+                for stream, data in ((1, b"out1\n"), (2, b"err\n"), (1, b"out2\n")):
+                    self.wfile.write(bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big"))
+                    self.wfile.write(data)
+                self.close_connection = True
+                return
+            status, payload = route if route else (404, {"message": f"no route {self.path}"})
+            if callable(payload):
+                payload = payload(body)
+            raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        do_GET = do_POST = do_DELETE = _answer
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+@contextmanager
+def serving(path: str) -> Iterator[Routes]:
+    """Serve the Engine API at `path` while the context is open; add routes to what it yields."""
+    routes: Routes = {("GET", "/_ping"): (200, b"OK")}
+    server = _UnixServer(path, _handler(routes))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield routes
+    finally:
+        server.shutdown()
+        server.server_close()
