@@ -72,8 +72,8 @@ def recall(file: Path | None, patterns: list[str], *, as_json: bool, colour: boo
         if any(dependency_state(Path(p)) != s for p, s in record["depends"].items()):
             return None
         socket_path = wire.local_socket()
-        if socket_path is None:
-            return None  # a remote engine: the SDK's business, in the plan
+        if socket_path is None or not record["images"]:
+            return None  # a remote engine (the SDK's business), or nothing to ask it: plan
         engine = wire.Socket(socket_path)
         for ref, image_id in record["images"].items():
             answer = engine.json("GET", f"/images/{wire.quote_segment(ref)}/json", timeout=10)

@@ -159,6 +159,12 @@ def test_a_missing_image_or_no_engine_forgets(project, engine, monkeypatch, tmp_
     assert recall(project) is None
 
 
+def test_an_answer_that_asked_the_engine_nothing_is_not_given(project, engine):
+    """The plan connects to the engine even for no cell; so must an answer."""
+    assert remember(project, images={})
+    assert recall(project) is None
+
+
 def _bundle(root: Path, until: float) -> Path:
     bundle = root / "ca.pem"
     bundle.write_text("-----BEGIN CERTIFICATE-----\n")
