@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -18,11 +17,7 @@ from pathlib import Path
 import docker
 import pytest
 
-
-def _mounts_under(root: Path) -> list[str]:
-    with open("/proc/self/mounts") as f:
-        points = [line.split()[1] for line in f]
-    return [p for p in points if p.startswith(str(root) + "/")]
+from support.private_engine import stop_dockerd, unmount_under
 
 
 @contextlib.contextmanager
@@ -82,22 +77,6 @@ def _stop(proc: subprocess.Popen[bytes], client: docker.DockerClient | None, roo
             for c in client.containers.list(all=True):
                 c.remove(force=True)
         client.close()
-    containerd_pid = None
-    with contextlib.suppress(OSError, ValueError):
-        containerd_pid = int((root / "exec" / "containerd" / "containerd.pid").read_text())
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    # dockerd stops the containerd it started; if it was killed, that one is ours to end.
-    if containerd_pid is not None:
-        with contextlib.suppress(OSError):
-            cmdline = Path(f"/proc/{containerd_pid}/cmdline").read_bytes()
-            if str(root).encode() in cmdline:
-                os.kill(containerd_pid, signal.SIGTERM)
-    for point in sorted(_mounts_under(root), key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], capture_output=True, timeout=30)
+    stop_dockerd(proc, root)
+    unmount_under(root)
     shutil.rmtree(root, ignore_errors=True)

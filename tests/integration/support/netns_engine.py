@@ -19,7 +19,6 @@ import contextlib
 import os
 import random
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from support.engine import docker
-from support.private_engine import end_processes_under, unmount_under
+from support.private_engine import end_processes_under, stop_dockerd, unmount_under
 
 PORT = 2376
 
@@ -196,21 +195,7 @@ def _teardown(root: Path, ns: str, host_if: str, proc: subprocess.Popen[bytes] |
             for cid in docker("ps", "-aq", host=f"unix://{root / 'd.sock'}", check=False,
                               timeout=30).stdout.split():  # fmt: skip
                 docker("rm", "-f", cid, host=f"unix://{root / 'd.sock'}", check=False, timeout=30)
-        containerd_pid = None
-        with contextlib.suppress(OSError, ValueError):
-            containerd_pid = int((root / "exec/containerd/containerd.pid").read_text())
-        # nsenter execs dockerd: the PID is dockerd's own.
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if containerd_pid is not None:
-            with contextlib.suppress(OSError):
-                if str(root).encode() in Path(f"/proc/{containerd_pid}/cmdline").read_bytes():
-                    os.kill(containerd_pid, signal.SIGTERM)
+        stop_dockerd(proc, root)  # nsenter execs dockerd: the PID is dockerd's own
     if made_ns:
         _run("ip", "netns", "del", ns, check=False)
     if _run("ip", "link", "show", host_if, check=False).returncode == 0:

@@ -95,34 +95,15 @@ class PrivateEngine:
 
     def stop(self) -> None:
         """SIGTERM to dockerd (by PID), wait; its containerd too if it stayed."""
-        if self.proc is None:
-            return
-        containerd_pid = self._containerd_pid()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if containerd_pid is not None:
-            with contextlib.suppress(OSError):
-                os.kill(containerd_pid, signal.SIGTERM)
+        if self.proc is not None:
+            stop_dockerd(self.proc, self.root)
         self.proc = None
-
-    def _containerd_pid(self) -> int | None:
-        """The containerd this dockerd started (its cmdline names our directory), or None."""
-        with contextlib.suppress(OSError, ValueError):
-            pid = int((self.root / "exec/containerd/containerd.pid").read_text())
-            if str(self.root).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                return pid
-        return None
 
     def restart(self, crash: bool = False) -> None:
         """Stop dockerd (SIGTERM, as systemd does; SIGKILL with `crash`) and start it again
         on the same data root. After a crash its containerd is left to the new dockerd."""
         if crash and self.proc is not None:
-            containerd = self._containerd_pid()
+            containerd = containerd_pid(self.root)
             self.proc.kill()
             self.proc.wait()
             self.proc = None
@@ -218,6 +199,31 @@ def private_engine(prefix: str = "gpuenv-pe-") -> Iterator[PrivateEngine]:
             if _run("mountpoint", "-q", str(mount)).returncode == 0:
                 _run("umount", "-l", str(mount))
         shutil.rmtree(root, ignore_errors=True)
+
+
+def containerd_pid(root: Path) -> int | None:
+    """The containerd a dockerd started under root (its command line names root), or None."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = int((root / "exec/containerd/containerd.pid").read_text())
+        if str(root).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    return None
+
+
+def stop_dockerd(proc: subprocess.Popen[bytes], root: Path) -> None:
+    """SIGTERM to a dockerd these tests started (by PID; SIGKILL after 60 s), then to the
+    containerd it started if that outlived it (a dockerd that was killed leaves it)."""
+    containerd = containerd_pid(root)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if containerd is not None and containerd_pid(root) == containerd:
+        with contextlib.suppress(OSError):
+            os.kill(containerd, signal.SIGTERM)
 
 
 def end_processes_under(root: Path) -> None:
