@@ -78,6 +78,9 @@ class ImageLabels:
     def __init__(self, raw: dict[str, str]) -> None:
         self.raw = raw
 
+    def __repr__(self) -> str:
+        return f"ImageLabels({self.raw!r})"
+
     @property
     def is_gpuenv(self) -> bool:
         return CELL in self.raw
