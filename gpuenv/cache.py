@@ -75,6 +75,29 @@ def update_record(name: str, changes: dict[str, Any]) -> bool:
     return write_record(name, {**read_record(name), **changes})
 
 
+def prune_records(prefixes: tuple[str, ...], keep_days: float) -> tuple[int, int]:
+    """Remove the records named PREFIX*.json not written for keep_days (each matrix path
+    and selection gets one, and a temporary matrix never comes back): (count, bytes)."""
+    import time
+
+    root = cache_dir()
+    if root is None or not root.is_dir():
+        return 0, 0
+    cutoff = time.time() - keep_days * 86400
+    count = size = 0
+    for path in root.iterdir():
+        if not (path.name.startswith(prefixes) and path.name.endswith(".json")):
+            continue
+        try:
+            st = path.lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
+                path.unlink()
+                count, size = count + 1, size + st.st_size
+        except OSError:
+            continue  # gone meanwhile, or not ours to remove: a cache, so no error
+    return count, size
+
+
 MAX_INPUT_BYTES = 64 << 20  # beyond what the loaders accept (matrix 1 MB, lock 50 MB)
 
 

@@ -36,12 +36,13 @@ if TYPE_CHECKING:
     from gpuenv.lock import Lock
 
 FORMAT = 1
+PREFIX = "resolved-"  # the records' names (gpuenv cache prune)
 
 
 def entry_name(matrix: Path) -> str:
     """One cache file per matrix (by absolute path); a new key replaces the old entry."""
     where = hashlib.sha256(str(matrix.resolve()).encode()).hexdigest()[:24]
-    return f"resolved-{where}.json"
+    return f"{PREFIX}{where}.json"
 
 
 # ------------------------------------------------------------------ the snapshot

@@ -36,13 +36,14 @@ from gpuenv.fingerprint import dependency_state, file_signature, key
 from gpuenv.project import lock_path, matrix_file
 
 FORMAT = 1
+PREFIX = "noop-"  # the records' names (gpuenv cache prune)
 _CA_ENV = ("GPUENV_CA_BUNDLE", "PIP_CERT")
 
 
 def entry_name(matrix: Path, patterns: list[str]) -> str:
     """One record per matrix (by absolute path) and selection."""
     what = json.dumps([str(matrix.resolve()), patterns])
-    return f"noop-{hashlib.sha256(what.encode()).hexdigest()[:24]}.json"
+    return f"{PREFIX}{hashlib.sha256(what.encode()).hexdigest()[:24]}.json"
 
 
 def _question(matrix: Path, patterns: list[str], bundle: str | None) -> dict[str, Any]:

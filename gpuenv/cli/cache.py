@@ -45,8 +45,9 @@ def prune_cmd(
         typer.Option("--keep-days", min=0, help="Keep files a build used this recently"),
     ] = 30,
 ) -> None:
-    """Drop the files no entry of the matrix's lock names and no build used recently."""
-    from gpuenv import wheelhouse
+    """Drop the files no entry of the matrix's lock names and no build used recently, and
+    the resolved matrices and no-op answers kept for matrices not used as long."""
+    from gpuenv import cache, snapshot, verdict, wheelhouse
     from gpuenv.project import open_project
     from gpuenv.results import human_size
 
@@ -55,7 +56,8 @@ def prune_cmd(
         lock = project.lock
         texts = [e.python_env + "\n" + e.cuda for e in lock.cells.values()] if lock else []
         files, size = wheelhouse.prune(wheelhouse.Store.default(), texts, keep_days)
-    print(f"pruned {files} file(s), {human_size(size)}")
+        records, _ = cache.prune_records((snapshot.PREFIX, verdict.PREFIX), keep_days)
+    print(f"pruned {files} file(s), {human_size(size)}; {records} cached answer(s)")
 
 
 @cache_app.command("export")

@@ -1,0 +1,63 @@
+"""gpuenv's cache directory (gpuenv/cache.py): records the resolved-matrix snapshots and
+remembered no-op answers leave behind are pruned by age, and nothing else is."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpuenv import cache, snapshot, verdict
+
+PREFIXES = (snapshot.PREFIX, verdict.PREFIX)
+DAY = 86400
+
+
+def _record(root: Path, name: str, age_days: float) -> Path:
+    path = root / name
+    path.write_text("{}")
+    then = time.time() - age_days * DAY
+    os.utime(path, (then, then))
+    return path
+
+
+def test_old_answers_are_pruned_and_nothing_else(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    root = tmp_path / "gpuenv"
+    root.mkdir()
+    old = [_record(root, "resolved-a.json", 40), _record(root, "noop-b.json", 31)]
+    kept = [
+        _record(root, "resolved-c.json", 1),  # used lately
+        _record(root, "ca-checked.json", 400),  # another kind of record
+        _record(root, "noop-d.txt", 400),  # not a record's name
+    ]
+    (root / "noop-e.json").mkdir()  # not a file: not ours to remove
+    os.utime(root / "noop-e.json", (0, 0))
+    count, size = cache.prune_records(PREFIXES, 30)
+    assert (count, size) == (2, 4)
+    assert not any(p.exists() for p in old)
+    assert all(p.exists() for p in kept) and (root / "noop-e.json").is_dir()
+    assert cache.prune_records(PREFIXES, 0) == (1, 2)  # --keep-days 0: every answer goes
+
+
+def test_no_cache_directory_is_nothing_to_prune(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "none"))
+    assert cache.prune_records(PREFIXES, 30) == (0, 0)
+
+
+def test_cache_prune_says_how_many_answers_it_dropped(tmp_path, minimal_matrix):
+    (tmp_path / "matrix.yaml").write_text(minimal_matrix)
+    root = tmp_path / "xdg" / "gpuenv"
+    root.mkdir(parents=True)
+    _record(root, "resolved-old.json", 90)
+    _record(root, "noop-old.json", 90)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuenv", "cache", "prune", "-f", str(tmp_path / "matrix.yaml")],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "pruned 0 file(s), 0 B; 2 cached answer(s)"
+    assert not any(root.glob("*old.json"))
