@@ -64,8 +64,13 @@ def test_a_remembered_no_op_needs_no_plan_until_an_image_changes(
     matrix = write_test_matrix(variants=("cpu",))  # the shipped RUN line: layers cached
     cell = f"{TEST_REPOSITORY_PREFIX}/tf:{CPU_CELL}"
     gpuenv("build", "-f", str(matrix))
+    from gpuenv import cache, verdict
+
+    record = cache.cache_file(verdict.entry_name(matrix, []))
+    assert record is not None
+    record.unlink(missing_ok=True)  # whatever the build above remembered: plan this one
     planned, modules = _build("-f", str(matrix))
-    assert "gpuenv.plan" in modules or "gpuenv.verdict" in modules
+    assert "gpuenv.plan" in modules and record.exists(), "planned, then remembered"
     remembered, modules = _build("-f", str(matrix))
     assert "gpuenv.verdict" in modules and "gpuenv.plan" not in modules, sorted(modules)
     assert "dataclasses" not in modules and "gpuenv.engine" not in modules
