@@ -1,22 +1,23 @@
 """Executing a build plan: bases first, then each cell pulled, built or left as it is.
 
 The plan (gpuenv/plan.py) has already rendered every cell, taken its spec hash and decided
-what to do. Builds are untagged until they succeed, so a failed or interrupted build leaves
-no tag on a half-built image; GPU cells wait for their CPU sibling so they reuse its layers
-instead of building them twice. The image a build supersedes is removed once nothing tags it.
+what to do. A cell that is built gets its wheels fetched here, on the client, and sent with
+its context (gpuenv/sendable.py): the engine fetches nothing. Builds are untagged until they
+succeed, so a failed or interrupted build leaves no tag on a half-built image; GPU cells wait
+for their CPU sibling so they reuse its layers instead of building them twice. The image a
+build supersedes is removed once nothing tags it.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import tarfile
 import threading
 import time
 from concurrent.futures import Future
-from contextlib import ExitStack
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,8 +29,9 @@ from gpuenv.plan import BuildPlan, CellPlan
 from gpuenv.results import CellResult, Reporter
 
 if TYPE_CHECKING:
+    from gpuenv.fetch import Fetcher
+    from gpuenv.lock import CellLock
     from gpuenv.project import Project
-    from gpuenv.proxy import Proxy
     from gpuenv.render import BuildContext
 
 LOG_TAIL = 15  # the lines a failure shows
@@ -99,7 +101,7 @@ def plan_and_build(
     pull_from = None if offline else pull_repository(project)
     # Render everything before touching the engine: a template error must stop the run
     # before a base is bootstrapped.
-    contexts = plans.render_all(project, cells, ca_bundle)
+    contexts = plans.render_all(project, cells)
     if offline:
         check_offline(engine, project, cells)
     else:
@@ -110,8 +112,8 @@ def plan_and_build(
     )  # fmt: skip
     # Only a build needs the wheelhouse (a no-op build reads no netrc, imports no ssl).
     building = any(p.action != "up-to-date" for p in plan.cells)
-    proxy = wheelhouse_proxy(project, cells, ca_bundle, offline) if building else None
-    results = execute(engine, plan, reporter, jobs=jobs, keep_going=keep_going, proxy=proxy)
+    sender = Sender(engine, project, cells, ca_bundle, offline) if building else None
+    results = execute(engine, plan, reporter, jobs=jobs, keep_going=keep_going, sender=sender)
     if reproducible and not failed(results):
         from gpuenv.reproducible import normalize_images
 
@@ -123,23 +125,68 @@ def plan_and_build(
     return results
 
 
-def wheelhouse_proxy(
-    project: Project, cells: list[Cell], ca_bundle: Path | None, offline: bool
-) -> Proxy:
-    """The proxy the project's builds install through: the wheelhouse, the matrix's upstream
-    indexes (recorded under their key), the credentials read now (gpuenv/credentials.py)."""
-    from gpuenv import credentials, plan, proxy, wheelhouse
+class Sender:
+    """What a project's builds send: each cell's resolution (its lock entry, or resolved now
+    with `uv pip compile`), its wheels fetched into the wheelhouse, and the context directory
+    the engine builds from (gpuenv/sendable.py)."""
 
-    store = wheelhouse.Store.default()
-    b = project.matrix.model.build
-    cell_indexes = [i for c in cells for i in c.indexes]
-    own = tuple(dict.fromkeys(u for u in (b.index_url, *b.extra_index_urls, *cell_indexes) if u))
-    creds = credentials.load(own)
-    if not offline:
-        for cell in cells:
-            urls = plan.upstream_indexes(project.matrix, cell)
-            store.save_index(wheelhouse.index_key(urls), urls)
-    return proxy.Proxy(store, credentials=creds, ca_bundle=ca_bundle, offline=offline)
+    def __init__(
+        self, engine: Engine, project: Project, cells: list[Cell], ca_bundle: Path | None,
+        offline: bool,
+    ) -> None:  # fmt: skip
+        from gpuenv import credentials, fetch, plan, wheelhouse
+
+        self.project, self.ca_bundle = project, ca_bundle
+        self.store = wheelhouse.Store.default()
+        b = project.matrix.model.build
+        cell_indexes = [i for c in cells for i in c.indexes]
+        own = (b.index_url, *b.extra_index_urls, *cell_indexes)
+        self.credentials = credentials.load(tuple(dict.fromkeys(u for u in own if u)))
+        if not offline:
+            for cell in cells:
+                urls = plan.upstream_indexes(project.matrix, cell)
+                self.store.save_index(wheelhouse.index_key(urls), urls)
+        self.fetcher: Fetcher = fetch.Fetcher(
+            self.store, credentials=self.credentials, ca_bundle=ca_bundle, offline=offline
+        )
+        self.architecture = engine.architecture()
+        self._resolved: dict[str, CellLock] = {}
+        self._lock = threading.Lock()
+
+    def resolution(self, p: CellPlan) -> CellLock:
+        """The lock's entry, or (an unlocked cell) a resolution made now, once per set of
+        requirements: a GPU cell's environment step then matches its CPU sibling's."""
+        if p.lock is not None:
+            return p.lock
+        from gpuenv import lock as locks
+        from gpuenv import plan
+
+        cell = p.cell
+        indexes = plan.upstream_indexes(self.project.matrix, cell)
+        memo = json.dumps([cell.python, locks.env_requirements(cell),
+                           locks.cuda_requirements(cell), indexes, cell.is_gpu])  # fmt: skip
+        with self._lock:
+            if memo not in self._resolved:
+                b = self.project.matrix.model.build
+                self._resolved[memo] = locks.lock_cell(
+                    cell, locks.now(), b.index_url, tuple(b.extra_index_urls),
+                    credentials=self.credentials, ca_bundle=self.ca_bundle,
+                )  # fmt: skip
+            return self._resolved[memo]
+
+    def context(self, p: CellPlan) -> AbstractContextManager[Path]:
+        """The cell's context directory, assembled (a context manager)."""
+        from gpuenv import plan, sendable, wheelhouse
+        from gpuenv.cache import cache_dir
+        from gpuenv.render import UV_VERSION
+
+        key = wheelhouse.index_key(plan.upstream_indexes(self.project.matrix, p.cell))
+        target = sendable.target_of(p.cell, self.architecture)
+        uv = self.fetcher.uv_file(key, UV_VERSION, target.machine)
+        root = (cache_dir() or self.store.root.parent) / "contexts"
+        return sendable.assembled(
+            root, p.context, self.resolution(p), self.fetcher, key, uv, target
+        )
 
 
 OFFLINE_SHOWN = 8  # missing distributions named in the error
@@ -150,7 +197,7 @@ def check_offline(engine: Engine, project: Project, cells: list[Cell]) -> None:
     locked, apt packages (Debian's archive), a base not in the engine (it would have to be
     bootstrapped), or locked distributions (or uv itself) the wheelhouse does not hold."""
     from gpuenv import plan as plans
-    from gpuenv import wheelhouse
+    from gpuenv import sendable, wheelhouse
     from gpuenv.render import UV_VERSION
 
     with_apt = [c.name for c in cells if c.apt]
@@ -179,8 +226,8 @@ def check_offline(engine: Engine, project: Project, cells: list[Cell]) -> None:
         entry = lock.cells[cell.name]
         needed = wheelhouse.locked_requirements(entry.python_env + "\n" + entry.cuda)
         missing = wheelhouse.offline_misses(store, key, needed)
-        # The engine is this machine's (the wheelhouse is on its loopback): its architecture.
-        uv = wheelhouse.uv_wheel(store.page(key, "uv") or [], UV_VERSION, os.uname().machine)
+        machine = sendable.target_of(cell, engine.architecture()).machine
+        uv = wheelhouse.uv_wheel(store.page(key, "uv") or [], UV_VERSION, machine)
         if uv is None or not store.has(uv.sha256):
             missing.append(f"uv=={UV_VERSION} (the installer the build bootstraps)")
         if missing:
@@ -201,10 +248,8 @@ def execute(
     *,
     jobs: int = 1,
     keep_going: bool = False,
-    proxy: Proxy | None = None,
+    sender: Sender | None = None,
 ) -> list[CellResult]:
-    from gpuenv.ca import CAServer
-
     cells = [p.cell for p in plan.cells]
     by_name = {p.cell.name: p for p in plan.cells}
     # CPU cells first, so GPU cells find the shared layers in the cache.
@@ -220,74 +265,53 @@ def execute(
             result.status = "skipped"
             result.error = "not built: an earlier cell failed (use --keep-going)"
             return result
-        _do(engine, by_name[cell.name], plan.no_cache, reporter, result)
+        _do(engine, by_name[cell.name], plan.no_cache, reporter, result, sender)
         if result.status == "failed" and not keep_going:
             stop.set()
         reporter.finished(result)
         return result
 
-    if plan.needs_ca and not engine.shares_loopback:
-        # The build would fail in its install step with a "Connection refused" from the
-        # remote host's own loopback: say why now, before anything runs.
-        raise GpuenvError(
-            f"the CA bundle {plan.ca_bundle} is served to builds on this machine's loopback, "
-            f"which the engine at {engine.url} (another machine) cannot reach; run gpuenv "
-            "on the engine's machine, or build without a CA bundle (unset PIP_CERT, "
-            "GPUENV_CA_BUNDLE and build.ca_bundle) if its builds reach the index without one"
-        )
-    with ExitStack() as stack:
-        if plan.needs_ca and plan.ca_bundle is not None:
-            stack.enter_context(CAServer(plan.ca_bundle, say=reporter.info))
-        if proxy is not None and any(p.action != "up-to-date" for p in plan.cells):
-            from gpuenv.proxy import WheelhouseServer
+    if jobs <= 1:
+        for cell in order:
+            run_one(cell, None)
+    else:
+        # Daemon threads, not a ThreadPoolExecutor: after Ctrl-C or SIGTERM the process
+        # must end now, and the interpreter joins a pool's workers at exit, which sit in
+        # their build streams until the abandoned builds end (a minute of TensorFlow
+        # downloads). Once the process is gone its connections close, and the engine
+        # cancels those builds and removes their containers; nothing was tagged.
+        slots = threading.Semaphore(jobs)
+        futures: dict[str, Future[CellResult]] = {}
 
-            stack.enter_context(WheelhouseServer(proxy, say=reporter.info))
-        if jobs <= 1:
-            for cell in order:
-                run_one(cell, None)
-        else:
-            # Daemon threads, not a ThreadPoolExecutor: after Ctrl-C or SIGTERM the process
-            # must end now, and the interpreter joins a pool's workers at exit, which sit in
-            # their build streams until the abandoned builds end (a minute of TensorFlow
-            # downloads). Once the process is gone its connections close, and the engine
-            # cancels those builds and removes their containers; nothing was tagged.
-            slots = threading.Semaphore(jobs)
-            futures: dict[str, Future[CellResult]] = {}
-
-            def work(cell: Cell, fut: Future[CellResult], dep: Future[CellResult] | None) -> None:
-                try:
-                    if dep is not None:
-                        dep.result()  # the CPU sibling first, without holding a slot
-                    with slots:
-                        fut.set_result(run_one(cell, None))
-                except BaseException as exc:  # handed to the main thread
-                    fut.set_exception(exc)
-
-            for cell in order:
-                sibling = sibling_cpu(cell, order)
-                dep = futures.get(sibling.name) if sibling else None
-                futures[cell.name] = Future()
-                threading.Thread(target=work, args=(cell, futures[cell.name], dep),
-                                 name=f"gpuenv-build-{cell.name}", daemon=True).start()  # fmt: skip
+        def work(cell: Cell, fut: Future[CellResult], dep: Future[CellResult] | None) -> None:
             try:
-                for fut in futures.values():
-                    fut.result()
-            except KeyboardInterrupt:
-                stop.set()  # cells not started yet are not started
-                engine.close()
-                raise
-    if proxy is not None and proxy.problems:
-        # The wheelhouse knows why an install failed (credentials refused, an index down, an
-        # offline miss) better than the installer's log, which only saw a 502 or a 404.
-        for result in results.values():
-            if result.status == "failed":
-                result.error = f"{proxy.problems[0]} ({result.error})"
+                if dep is not None:
+                    dep.result()  # the CPU sibling first, without holding a slot
+                with slots:
+                    fut.set_result(run_one(cell, None))
+            except BaseException as exc:  # handed to the main thread
+                fut.set_exception(exc)
+
+        for cell in order:
+            sibling = sibling_cpu(cell, order)
+            dep = futures.get(sibling.name) if sibling else None
+            futures[cell.name] = Future()
+            threading.Thread(target=work, args=(cell, futures[cell.name], dep),
+                             name=f"gpuenv-build-{cell.name}", daemon=True).start()  # fmt: skip
+        try:
+            for fut in futures.values():
+                fut.result()
+        except KeyboardInterrupt:
+            stop.set()  # cells not started yet are not started
+            engine.close()
+            raise
     return [results[c.name] for c in cells]
 
 
 def _do(
-    engine: Engine, p: CellPlan, no_cache: bool, reporter: Reporter, result: CellResult
-) -> None:
+    engine: Engine, p: CellPlan, no_cache: bool, reporter: Reporter, result: CellResult,
+    sender: Sender | None,
+) -> None:  # fmt: skip
     cell = p.cell
     start = time.monotonic()
     existing = p.existing
@@ -302,7 +326,8 @@ def _do(
         if image_id is not None:
             result.status = "pulled"
     if image_id is None:
-        image_id = _build(engine, p, no_cache, reporter, result)
+        assert sender is not None, "a plan with cells to build has a sender"
+        image_id = _build(engine, p, no_cache, reporter, result, sender)
         if image_id is None:
             result.seconds = time.monotonic() - start
             return
@@ -316,15 +341,16 @@ def _do(
 
 
 def _build(
-    engine: Engine, p: CellPlan, no_cache: bool, reporter: Reporter, result: CellResult
-) -> str | None:
+    engine: Engine, p: CellPlan, no_cache: bool, reporter: Reporter, result: CellResult,
+    sender: Sender,
+) -> str | None:  # fmt: skip
     cell = p.cell
     reporter.started(cell)
     tail: list[str] = []
     step: list[str] = []
 
     def on_log(line: str) -> None:
-        if re.match(r"Step \d+/\d+ :", line):
+        if re.match(r"(Step \d+/\d+ :|#\d+ \[)", line):
             step[:] = [line]
         if line.strip():  # uv pads its reports with blank lines; they explain nothing
             tail.append(line)
@@ -335,8 +361,16 @@ def _build(
         contract.SPEC_HASH: str(p.spec_hash),
         contract.INPUTS: json.dumps(p.inputs, sort_keys=True, separators=(",", ":")),
     }
+    # apt steps reach Debian's archive; every other step has what it needs in the context.
+    network = "host" if cell.apt else "none"
     try:
-        return engine.build(context_tar(p.context), labels=labels, nocache=no_cache, on_log=on_log)
+        with sender.context(p) as directory:
+            return engine.build_directory(
+                directory, labels=labels, nocache=no_cache, network=network, on_log=on_log
+            )
+    except GpuenvError as exc:  # the resolution or a wheel could not be had
+        result.status, result.error = "failed", exc.message
+        return None
     except BuildFailed as exc:
         result.status, result.error = "failed", _explain(str(exc), tail)
         result.step, result.log_tail = (step[0] if step else None), tail[-LOG_TAIL:]

@@ -1,22 +1,17 @@
-"""The CA bundle pip and uv trust during a build, and the loopback server that hands it over.
+"""The CA bundle gpuenv trusts when it fetches packages: which one, and whether it is sound.
 
-Corporate proxies intercept TLS, so the build's install step must trust their CA. It must
-also never keep it: not in a layer, not in the history (build args land there), not in the
-config. gpuenv serves the bundle on 127.0.0.1 for the length of the build; the install step
-(builds use host networking) fetches it, uses it and deletes it before the layer is saved.
+Corporate proxies intercept TLS, so fetching from the package indexes must trust their CA.
+Only gpuenv's own fetches (gpuenv/fetch.py) and resolutions (`uv pip compile`, gpuenv/lock.py)
+use it, on the client; builds fetch nothing, so no layer, history entry or config can hold it.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import time
 from pathlib import Path
-from typing import Any
 
-from gpuenv.contract import CA_PORT
 from gpuenv.errors import GpuenvError
-from gpuenv.loopback import SharedServer, fetch
 
 
 def find_bundle(explicit: Path | None, matrix_value: str | None, matrix_dir: Path) -> Path | None:
@@ -106,59 +101,3 @@ def check_bundle(path: Path, origin: str) -> None:
         raise GpuenvError(f"{where}: every certificate in it has expired (or is not yet valid)")
     if valid:
         _remember_good(text, max(ssl.cert_time_to_seconds(c["notAfter"]) for c in valid))
-
-
-class CAServer(SharedServer):
-    """Serves one file at CA_URL while the context is open.
-
-    The port is fixed (the RUN line must stay byte-identical for the cache), so several gpuenv
-    builds on one machine share it (gpuenv/loopback.py); they share it only when they serve
-    the same bytes, so the bundle itself is the identity a joining server compares.
-    """
-
-    def __init__(
-        self,
-        bundle: Path,
-        wait_seconds: float = 1800,
-        say: Any = None,
-        port: int = CA_PORT,
-    ) -> None:
-        self.data = bundle.read_bytes()
-        super().__init__(
-            port,
-            self.data,
-            lambda conn: _answer(conn, self.data),
-            probe="/ca.pem",
-            what="CA bundle",
-            wait_seconds=wait_seconds,
-            say=say,
-        )
-
-
-def _fetch(port: int) -> bytes | None:
-    """What 127.0.0.1:port serves at /ca.pem (None: nothing listens)."""
-    return fetch(port, "/ca.pem")
-
-
-def _answer(conn: socket.socket, data: bytes) -> None:
-    """One HTTP exchange: GET /ca.pem gets the bundle, anything else 404."""
-    try:
-        conn.settimeout(10)
-        request = b""
-        while b"\r\n\r\n" not in request and len(request) < 16384:
-            chunk = conn.recv(4096)
-            if not chunk:
-                break
-            request += chunk
-        words = request.split(b"\r\n", 1)[0].split()
-        if words[:2] == [b"GET", b"/ca.pem"]:
-            head = f"HTTP/1.0 200 OK\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n"
-            conn.sendall(head.encode() + data)
-        else:
-            conn.sendall(
-                b"HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-            )
-    except OSError:
-        pass
-    finally:
-        conn.close()

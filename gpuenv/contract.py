@@ -149,33 +149,6 @@ def site_packages(python: str) -> str:
     return f"{VENV}/lib/python{python}/site-packages"
 
 
-# ----------------------------------------------------------------------------- CA address
-
-# The CA bundle is served to the build on this fixed loopback address (gpuenv/ca.py). It is
-# part of the rendered RUN line, which must stay byte-identical for the layer cache to hit.
-CA_PORT = 47811
-CA_URL = f"http://127.0.0.1:{CA_PORT}/ca.pem"
-CA_PATH = "/tmp/gpuenv-ca.pem"
-
-# ----------------------------------------------------------------------------- wheelhouse
-
-# The wheelhouse's package index (gpuenv/proxy.py) answers the install steps here. The URL a
-# RUN line holds is WHEELHOUSE_ROOT/<key>/simple/, <key> naming the upstream indexes it
-# stands for (gpuenv/wheelhouse.py, index_key): a change of upstream changes the line.
-WHEELHOUSE_PORT = 47812
-WHEELHOUSE_ROOT = f"http://127.0.0.1:{WHEELHOUSE_PORT}"
-
-
-def wheelhouse_index_url(key: str) -> str:
-    return f"{WHEELHOUSE_ROOT}/{key}/simple/"
-
-
-def wheelhouse_uv_url(key: str, version: str) -> str:
-    """Where an install step downloads its installer: uv's executable of that release, out
-    of the wheel the indexes under `key` offer; the step appends its machine (os.uname)."""
-    return f"{WHEELHOUSE_ROOT}/{key}/tools/uv/{version}/"
-
-
 # ----------------------------------------------------------------------------- project files
 
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpuenv import contract
@@ -217,15 +218,6 @@ class Engine:
     def is_local(self) -> bool:
         return self.url.startswith(("http+docker://localhost", "unix:"))
 
-    @property
-    def shares_loopback(self) -> bool:
-        """Whether a build with host networking sees this machine's 127.0.0.1 (where the
-        CA server listens): a local socket, or tcp:// to a loopback address."""
-        if self.is_local:
-            return True
-        host = re.sub(r"^[a-z+]+://", "", self.url).split("/", 1)[0].rsplit(":", 1)[0]
-        return host.strip("[]") in ("localhost", "::1") or host.startswith("127.")
-
     def info(self) -> dict[str, Any]:
         with _translated():
             if self._socket is not None:
@@ -391,6 +383,7 @@ class Engine:
         nocache: bool,
         on_log: LogSink,
         patience: float = 30,
+        network: str = "none",
     ) -> str:
         """Build an uploaded tar context without tagging it; returns the full image ID
         (sha256:...), the form `image inspect` gives, so callers can compare the two.
@@ -402,7 +395,9 @@ class Engine:
         # built <12 hex>" line, when no aux message came.
         running: list[str] = []  # the container of the step in progress ("Running in <id>")
         try:
-            image_id, short_id = self._build_stream(context, labels, nocache, on_log, running)
+            image_id, short_id = self._build_stream(
+                context, labels, nocache, on_log, running, network
+            )
         except EngineError as exc:
             # The engine went away mid-build (restarted, killed): its builder never removes
             # the step's container, which is left Dead once the engine is back. Remove it.
@@ -421,6 +416,95 @@ class Engine:
             raise BuildFailed("the engine ended the build without an image")
         return image_id
 
+    @property
+    def is_podman(self) -> bool:
+        """podman's Docker-compatible API service (its version names the component)."""
+        with _translated():
+            version = (
+                self._api.version()
+                if self._socket is None
+                else self._socket.json("GET", "/version")
+            )
+        names = [str(c.get("Name", "")) for c in version.get("Components") or []]
+        return any("podman" in n.lower() for n in names)
+
+    def architecture(self) -> str:
+        """The engine's machine (x86_64, aarch64; podman says amd64, arm64)."""
+        return str(self.info().get("Architecture") or "")
+
+    def build_directory(
+        self,
+        directory: Path,
+        *,
+        labels: dict[str, str],
+        nocache: bool,
+        network: str,
+        on_log: LogSink,
+    ) -> str:
+        """Build a context directory whose Dockerfile mounts parts of it (RUN --mount), without
+        tagging; returns the image ID. Docker engines build it with BuildKit through the
+        docker CLI (the SDK cannot drive BuildKit: docker/docker-py#2230), which sends the
+        context over the build session: local, rootless, Desktop and remote engines alike.
+        podman's API service builds it through its own endpoint (its builder takes the same
+        mounts), from an uploaded tar."""
+        if self.is_podman:
+            return self._build_uploaded(directory, labels, nocache, network, on_log)
+        return self._build_buildkit(directory, labels, nocache, network, on_log)
+
+    def _build_uploaded(
+        self, directory: Path, labels: dict[str, str], nocache: bool, network: str,
+        on_log: LogSink,
+    ) -> str:  # fmt: skip
+        import tarfile
+        import tempfile
+
+        with tempfile.TemporaryFile() as tar_file:
+            with tarfile.open(fileobj=tar_file, mode="w") as tar:
+                tar.add(directory, arcname=".")
+            tar_file.seek(0)
+            return self.build(
+                tar_file, labels=labels, nocache=nocache, on_log=on_log, network=network
+            )
+
+    def _build_buildkit(
+        self, directory: Path, labels: dict[str, str], nocache: bool, network: str,
+        on_log: LogSink,
+    ) -> str:  # fmt: skip
+        import subprocess
+        import tempfile
+
+        cli, env = buildkit_cli(self)
+        with tempfile.TemporaryDirectory(prefix="gpuenv-build-") as tmp:
+            iidfile = Path(tmp) / "iid"
+            command = [*cli, "--progress", "plain", "--network", network,
+                       "--iidfile", str(iidfile)]  # fmt: skip
+            for key, value in sorted(labels.items()):
+                command += ["--label", f"{key}={value}"]
+            if nocache:
+                command.append("--no-cache")
+            command.append(str(directory))
+            tail: list[str] = []
+            proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, errors="replace")  # fmt: skip
+            assert proc.stdout is not None
+            try:
+                for line in proc.stdout:
+                    line = _ANSI.sub("", line.rstrip("\n"))
+                    on_log(line)
+                    tail.append(line)
+                    del tail[:-20]
+            finally:
+                code = proc.wait()
+            if code != 0:
+                errors = [t for t in tail if t.startswith(("ERROR", "error", "failed to"))]
+                why = (errors or tail or [f"exit {code}"])[-1]
+                if "Cannot connect" in why or "error during connect" in why:
+                    raise EngineError(f"the Docker Engine at {self.url} went away during the "
+                                      "build; nothing was tagged", detail=why)  # fmt: skip
+                raise BuildFailed(why.removeprefix("ERROR: ").strip())
+            return iidfile.read_text().strip()
+
     def _build_stream(
         self,
         context: Any,
@@ -428,6 +512,7 @@ class Engine:
         nocache: bool,
         on_log: LogSink,
         running: list[str],
+        network: str,
     ) -> tuple[str | None, str | None]:
         image_id = short_id = None
         with _translated():
@@ -440,7 +525,7 @@ class Engine:
                 rm=True,
                 forcerm=True,
                 pull=False,
-                network_mode="host",
+                network_mode=network,
                 decode=True,
             )
             for chunk in stream:
@@ -622,6 +707,60 @@ def _device_request(body: dict[str, Any]) -> Any:
         capabilities=body["Capabilities"],
         options=body["Options"],
     )
+
+
+def buildkit_cli(engine: Engine) -> tuple[list[str], dict[str, str]]:
+    """The command that builds with BuildKit on this engine, and its environment: the first
+    of $GPUENV_DOCKER_CLI and each `docker` on PATH (then /usr/bin/docker) that has buildx
+    (`docker buildx build --load`) or is older than 23, whose own client BuildKit is
+    (`DOCKER_BUILDKIT=1 docker build`; from 23 on, `docker build` needs buildx). It talks to
+    the engine gpuenv talks to: DOCKER_HOST and TLS from the environment, or the socket."""
+    import shutil
+    import subprocess
+
+    env = dict(os.environ)
+    if engine._socket is not None:
+        env["DOCKER_HOST"] = f"unix://{engine._socket.path}"
+    if _cli.found is not None:
+        return list(_cli.found), {**env, "DOCKER_BUILDKIT": "1"}
+    candidates = [os.environ.get("GPUENV_DOCKER_CLI", "")]
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        candidates.append(os.path.join(directory, "docker") if directory else "")
+    candidates.append("/usr/bin/docker")
+    tried = []
+    for candidate in dict.fromkeys(c for c in candidates if c):
+        path = shutil.which(candidate)
+        if path is None or path in tried:
+            continue
+        tried.append(path)
+        probe = {**env, "DOCKER_CLI_HINTS": "false"}
+        buildx = subprocess.run([path, "buildx", "version"], env=probe, capture_output=True,
+                                text=True, check=False, timeout=30)  # fmt: skip
+        if buildx.returncode == 0:
+            _cli.found = (path, "buildx", "build", "--load")
+            break
+        version = subprocess.run([path, "version", "--format", "{{.Client.Version}}"],
+                                 env=probe, capture_output=True, text=True, check=False,
+                                 timeout=30)  # fmt: skip
+        major = re.match(r"(\d+)\.", version.stdout.strip())
+        if major and int(major.group(1)) < 23:
+            _cli.found = (path, "build")
+            break
+    if _cli.found is None:
+        raise EngineError(
+            "building needs BuildKit, through a docker CLI with buildx (tried: "
+            f"{', '.join(tried) or 'no docker on PATH'}); install docker-buildx (Debian, "
+            "Ubuntu: docker-buildx; Docker's own packages: docker-buildx-plugin), or point "
+            "GPUENV_DOCKER_CLI at a docker CLI that has it"
+        )
+    return list(_cli.found), {**env, "DOCKER_BUILDKIT": "1"}
+
+
+class _Cli:
+    found: tuple[str, ...] | None = None
+
+
+_cli = _Cli()
 
 
 @dataclass

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     import yaml
 
+    from gpuenv.credentials import Credentials
     from gpuenv.engine import Engine, ImageInfo
     from gpuenv.matrix import LoadedMatrix
 
@@ -101,8 +102,13 @@ def compile_requirements(
     exclude_newer: str,
     index_url: str | None,
     extra_index_urls: tuple[str, ...] = (),
+    *,
+    credentials: Credentials | None = None,
+    ca_bundle: Path | None = None,
 ) -> str:
-    """`uv pip compile --generate-hashes` for the cell's interpreter and platform."""
+    """`uv pip compile --generate-hashes` for the cell's interpreter and platform. Index
+    credentials reach uv in its environment (never its command line, which every local user
+    can read), inside the index URLs; the CA bundle as SSL_CERT_FILE."""
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "requirements.in"
         source.write_text("\n".join(requirements) + "\n")
@@ -111,12 +117,15 @@ def compile_requirements(
             "--no-annotate", "--quiet", "--python-version", python, "--python-platform",
             PLATFORM, "--exclude-newer", exclude_newer,
         ]  # fmt: skip
+        env = {**os.environ, "UV_NO_PROGRESS": "1"}
         if index_url:
-            command += ["--index-url", index_url]
-        for url in extra_index_urls:
-            command += ["--extra-index-url", url]
-        proc = subprocess.run(command, capture_output=True, text=True, check=False,
-                              env={**os.environ, "UV_NO_PROGRESS": "1"})  # fmt: skip
+            env["UV_INDEX_URL"] = _with_credential(index_url, credentials)
+        if extra_index_urls:
+            urls = (_with_credential(u, credentials) for u in extra_index_urls)
+            env["UV_EXTRA_INDEX_URL"] = " ".join(urls)
+        if ca_bundle is not None:
+            env["SSL_CERT_FILE"] = str(ca_bundle)
+        proc = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
         reason = " ".join(line.strip() for line in lines[-3:]) or f"exit {proc.returncode}"
@@ -124,19 +133,44 @@ def compile_requirements(
     return proc.stdout
 
 
+def _with_credential(url: str, credentials: Credentials | None) -> str:
+    credential = credentials.for_url(url) if credentials else None
+    if credential is None:
+        return url
+    from urllib.parse import quote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    userinfo = f"{quote(credential.username, safe='')}:{quote(credential.password, safe='')}"
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.netloc.rsplit('@', 1)[-1]}"))
+
+
 def lock_cell(
-    cell: Cell, exclude_newer: str, index_url: str | None, extra_index_urls: tuple[str, ...] = ()
+    cell: Cell,
+    exclude_newer: str,
+    index_url: str | None,
+    extra_index_urls: tuple[str, ...] = (),
+    *,
+    credentials: Credentials | None = None,
+    ca_bundle: Path | None = None,
 ) -> CellLock:
     indexes = (index_url, tuple(dict.fromkeys((*extra_index_urls, *cell.indexes))))
-    env = compile_requirements(env_requirements(cell), cell.python, exclude_newer, *indexes)
+    how = {"credentials": credentials, "ca_bundle": ca_bundle}
+    env = compile_requirements(env_requirements(cell), cell.python, exclude_newer, *indexes, **how)
     cuda = ""
     if cell.is_gpu and not cell.cuda_with_framework:
-        cuda = compile_requirements(cuda_requirements(cell), cell.python, exclude_newer, *indexes)
+        cuda = compile_requirements(
+            cuda_requirements(cell), cell.python, exclude_newer, *indexes, **how
+        )
     return CellLock(inputs_digest(cell, exclude_newer), env, cuda)
 
 
 def today() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT00:00:00Z")
+
+
+def now() -> str:
+    """An unlocked cell's resolution date: what the indexes offer at build time."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def load(path: Path) -> Lock | None:

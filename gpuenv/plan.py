@@ -7,7 +7,7 @@ carries that spec hash), `pull` (a published image may carry it: $GPUENV_REGISTR
 `gpuenv build --dry-run` prints it.
 
 Why a cell rebuilds: each image records a digest per input in the io.gpuenv.inputs label
-(template files, base image, packages, lock entry, CA, the rendered context as a whole),
+(template files, base image, packages, lock entry, the rendered context as a whole),
 so the plan can compare the inputs one by one rather than only say "the hash differs".
 """
 
@@ -33,14 +33,13 @@ if TYPE_CHECKING:
 Action = Literal["up-to-date", "pull", "build"]
 
 # The inputs a rebuild can be blamed on, in the order they are reported.
-INPUTS = ("template", "base", "packages", "requirements", "lock", "ca", "context")
+INPUTS = ("template", "base", "packages", "requirements", "lock", "context")
 REASONS = {
     "template": "template (images/) changed",
     "base": "base image changed",
     "packages": "packages changed",
     "requirements": "requirements file changed",
     "lock": "lock entry changed",
-    "ca": "CA bundle added or removed",
     "context": "rendered build context changed",
 }
 
@@ -77,7 +76,6 @@ def input_digests(
         # path=digest per requirements file, so a rebuild names the file that changed.
         "requirements": ",".join(f"{p}={d[:12]}" for p, d in sorted(cell.requirements.items())),
         "lock": _short(f"{lock.python_env}\0{lock.cuda}") if lock else "",
-        "ca": "1" if options.ca else "",
         "context": ctx.digest()[:16],
     }
 
@@ -117,33 +115,24 @@ class BuildPlan:
     no_cache: bool
     lock: Lock | None
 
-    @property
-    def needs_ca(self) -> bool:
-        return self.ca_bundle is not None and any(p.action != "up-to-date" for p in self.cells)
-
     def to_json(self) -> dict[str, Any]:
         return {"no_cache": self.no_cache, "cells": [p.to_json() for p in self.cells]}
 
 
-def render_options(m: LoadedMatrix | Project, ca_bundle: Path | None) -> RenderOptions:
+def render_options(m: LoadedMatrix | Project) -> RenderOptions:
     from gpuenv.project import Project, settings_of
     from gpuenv.render import RenderOptions
 
     settings = m.settings if isinstance(m, Project) else settings_of(m)
-    return RenderOptions(
-        ca=ca_bundle is not None,
-        index_url=settings.index_url,
-        extra_index_urls=settings.extra_index_urls,
-        wheelhouse=True,
-    )
+    return RenderOptions(index_url=settings.index_url, extra_index_urls=settings.extra_index_urls)
 
 
 def upstream_indexes(m: LoadedMatrix, cell: Cell) -> tuple[str, ...]:
-    """The package indexes the wheelhouse proxy asks for a cell's build, in order: the
-    matrix's, then the cell's own (render.upstream_indexes, as the RUN line's key names them)."""
+    """The package indexes a cell's wheels are fetched from, in order: the matrix's, then
+    the cell's own (render.upstream_indexes, as the Dockerfile's index key names them)."""
     from gpuenv.render import upstream_indexes as of_options
 
-    return of_options(render_options(m, None), cell)
+    return of_options(render_options(m), cell)
 
 
 def lock_entries(project: Project, cells: list[Cell]) -> dict[str, CellLock]:
@@ -160,14 +149,12 @@ def lock_entries(project: Project, cells: list[Cell]) -> dict[str, CellLock]:
     return {c.name: lock.cells[c.name] for c in cells}
 
 
-def render_all(
-    project: Project, cells: list[Cell], ca_bundle: Path | None
-) -> dict[str, BuildContext]:
+def render_all(project: Project, cells: list[Cell]) -> dict[str, BuildContext]:
     """Every cell's build context, with its lock entries; a template error, or a lock that
     no longer matches, stops here, before anything touches the engine."""
     from gpuenv.render import BuildContext
 
-    options = render_options(project, ca_bundle)
+    options = render_options(project)
     locked = lock_entries(project, cells)
     # The snapshot's contexts for these options (gpuenv/snapshot.py: its key covers the
     # matrix, lock, catalog and templates); only the cells it lacks are rendered.
@@ -255,10 +242,10 @@ def make_plan(
     images are pulled from before building ($GPUENV_REGISTRY's, gpuenv/publish.py);
     `contexts` are the cells' rendered contexts when the caller already has them
     (render_all); they are rendered here otherwise."""
-    options = render_options(project, ca_bundle)
+    options = render_options(project)
     locked = lock_entries(project, cells)
     if contexts is None:
-        contexts = render_all(project, cells, ca_bundle)
+        contexts = render_all(project, cells)
     bases = _base_ids(engine, project, cells)
     plans = []
     for cell in cells:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -22,20 +21,17 @@ if TYPE_CHECKING:
 
     from gpuenv.lock import CellLock
 
-# The uv release bootstrapped (and removed) inside each install step. Part of the rendered
-# line, so changing it rebuilds, as it should.
+# The uv release the install steps run (sent in the build context, never in a layer). Part
+# of the rendered Dockerfile, so changing it rebuilds, as it should.
 UV_VERSION = "0.13.9"
+# Where an install step's part of the context is mounted (partials/macros.j2).
+MOUNT = "/mnt"
 
 
 @dataclass(frozen=True)
 class RenderOptions:
-    ca: bool = False
     index_url: str | None = None
     extra_index_urls: tuple[str, ...] = ()
-    # Install through the wheelhouse's loopback index (gpuenv/proxy.py), which stands for the
-    # upstream indexes under a key (wheelhouse_key): the RUN line names no upstream.
-    # gpuenv's builds always set it; False renders the indexes directly.
-    wheelhouse: bool = False
 
 
 def wheelhouse_key(options: RenderOptions, cell: Cell) -> str:
@@ -121,45 +117,23 @@ def render(
     if cell.is_gpu and cell.ptxas_dir:
         # ptxas, for XLA's and TensorFlow's own PTX compilation.
         path = f"{venv}/bin:{sp}/nvidia/{cell.ptxas_dir}:{contract.SYSTEM_PATH}"
-    cuda_packages = [f"{name}=={version}" for name, version in cell.wheels.items()]
-    # Requirements such as pandas<3 hold shell metacharacters (a redirection, unquoted);
-    # plain pins like tensorflow==2.21.0 come out unchanged.
-    python_packages = [shlex.quote(p) for p in (cell.framework_requirement, *cell.pip)]
-    if cell.cuda_with_framework:
-        python_packages += cuda_packages
+    uv = f"{MOUNT}/uv"
     dockerfile = env.get_template("Dockerfile.j2").render(
         cell=cell,
-        ca=options.ca,
-        ca_url=contract.CA_URL,
-        ca_path=contract.CA_PATH,
-        index_url=(
-            contract.wheelhouse_index_url(wheelhouse_key(options, cell))
-            if options.wheelhouse
-            else options.index_url
+        # Which upstream indexes the wheels come from: a change of upstream rebuilds.
+        index_key=f"{wheelhouse_key(options, cell)} (uv {UV_VERSION})",
+        mount=MOUNT,
+        uv=uv,
+        install=(
+            f"{uv} pip install --quiet --no-cache --offline --no-index --find-links {MOUNT} "
+            f"--require-hashes --no-deps --python {venv}/bin/python -r {MOUNT}/requirements.txt"
         ),
-        # Without the wheelhouse: the matrix's indexes, then the cell's own (PyTorch's CPU
-        # index or its mirror); with it, the key above stands for all of them.
-        extra_index_urls=(
-            []
-            if options.wheelhouse
-            else list(dict.fromkeys((*options.extra_index_urls, *cell.indexes)))
-        ),
-        uv_version=UV_VERSION,
-        uv_url=(
-            contract.wheelhouse_uv_url(wheelhouse_key(options, cell), UV_VERSION)
-            if options.wheelhouse
-            else None
-        ),
-        # The installer's path: downloaded alone, or inside the throwaway venv.
-        uv="/tmp/gpuenv-uv/uv" if options.wheelhouse else "/tmp/gpuenv-uv/bin/uv",
         venv=venv,
         user=contract.USER,
         uid=contract.UID,
         path=path,
-        python_packages=python_packages,
         locked=lock is not None,
         lock_dir=contract.LOCK_DIR,
-        cuda_packages=cuda_packages,
         require_cuda=driver_cuda_floor(cell) if cell.is_gpu else None,
         ld_library_path=":".join(f"{sp}/nvidia/{d}/lib" for d in cell.nvidia_lib_dirs),
         labels=contract.image_labels(cell),

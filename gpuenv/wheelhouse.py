@@ -10,9 +10,10 @@ Layout under the gpuenv cache directory (gpuenv/cache.py), `wheelhouse/`:
   resolves against).
 - `indexes/<key>.json`: the upstream URLs a key stands for (never credentials).
 
-The proxy (gpuenv/proxy.py) fills and serves it; this module is the store and the pure parts
-around it: parsing and rewriting index pages (PEP 503 HTML, PEP 691 JSON), hash checks,
-which files a lock needs, what prune drops, and the export/import tarball.
+The fetcher (gpuenv/fetch.py) fills it host side; builds take their wheels from it
+(gpuenv/sendable.py). This module is the store and the pure parts around it: parsing index
+pages (PEP 503 HTML, PEP 691 JSON), hash checks, which wheel of a locked requirement a
+target installs, what prune drops, and the export/import tarball.
 """
 
 from __future__ import annotations
@@ -401,6 +402,67 @@ def uv_wheel(files: list[IndexFile], version: str, machine: str) -> IndexFile | 
         and "manylinux" in f.filename and not f.yanked
     ]  # fmt: skip
     return min(wheels, key=lambda f: f.filename) if wheels else None
+
+
+# The platforms a manylinux wheel may name, from the oldest glibc a target has to the newest
+# (PEP 600: manylinux_2_X runs on glibc >= 2.X; the legacy names are aliases, PEP 600's table).
+_LEGACY = {"manylinux1": 5, "manylinux2010": 12, "manylinux2014": 17}
+
+
+def wheel_rank(filename: str, python: str, machine: str, glibc: tuple[int, int]) -> int | None:
+    """How well a wheel suits CPython `python` on linux/`machine` with that glibc: higher
+    is better (pip's and uv's order: a more specific interpreter tag, then a newer
+    manylinux); None when it cannot install there."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    try:
+        _, _, _, tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename:
+        return None
+    nodot = python.replace(".", "")
+    best = None
+    for tag in tags:
+        if tag.interpreter == f"cp{nodot}" and tag.abi in (f"cp{nodot}", "abi3", "none"):
+            lang = 3 if tag.abi == f"cp{nodot}" else 2
+        elif tag.interpreter.startswith("cp3") and tag.abi == "abi3":
+            lang = 2 if int(tag.interpreter[3:] or 0) <= int(nodot[1:]) else -1
+        elif tag.interpreter in ("py3", f"py{nodot}") and tag.abi == "none":
+            lang = 1
+        else:
+            lang = -1
+        if lang < 0:
+            continue
+        if tag.platform == "any":
+            platform = 0
+        else:
+            m = re.fullmatch(r"manylinux_(\d+)_(\d+)_(\w+)", tag.platform)
+            legacy = re.fullmatch(r"(manylinux1|manylinux2010|manylinux2014)_(\w+)", tag.platform)
+            if m:
+                need, arch = (int(m.group(1)), int(m.group(2))), m.group(3)
+            elif legacy:
+                need, arch = (2, _LEGACY[legacy.group(1)]), legacy.group(2)
+            else:
+                continue
+            if arch != machine or need > glibc:
+                continue
+            platform = 1 + need[1]
+        rank = lang * 1000 + platform
+        best = rank if best is None else max(best, rank)
+    return best
+
+
+def pick_wheel(
+    files: list[IndexFile], req: Requirement, python: str, machine: str, glibc: tuple[int, int]
+) -> IndexFile | None:
+    """The wheel a target installs for a locked requirement: among the files whose sha256
+    the lock lists, the best-ranked one for the target; None when none fits."""
+    ranked = [
+        (rank, f.filename, f)
+        for f in files
+        if f.sha256 in req.hashes
+        and (rank := wheel_rank(f.filename, python, machine, glibc)) is not None
+    ]
+    return max(ranked, key=lambda r: (r[0], r[1]))[2] if ranked else None
 
 
 def offline_misses(store: Store, key: str, requirements: list[Requirement]) -> list[str]:

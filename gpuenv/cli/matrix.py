@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from gpuenv.cli.common import (
-    CaOption,
     FileOption,
     JsonOption,
     Patterns,
@@ -67,7 +66,6 @@ def render_cmd(
     output: Annotated[
         Path, typer.Option("-o", "--output", help="Directory for the build contexts")
     ] = Path("build"),
-    ca_bundle: CaOption = None,
 ) -> None:
     """Write each cell's build context (Dockerfile + cell.json) to OUTPUT/<cell>/."""
     from gpuenv import plan
@@ -76,8 +74,7 @@ def render_cmd(
     with user_errors():
         project = open_project(file)
         cells = project.select(patterns)
-        bundle = project.ca_bundle(ca_bundle)
-        contexts = plan.render_all(project, cells, bundle)  # all rendered before any write
+        contexts = plan.render_all(project, cells)  # all rendered before any write
         for ctx in contexts.values():
             try:
                 target = ctx.write(output)

@@ -149,7 +149,7 @@ def _planned(
     project = open_project(file, cached=True)  # a snapshot miss loads it the long way
     cells = project.select(patterns)
     bundle = project.ca_bundle(None)
-    contexts = plan.render_all(project, cells, bundle)
+    contexts = plan.render_all(project, cells)
     the_plan = plan.make_plan(engine.connect(), project, cells, ca_bundle=bundle, contexts=contexts)
     results = []
     for p in the_plan.cells:

@@ -1,60 +1,50 @@
-"""The wheelhouse's package index: a caching proxy on 127.0.0.1 for the length of a build.
+"""Host-side fetching into the wheelhouse: what a build's install steps will install.
 
-The install steps' pip and uv use `http://127.0.0.1:47812/<key>/simple/` as their only index
-(gpuenv/contract.py). For each project page they ask for, the proxy asks the upstream
-indexes `<key>` stands for (in uv's order, the first that knows the project answers), keeps
-the page (gpuenv/wheelhouse.py) and answers with the same files linked to itself. A file is
-fetched upstream once, checked against the index's sha256 on the way in, stored under its
-hash, and checked again when this process first serves it. Upstream is reached host side,
-through the environment's proxy and the configured CA bundle, with the private indexes'
-credentials (gpuenv/credentials.py): none of that reaches the build.
+Before a cell is built, its resolution (the lock's entry, or `uv pip compile` now for an
+unlocked cell) is fetched here: for each requirement, the project page of the upstream
+indexes `<key>` stands for (in uv's order, the first that knows the project answers), then
+the one wheel the target installs among the files with a locked hash
+(wheelhouse.pick_wheel). A file is fetched once, checked against its sha256 on the way in,
+stored under it, and checked again before a build takes it. Upstream is reached from this
+process only, through the environment's proxy and the configured CA bundle, with the
+private indexes' credentials (gpuenv/credentials.py): the engine never sees any of them,
+and nothing listens for it (gpuenv/sendable.py sends the wheels in the build context).
 
 Offline (`gpuenv build --offline`) it never goes upstream: pages and files come from the
-wheelhouse alone and a miss is answered 404 and recorded, naming the distribution.
-
-Concurrent builds share the port (gpuenv/loopback.py) when they serve the same wheelhouse
-the same way (same store, same offline mode, same credentials): the identity they compare.
-Which upstreams a key stands for is in the store, so any of them can answer any key.
+wheelhouse alone and a miss is recorded, naming the distribution.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import hashlib
-import json
-import re
-import socket
+import os
 import ssl
 import threading
 import urllib.error
 import urllib.request
 import zipfile
-from http.server import BaseHTTPRequestHandler
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gpuenv import contract
 from gpuenv.credentials import Credentials
 from gpuenv.errors import GpuenvError
-from gpuenv.loopback import SharedServer
 from gpuenv.wheelhouse import (
     HTML_TYPE,
     JSON_TYPE,
     HashMismatch,
     IndexFile,
+    Requirement,
     Store,
+    locked_requirements,
     normalize,
     parse_page,
-    render_page,
+    pick_wheel,
     uv_wheel,
 )
 
-PROBE = "/gpuenv-wheelhouse"
 TIMEOUT = 120  # seconds per upstream request
-_PAGE = re.compile(r"/([0-9a-f]{16})/simple/([A-Za-z0-9._-]+)/?")
-_FILE = re.compile(r"/([0-9a-f]{16})/files/([a-z0-9-]+)/([0-9a-f]{64})/([A-Za-z0-9._+!-]+)")
-_UV = re.compile(r"/([0-9a-f]{16})/tools/uv/([0-9][0-9A-Za-z.+-]*)/([a-z0-9_]+)")
+PARALLEL = 8  # downloads at once (uv's default is 50; 8 fills a link without a storm)
 
 
 class Upstream:
@@ -78,8 +68,8 @@ class Upstream:
         return self.opener.open(request, timeout=TIMEOUT)
 
 
-class Proxy:
-    """What one gpuenv process answers on the wheelhouse port."""
+class Fetcher:
+    """One gpuenv process's way to the upstream indexes and the wheelhouse."""
 
     def __init__(
         self,
@@ -95,14 +85,8 @@ class Proxy:
         self.credentials = credentials
         self._ca_bundle = ca_bundle
         self._upstream = upstream
-        doc = {"store": str(store.root.resolve()), "offline": offline,
-               "credentials": credentials.fingerprint()}  # fmt: skip
-        self.identity = (
-            hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest().encode()
-        )
         self.problems: list[str] = []  # why a page or file could not be given: for the error
         self.fetched = 0  # files downloaded upstream
-        self.served = 0  # files served
         self._lock = threading.Lock()
 
     @property
@@ -225,9 +209,9 @@ class Proxy:
         return self.store.verified(want)
 
     def uv_executable(self, key: str, version: str, machine: str) -> bytes | None:
-        """uv's executable of that release for the build's machine, out of its wheel from
-        the indexes `key` names (stored and checked like every file): an install step
-        downloads it in a second, where making a venv to pip-install uv took ~5 s."""
+        """uv's executable of that release for the engine's machine, out of its wheel from
+        the indexes `key` names (stored and checked like every file): the installer the
+        build's steps run, sent with their wheels."""
         wheel = uv_wheel(self.page(key, "uv") or [], version, machine)
         if wheel is None:
             if self.offline:
@@ -243,142 +227,68 @@ class Proxy:
             self.problem(f"{wheel.filename}: no uv executable in it ({exc})")
             raise _Upstream(502) from None
 
-    # ---------------------------------------------------------------- HTTP
-
-    def answer(self, conn: socket.socket) -> None:
-        """One client connection (a thread of its own; keep-alive)."""
+    def uv_file(self, key: str, version: str, machine: str) -> Path:
+        """uv's executable for `machine`, kept in the wheelhouse (tools/) once taken out
+        of its checked wheel."""
+        path = self.store.root / "tools" / f"uv-{version}-{machine}"
+        if path.is_file():
+            return path
         try:
-            _Handler(conn, ("127.0.0.1", 0), self)
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                conn.close()
+            executable = self.uv_executable(key, version, machine)
+        except _Upstream:
+            executable = None
+        if executable is None:
+            raise GpuenvError(
+                self.problems[-1]
+                if self.problems
+                else f"uv {version} for {machine} is not on the indexes of this build"
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_bytes(executable)
+        tmp.chmod(0o755)
+        os.replace(tmp, path)
+        return path
+
+    def wheels(
+        self, key: str, text: str, python: str, machine: str, glibc: tuple[int, int]
+    ) -> list[tuple[str, Path]]:
+        """(filename, stored path) of the wheel each requirement of a resolution installs
+        on the target: fetched in parallel, each checked. A requirement with no wheel for
+        the target, or one that cannot be fetched, is an error naming it."""
+        requirements = locked_requirements(text)
+
+        def one(req: Requirement) -> tuple[str, Path]:
+            files = self.page(key, req.name)
+            if files is None:
+                raise GpuenvError(
+                    self.problems[-1]
+                    if self.problems
+                    else f"{req.name}=={req.version}: not on any index of this build"
+                )
+            wheel = pick_wheel(files, req, python, machine, glibc)
+            if wheel is None:
+                raise GpuenvError(
+                    f"{req.name}=={req.version} has no wheel for CPython {python} on "
+                    f"linux/{machine} (glibc {glibc[0]}.{glibc[1]}) among its locked hashes; "
+                    "gpuenv installs wheels only: pin a release that ships one"
+                )
+            stored = self.file(key, req.name, wheel.sha256, wheel.filename)
+            if stored is None:
+                raise GpuenvError(
+                    self.problems[-1] if self.problems else f"{wheel.filename}: not fetched"
+                )
+            return wheel.filename, stored
+
+        try:
+            with ThreadPoolExecutor(PARALLEL) as pool:
+                return list(pool.map(one, requirements))
+        except _Upstream:
+            raise GpuenvError(self.problems[0] if self.problems else "upstream failed") from None
 
 
 class _Upstream(Exception):
+    """An upstream failure, already recorded in Fetcher.problems."""
+
     def __init__(self, code: int) -> None:
         self.code = code
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    timeout = 60
-    server: Proxy  # type: ignore[assignment]
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # the build's own log says what was installed
-
-    head_only = False
-
-    def do_HEAD(self) -> None:
-        # uv asks HEAD of a wheel whose index gives no metadata file, to see whether it can
-        # read the metadata with range requests; the answer (no Accept-Ranges) says it
-        # cannot, so it downloads the wheel, which the wheelhouse keeps anyway.
-        self.head_only = True
-        try:
-            self._serve()
-        finally:
-            self.head_only = False  # the connection's next request may be a GET
-
-    def do_GET(self) -> None:
-        self._serve()
-
-    def _serve(self) -> None:
-        proxy = self.server
-        path = self.path.split("?", 1)[0]
-        if path == PROBE:
-            self._send(200, "text/plain", proxy.identity)
-            return
-        try:
-            m = _PAGE.fullmatch(path)
-            if m:
-                key, project = m.groups()
-                files = proxy.page(key, project)
-                if files is None:
-                    self._send(404, "text/plain", f"{project}: not on any index\n".encode())
-                    return
-                as_json = JSON_TYPE in (self.headers.get("Accept") or "")
-                body = render_page(key, normalize(project), files, as_json)
-                self._send(200, JSON_TYPE if as_json else "text/html", body)
-                return
-            m = _FILE.fullmatch(path)
-            if m:
-                stored = proxy.file(*m.groups())
-                if stored is None:
-                    self._send(404, "text/plain", f"{m.group(4)}: not in the wheelhouse\n".encode())
-                    return
-                self._send_file(stored)
-                if not self.head_only:
-                    with proxy._lock:
-                        proxy.served += 1
-                return
-            m = _UV.fullmatch(path)
-            if m:
-                executable = proxy.uv_executable(*m.groups())
-                if executable is None:
-                    self._send(404, "text/plain", f"uv {m.group(2)}: not on any index\n".encode())
-                    return
-                self._send(200, "application/octet-stream", executable)
-                return
-        except _Upstream:
-            # 502, never the upstream's 401: pip would then prompt for a password, and the
-            # build's installers have no credentials to give (gpuenv's error says why).
-            self._send(502, "text/plain", b"upstream index failed; gpuenv's build error says why\n")
-            return
-        except GpuenvError as exc:
-            proxy.problem(exc.message)
-            self._send(502, "text/plain", b"upstream index failed\n")
-            return
-        self._send(404, "text/plain", b"not found\n")
-
-    def _send(self, code: int, ctype: str, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        if not self.head_only:
-            self.wfile.write(body)
-
-    def _send_file(self, path: Path) -> None:
-        """The file, or the one byte range asked for: uv reads a wheel's metadata from its
-        end with range requests instead of reading the whole wheel."""
-        with path.open("rb") as fh:
-            size = path.stat().st_size
-            span = byte_range(self.headers.get("Range"), size)
-            start, count = span if span else (0, size)
-            self.send_response(206 if span else 200)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Accept-Ranges", "bytes")
-            self.send_header("Content-Length", str(count))
-            if span:
-                self.send_header("Content-Range", f"bytes {start}-{start + count - 1}/{size}")
-            self.end_headers()
-            if not self.head_only and count:
-                self.wfile.flush()
-                self.connection.sendfile(fh, start, count)
-
-
-def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
-    """(start, count) of a single `Range: bytes=...` within size; None: the whole file (no
-    header, several ranges, or one that does not fit, which a full answer serves too)."""
-    m = re.fullmatch(r"bytes=(\d*)-(\d*)", (header or "").strip())
-    if not m or not (m.group(1) or m.group(2)) or size == 0:
-        return None
-    if not m.group(1):  # the last N bytes
-        count = min(int(m.group(2)), size)
-        return (size - count, count) if count else None
-    start = int(m.group(1))
-    end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
-    return (start, end - start + 1) if start <= end else None
-
-
-class WheelhouseServer(SharedServer):
-    """The proxy on the fixed wheelhouse port while the context is open."""
-
-    def __init__(self, proxy: Proxy, say: Any = None, port: int = contract.WHEELHOUSE_PORT) -> None:
-        self.proxy = proxy
-        super().__init__(
-            port, proxy.identity, proxy.answer, probe=PROBE, what="wheelhouse", say=say
-        )

@@ -1,0 +1,108 @@
+"""What a build sends to the engine: the rendered context plus, per install step, the part of
+the build context it mounts, assembled on the client.
+
+An install step's part (`python-env/`, `cuda/`) holds the resolution as `requirements.txt`
+(hashes on every line: the lock's entry, or `uv pip compile` now for an unlocked cell), the
+one wheel per line that fits the engine's machine and the base's glibc, fetched into the
+wheelhouse and checked (gpuenv/fetch.py), and uv's executable for that machine. The engine
+receives it through its own build API (BuildKit's session, or podman's build endpoint), so a
+remote, rootless, Desktop or podman engine builds from exactly the bytes a local one does,
+with no network, no listener on anyone's loopback and no credential or CA of the client.
+
+Each cell's context is a directory in gpuenv's cache, kept between builds (files are hard
+links into the wheelhouse, so it costs no space): BuildKit sends only what changed since its
+last build from that directory, which is what a remote engine over a slow link feels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuenv.errors import GpuenvError
+
+if TYPE_CHECKING:
+    from gpuenv.cell import Cell
+    from gpuenv.fetch import Fetcher
+    from gpuenv.lock import CellLock
+    from gpuenv.render import BuildContext
+
+# glibc of each Debian suite's libc6 (packages.debian.org/<suite>/libc6): the newest
+# manylinux a wheel for that base may need. Bases that are other images: manylinux_2_28, the
+# floor PyTorch's and NVIDIA's current wheels are built for.
+GLIBC = {"bullseye": (2, 31), "bookworm": (2, 36), "trixie": (2, 41)}
+DEFAULT_GLIBC = (2, 28)
+# The engine's architecture as engines name it (Docker: uname's; podman: Go's).
+MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the wheels will run: the cell's Python on the engine's machine."""
+
+    python: str
+    machine: str  # x86_64 | aarch64
+    glibc: tuple[int, int]
+
+
+def target_of(cell: Cell, engine_arch: str) -> Target:
+    machine = MACHINES.get(engine_arch)
+    if machine is None:
+        raise GpuenvError(
+            f"the engine runs on {engine_arch!r}; gpuenv builds for x86_64 and aarch64 engines"
+        )
+    glibc = GLIBC.get(cell.base.value, DEFAULT_GLIBC) if cell.base.kind == "debian" else None
+    return Target(cell.python, machine, glibc or DEFAULT_GLIBC)
+
+
+def parts(cell: Cell, resolution: CellLock) -> dict[str, str]:
+    """The install steps' parts and their requirements text, as the templates mount them."""
+    out = {"python-env": resolution.python_env}
+    if cell.is_gpu and not cell.cuda_with_framework:
+        out["cuda"] = resolution.cuda
+    return out
+
+
+@contextlib.contextmanager
+def assembled(
+    root: Path,
+    ctx: BuildContext,
+    resolution: CellLock,
+    fetcher: Fetcher,
+    key: str,
+    uv: Path,
+    target: Target,
+) -> Iterator[Path]:
+    """The cell's build context as a directory under `root`, held (a lock per cell) while
+    the build reads it: the rendered files, then each part's requirements, wheels and uv."""
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    here = root / ctx.cell.name
+    with (root / f".{ctx.cell.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another gpuenv building this cell waits here
+        shutil.rmtree(here, ignore_errors=True)
+        here.mkdir(mode=0o700)
+        ctx.write(root)
+        for part, text in parts(ctx.cell, resolution).items():
+            wheels = fetcher.wheels(key, text, target.python, target.machine, target.glibc)
+            directory = here / part
+            directory.mkdir(mode=0o700)
+            (directory / "requirements.txt").write_text(text, encoding="utf-8")
+            _link(uv, directory / "uv")
+            for filename, stored in wheels:
+                _link(stored, directory / filename)
+        yield here
+
+
+def _link(source: Path, target: Path) -> None:
+    """A hard link where the filesystem allows (no copy of a 600 MB wheel), else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+        shutil.copymode(source, target)
