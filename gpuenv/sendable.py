@@ -104,5 +104,4 @@ def _link(source: Path, target: Path) -> None:
     try:
         os.link(source, target)
     except OSError:
-        shutil.copyfile(source, target)
-        shutil.copymode(source, target)
+        shutil.copy2(source, target)  # with its mtime, which uv records (FILE_MTIME)

@@ -4,7 +4,8 @@ Layout under the gpuenv cache directory (gpuenv/cache.py), `wheelhouse/`:
 
 - `files/<aa>/<sha256>`: a distribution (or its PEP 658 metadata file), named by the sha256
   of its bytes; written atomically after the bytes were checked against the index's hash,
-  checked again when a build first serves it. Its mtime is its last use (prune keeps recent ones).
+  checked again when a build takes it. Its access time is its last use (prune keeps recent
+  ones); its modification time is fixed (FILE_MTIME), see there.
 - `pages/<key>/<project>.json`: the last index page of a project seen through the upstream
   indexes `<key>` names, as the list of files the proxy offers (what an offline build
   resolves against).
@@ -42,6 +43,10 @@ PYPI = "https://pypi.org/simple/"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 HTML_TYPE = "application/vnd.pypi.simple.v1+html"
 KEEP_DAYS = 30  # prune keeps what a build used this recently
+# Every stored file's modification time. uv records a local wheel's mtime in the installed
+# distribution (`*.dist-info/uv_cache.json`), so a wheel's download time would otherwise
+# reach the layer and make two builds of one lock differ. 1980-01-01, the zip epoch.
+FILE_MTIME = 315532800
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _KEY = re.compile(r"[0-9a-f]{16}")
 
@@ -264,6 +269,7 @@ class Store:
                     f"{what}: the download's sha256 is {digest.hexdigest()}, the index said "
                     f"{sha}; not stored"
                 )
+            os.utime(tmp, (time.time(), FILE_MTIME))
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -294,7 +300,7 @@ class Store:
             path.unlink(missing_ok=True)
             return None
         with contextlib.suppress(OSError):
-            os.utime(path)  # the last use, for prune
+            os.utime(path, (time.time(), FILE_MTIME))  # the last use, for prune
         self._checked[sha] = (st.st_ino, st.st_size)
         return path
 
@@ -307,7 +313,7 @@ class Store:
                     st = path.stat()
                 except OSError:
                     continue
-                out[path.name] = (st.st_size, st.st_mtime)
+                out[path.name] = (st.st_size, st.st_atime)
         return out
 
     def remove(self, sha: str) -> None:

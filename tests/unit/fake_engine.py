@@ -16,7 +16,7 @@ from gpuenv.engine import ContainerSpec, EngineError, ImageInfo
 class FakeEngine:
     url = "unix:///var/run/docker.sock"
     is_local = True
-    shares_loopback = True
+    is_podman = False
 
     def __init__(
         self,
@@ -39,6 +39,9 @@ class FakeEngine:
     # -- engine
     def info(self) -> dict[str, Any]:
         return dict(self._info)
+
+    def architecture(self) -> str:
+        return "x86_64"
 
     def close(self) -> None:
         pass

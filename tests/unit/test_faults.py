@@ -170,27 +170,3 @@ def test_a_container_the_engine_could_not_remove_is_named(
     err = capsys.readouterr().err
     assert "0123456789ab" in err and "docker rm -f" in err
 
-
-# ----------------------------------------------------------------- the CA and a remote engine
-
-
-@pytest.mark.parametrize(
-    ("url", "shared"),
-    [
-        ("http+docker://localhost", True),
-        ("unix:///var/run/docker.sock", True),
-        ("http://127.0.0.1:2375", True),
-        ("https://localhost:2376", True),
-        ("https://[::1]:2376", True),
-        ("https://10.231.7.2:2376", False),
-        ("https://gpu-host.example:2376", False),
-        ("http+docker://ssh", False),
-    ],
-)
-def test_which_engines_see_this_machines_loopback(url: str, shared: bool) -> None:
-    from types import SimpleNamespace
-
-    from gpuenv.engine import Engine
-
-    engine = Engine(SimpleNamespace(api=SimpleNamespace(base_url=url)))  # type: ignore[arg-type]
-    assert engine.shares_loopback is shared

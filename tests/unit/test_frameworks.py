@@ -25,6 +25,7 @@ from gpuenv.render import RenderOptions, render, upstream_indexes, wheelhouse_ke
 GOLDEN = Path(__file__).parent / "golden"
 REPO = Path(__file__).resolve().parents[2]
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+PYPI = "https://pypi.org/simple/"
 
 
 def _data(name: str) -> dict:
@@ -61,9 +62,14 @@ def resolve(write_matrix, text: str) -> compat.Resolution:
     return compat.resolve(matrix.load(write_matrix(text)))
 
 
-def install_words(dockerfile: str) -> set[str]:
-    words = set(re.findall(r"[A-Za-z0-9_.\-\[\]]+==[A-Za-z0-9_.+\-]+", dockerfile))
-    return {w for w in words if not w.startswith("uv==")}
+def install_words(cell: Cell) -> set[str]:
+    """What a build of the cell installs: its resolution's input (gpuenv/lock.py), which its
+    install steps receive in their mounted part (the Dockerfile names no package)."""
+    return set(env_requirements(cell)) | set(cuda_requirements(cell))
+
+
+def pins_on_run_lines(dockerfile: str) -> set[str]:
+    return set(re.findall(r"[A-Za-z0-9_.\-\[\]]+==[A-Za-z0-9_.+\-]+", dockerfile))
 
 
 def env_line(dockerfile: str, name: str) -> str:
@@ -108,14 +114,15 @@ def test_walk_every_row(write_matrix, framework, minor, python):
 
     # CPU: jax from PyPI; torch's +cpu build from PyTorch's own index.
     cpu_df = render(cpu).dockerfile
+    assert pins_on_run_lines(cpu_df) == set()
     if framework == "torch":
-        assert install_words(cpu_df) == {f"torch=={version}+cpu"}
+        assert install_words(cpu) == {f"torch=={version}+cpu"}
         assert cpu.indexes == (TORCH_CPU_INDEX,)
-        assert f'UV_EXTRA_INDEX_URL="{TORCH_CPU_INDEX}"' in cpu_df
+        assert upstream_indexes(RenderOptions(), cpu)[0] == TORCH_CPU_INDEX + "/"
     else:
-        assert install_words(cpu_df) == {f"jax=={version}"}
-        assert cpu.indexes == () and "EXTRA_INDEX_URL" not in cpu_df
-    assert "NVIDIA_" not in cpu_df
+        assert install_words(cpu) == {f"jax=={version}"}
+        assert cpu.indexes == () and upstream_indexes(RenderOptions(), cpu) == (PYPI,)
+    assert "NVIDIA_" not in cpu_df and "INDEX_URL" not in cpu_df
 
     # GPU: every CUDA wheel the framework requires is pinned, inside its requirement; the
     # pins are nothing but those (and the toolkit's companions of one: nvcc's crt).
@@ -130,7 +137,8 @@ def test_walk_every_row(write_matrix, framework, minor, python):
     assert gpu.cudnn_wheel is not None and gpu.cudnn_wheel.startswith(f"{cudnn}.")
     gpu_df = render(gpu).dockerfile
     pins = {f"{n}=={v}" for n, v in gpu.wheels.items()}
-    assert install_words(gpu_df) == {f"{framework}=={version}"} | pins
+    assert install_words(gpu) == {f"{framework}=={version}"} | pins
+    assert pins_on_run_lines(gpu_df) == set()
     assert f'NVIDIA_REQUIRE_CUDA="cuda>={cuda.split(".")[0]}.0"' in gpu_df
     assert "NVIDIA_VISIBLE_DEVICES" not in gpu_df
     libs = env_line(gpu_df, "LD_LIBRARY_PATH").split(":")
@@ -274,26 +282,28 @@ def test_torch_cpu_index_mirror_replaces_pytorchs(write_matrix):
     cpu = next(c for c in res.cells if not c.is_gpu)
     gpu = next(c for c in res.cells if c.is_gpu)
     assert cpu.indexes == (mirror,) and gpu.indexes == ()
-    dockerfile = render(
-        cpu, RenderOptions(extra_index_urls=("https://a.example/simple",))
-    ).dockerfile
-    assert f'UV_EXTRA_INDEX_URL="https://a.example/simple {mirror}"' in dockerfile
-    assert TORCH_CPU_INDEX not in dockerfile
+    options = RenderOptions(extra_index_urls=("https://a.example/simple",))
+    assert upstream_indexes(options, cpu) == ("https://a.example/simple/", f"{mirror}/", PYPI)
+    assert TORCH_CPU_INDEX + "/" not in upstream_indexes(options, cpu)
+    dockerfile = render(cpu, options).dockerfile
+    assert f"keyed {wheelhouse_key(options, cpu)} " in dockerfile
+    assert TORCH_CPU_INDEX not in dockerfile and mirror not in dockerfile
     assert cpu.to_json()["indexes"] == [mirror] and cpu.to_json()["install"] == "torch==2.11.0+cpu"
 
 
-def test_torch_cpu_index_goes_through_the_wheelhouse_under_its_own_key(write_matrix):
-    # What gpuenv builds: the wheelhouse stands for the matrix's indexes plus the cell's own,
-    # so the CPU cell's RUN lines name a key of their own and no upstream.
+def test_torch_cpu_index_is_fetched_from_under_its_own_key(write_matrix):
+    # What gpuenv builds: the wheelhouse key stands for the matrix's indexes plus the cell's
+    # own, so the CPU cell's Dockerfile names a key of its own and no upstream.
     res = resolve(write_matrix, matrix_text("torch", "2.11", "3.11"))
     cpu = next(c for c in res.cells if not c.is_gpu)
     gpu = next(c for c in res.cells if c.is_gpu)
-    options = RenderOptions(wheelhouse=True)
+    options = RenderOptions()
     assert upstream_indexes(options, cpu)[0] == TORCH_CPU_INDEX + "/"
     assert wheelhouse_key(options, cpu) != wheelhouse_key(options, gpu)
     dockerfile = render(cpu, options).dockerfile
-    assert f"127.0.0.1:47812/{wheelhouse_key(options, cpu)}/simple/" in dockerfile
-    assert TORCH_CPU_INDEX not in dockerfile and "EXTRA_INDEX_URL" not in dockerfile
+    assert f"keyed {wheelhouse_key(options, cpu)} " in dockerfile
+    assert wheelhouse_key(options, gpu) not in dockerfile
+    assert TORCH_CPU_INDEX not in dockerfile and "INDEX_URL" not in dockerfile
 
 
 # ---------------------------------------------------------------------- golden, hadolint
@@ -318,7 +328,7 @@ def _cell(write_matrix, framework: str, minor: str, variant: str) -> Cell:
 )
 def test_golden(write_matrix, framework, minor, variant):
     cell = _cell(write_matrix, framework, minor, variant)
-    got = render(cell, RenderOptions(ca=True, wheelhouse=True)).dockerfile
+    got = render(cell, RenderOptions()).dockerfile
     path = GOLDEN / f"{cell.name}.Dockerfile"
     if os.environ.get("GPUENV_UPDATE_GOLDEN") == "1":
         path.write_text(got, encoding="utf-8")
@@ -341,7 +351,7 @@ def test_hadolint_reports_no_errors(tmp_path, write_matrix):
                     'packages:\n  pip: ["pandas<3"]\n  apt: [git]\n',
                 )
                 for cell in resolve(write_matrix, text).cells:
-                    options = RenderOptions(ca=True, index_url="https://pypi.example/simple")
+                    options = RenderOptions(index_url="https://pypi.example/simple")
                     path = tmp_path / cell.name / "Dockerfile"
                     path.parent.mkdir()
                     path.write_text(render(cell, options).dockerfile)

@@ -66,6 +66,9 @@ def include(entry: str) -> str:
 
 
 MATRIX_VERBS = (["matrix", "-f", "{m}"], ["render", "-f", "{m}", "-o", "{d}/out"])
+# The CA bundle is read by the verbs that fetch packages (`build` first of all), not by
+# `matrix` or `render`: nothing rendered holds it.
+CA_VERB = ["build", "-f", "{m}"]
 
 # ----------------------------------------------------------------- matrix.yaml contents
 
@@ -252,8 +255,7 @@ _matrix_contents: list[tuple[str, str | bytes, str]] = [
 
 CASES: list[Case] = []
 for slug, text, says in _matrix_contents:
-    # `matrix` lists cells and never opens the CA bundle; `render` does.
-    for verb in MATRIX_VERBS[1:] if slug.startswith("ca-bundle") else MATRIX_VERBS:
+    for verb in [CA_VERB] if slug.startswith("ca-bundle") else MATRIX_VERBS:
         CASES.append(Case(f"matrix:{slug}:{verb[0]}", verb, says, matrix=text))
 
 # ----------------------------------------------------------------- matrix file as a path
@@ -433,41 +435,41 @@ CASES += [
     ),
     Case("opt:matrix-pattern-matches-nothing", ["matrix", "-f", "{m}", "tf9.*"], "tf9.*"),
     Case(
-        "opt:render-ca-bundle-directory",
-        ["render", "-f", "{m}", "-o", "{d}/out", "--ca-bundle", "{d}"],
+        "opt:build-ca-bundle-directory",
+        ["build", "-f", "{m}", "--ca-bundle", "{d}"],
         "--ca-bundle",
     ),
     Case(
-        "opt:render-ca-bundle-missing",
-        ["render", "-f", "{m}", "-o", "{d}/out", "--ca-bundle", "{d}/none.pem"],
+        "opt:build-ca-bundle-missing",
+        ["build", "-f", "{m}", "--ca-bundle", "{d}/none.pem"],
         "--ca-bundle",
     ),
     Case(
-        "opt:render-ca-bundle-not-pem",
-        ["render", "-f", "{m}", "-o", "{d}/out", "--ca-bundle", "{d}/x.pem"],
+        "opt:build-ca-bundle-not-pem",
+        ["build", "-f", "{m}", "--ca-bundle", "{d}/x.pem"],
         "no PEM",
         files={"x.pem": "hello"},
     ),
     Case(
-        "opt:render-ca-bundle-dev-zero",
-        ["render", "-f", "{m}", "-o", "{d}/out", "--ca-bundle", "/dev/zero"],
+        "opt:build-ca-bundle-dev-zero",
+        ["build", "-f", "{m}", "--ca-bundle", "/dev/zero"],
         "--ca-bundle",
     ),
     Case(
-        "opt:render-ca-bundle-binary-pem",
-        ["render", "-f", "{m}", "-o", "{d}/out", "--ca-bundle", "{d}/x.pem"],
+        "opt:build-ca-bundle-binary-pem",
+        ["build", "-f", "{m}", "--ca-bundle", "{d}/x.pem"],
         "--ca-bundle",
         files={"x.pem": PEM_BEGIN.encode() + b"\n\xff\xfe\n-----END CERTIFICATE-----\n"},
     ),
     Case(
-        "opt:render-ca-bundle-expired",
-        ["render", "-f", "{m}", "-o", "{d}/out", "--ca-bundle", "{d}/old.pem"],
+        "opt:build-ca-bundle-expired",
+        ["build", "-f", "{m}", "--ca-bundle", "{d}/old.pem"],
         "expired",
         setup=lambda d: write_cert(d / "old.pem", expired=True),
     ),
     Case(
-        "opt:render-ca-bundle-truncated-pem",
-        ["render", "-f", "{m}", "-o", "{d}/out", "--ca-bundle", "{d}/x.pem"],
+        "opt:build-ca-bundle-truncated-pem",
+        ["build", "-f", "{m}", "--ca-bundle", "{d}/x.pem"],
         "--ca-bundle",
         files={"x.pem": PEM_BEGIN + "\nMIIB\n"},
     ),
@@ -564,39 +566,39 @@ CASES += [
     ),
     Case(
         "env:ca-bundle-directory",
-        ["render", "-f", "{m}", "-o", "{d}/out"],
+        CA_VERB,
         "$GPUENV_CA_BUNDLE",
         env={"GPUENV_CA_BUNDLE": "{d}"},
     ),
     Case(
         "env:pip-cert-directory",
-        ["render", "-f", "{m}", "-o", "{d}/out"],
+        CA_VERB,
         "$PIP_CERT",
         env={"PIP_CERT": "{d}"},
     ),
     Case(
         "env:pip-cert-not-pem",
-        ["render", "-f", "{m}", "-o", "{d}/out"],
+        CA_VERB,
         "$PIP_CERT",
         env={"PIP_CERT": "{d}/x.pem"},
         files={"x.pem": "not a certificate"},
     ),
     Case(
         "env:pip-cert-expired",
-        ["render", "-f", "{m}", "-o", "{d}/out"],
+        CA_VERB,
         "expired",
         env={"PIP_CERT": "{d}/old.pem"},
         setup=lambda d: write_cert(d / "old.pem", expired=True),
     ),
     Case(
         "env:pip-cert-missing",
-        ["render", "-f", "{m}", "-o", "{d}/out"],
+        CA_VERB,
         "$PIP_CERT",
         env={"PIP_CERT": "{d}/gone.pem"},
     ),
     Case(
         "env:pip-cert-dev-zero",
-        ["render", "-f", "{m}", "-o", "{d}/out"],
+        CA_VERB,
         "$PIP_CERT",
         env={"PIP_CERT": "/dev/zero"},
     ),
@@ -692,3 +694,18 @@ def test_hostile_input(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert NO_ENGINE not in lines[0] and "engine" not in lines[0].lower(), lines[0]
     assert _tree(d) == before, "files were written"
     assert list(private_tmp.iterdir()) == [], "temporary files were left"
+
+
+def test_render_reads_no_ca_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broken $PIP_CERT stops the verbs that fetch (above), not `render`: no rendered file
+    depends on the bundle any more (gpuenv/ca.py), so it is never opened there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "matrix.yaml").write_text(BASE)
+    env = {"DOCKER_HOST": NO_ENGINE, "PIP_CERT": "/dev/zero", "GPUENV_CA_BUNDLE": None,
+           "GPUENV_MATRIX": None, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # fmt: skip
+    result = CliRunner().invoke(app, ["render", "-f", "matrix.yaml", "-o", "out"], env=env)
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "tf2.21-py3.11-cpu",
+        "tf2.21-py3.11-cuda12.5-gpu",
+    ]

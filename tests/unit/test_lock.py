@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv import compat, matrix
+from gpuenv import compat, matrix, sendable
 from gpuenv import lock as locks
 from gpuenv.cell import Cell
 from gpuenv.contract import LOCK_DIR
@@ -207,15 +207,24 @@ def copies(dockerfile: str) -> list[tuple[str, str]]:
     ]
 
 
-@pytest.mark.parametrize("ca", [False, True])
-def test_cpu_cell_installs_exactly_the_lock(cells, ca):
+INSTALL = "--require-hashes --no-deps --python /opt/venv/bin/python -r /mnt/requirements.txt"
+
+
+def mounted(run: str) -> str | None:
+    m = re.match(r"RUN --mount=type=bind,source=([\w-]+),target=/mnt ", run)
+    return m.group(1) if m else None
+
+
+def test_cpu_cell_installs_exactly_the_lock(cells):
     cpu = cells["cpu"]
-    ctx = render(cpu, RenderOptions(ca=ca), cell_lock(cpu))
+    ctx = render(cpu, RenderOptions(), cell_lock(cpu))
     assert ctx.files["requirements/python-env.txt"] == PYTHON_ENV
     assert "requirements/cuda.txt" not in ctx.files
     assert copies(ctx.dockerfile) == [("requirements/python-env.txt", f"{LOCK_DIR}/python-env.txt")]
     (install,) = [r for r in runs(ctx.dockerfile) if "pip install" in r and "/opt/venv" in r]
-    assert f"--require-hashes --no-deps -r {LOCK_DIR}/python-env.txt" in install
+    # The step installs its mounted part's requirements.txt, which is the lock's entry.
+    assert mounted(install) == "python-env" and INSTALL in install
+    assert sendable.parts(cpu, cell_lock(cpu)) == {"python-env": PYTHON_ENV}
     assert "tensorflow==" not in install  # the resolution comes from the file, not the line
 
 
@@ -230,20 +239,23 @@ def test_gpu_cell_installs_the_cuda_wheels_from_the_lock(cells):
     ]
     installs = [r for r in runs(ctx.dockerfile) if "uv pip install" in r]
     assert len(installs) == 2
-    assert f"--require-hashes --no-deps -r {LOCK_DIR}/python-env.txt" in installs[0]
-    assert f"--require-hashes --no-deps -r {LOCK_DIR}/cuda.txt" in installs[1]
+    assert [mounted(r) for r in installs] == ["python-env", "cuda"]
+    assert all(INSTALL in r for r in installs)
+    assert sendable.parts(gpu, cell_lock(gpu)) == {"python-env": PYTHON_ENV, "cuda": CUDA}
     assert not any("nvidia-cudnn-cu12==" in r for r in installs)
     # Every COPY source is in the context.
     assert all(src in ctx.files for src, _ in copies(ctx.dockerfile))
 
 
-def test_without_a_lock_nothing_is_copied_or_hash_checked(cells):
+def test_without_a_lock_nothing_is_copied_and_the_steps_are_the_same(cells):
+    # An unlocked cell is resolved at build time (gpuenv/build.py, Sender.resolution) and
+    # installed from its mounted part as a locked one is: hashes required, no index.
     for cell in cells.values():
         ctx = render(cell, RenderOptions())
         assert set(ctx.files) == {"Dockerfile", "cell.json"}
         assert not copies(ctx.dockerfile)
-        assert "--require-hashes" not in ctx.dockerfile
-        assert "tensorflow==2.21.0" in ctx.dockerfile
+        assert runs(ctx.dockerfile) == runs(render(cell, RenderOptions(), cell_lock(cell)).dockerfile)
+        assert "--require-hashes" in ctx.dockerfile and "tensorflow==" not in ctx.dockerfile
 
 
 def test_the_lock_is_part_of_the_spec_hash(cells):

@@ -75,11 +75,10 @@ def test_a_missing_base_is_said_and_there_is_no_spec_hash_yet(fake_engine, matri
     assert actions(the_plan)[CPU] == ("build", [f"base {BASE} is missing (it is made first)"])
 
 
-def test_an_unchanged_matrix_is_up_to_date_and_needs_no_ca(fake_engine, matrix, tmp_path):
+def test_an_unchanged_matrix_is_up_to_date(fake_engine, matrix, tmp_path):
     first = make(fake_engine, matrix)
     again = make(fake_engine, matrix, images=built(first), ca=None)
     assert actions(again) == {CPU: ("up-to-date", []), GPU: ("up-to-date", [])}
-    assert not again.needs_ca
 
 
 def test_no_cache_rebuilds_everything(fake_engine, matrix):
@@ -122,13 +121,16 @@ def test_a_package_for_one_cell_rebuilds_that_cell(fake_engine, write_matrix, mi
     }
 
 
-def test_a_ca_bundle_rebuilds_and_needs_the_ca_server(fake_engine, matrix, tmp_path):
-    images = built(make(fake_engine, matrix))
+def test_a_ca_bundle_rebuilds_nothing(fake_engine, matrix, tmp_path):
+    # The bundle is used by gpuenv's own fetches on the client; no build step sees it, so
+    # an image is the same with or without one (and it is no input of the plan).
+    first = make(fake_engine, matrix)
     pem = tmp_path / "ca.pem"
     pem.write_text("-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n")
-    again = make(fake_engine, matrix, images=images, ca=pem)
-    assert actions(again)[CPU] == ("build", ["CA bundle added or removed"])
-    assert again.needs_ca
+    again = make(fake_engine, matrix, images=built(first), ca=pem)
+    assert actions(again) == {CPU: ("up-to-date", []), GPU: ("up-to-date", [])}
+    assert [p.spec_hash for p in again.cells] == [p.spec_hash for p in first.cells]
+    assert all("ca" not in p.inputs for p in again.cells)
 
 
 def test_a_changed_lock_entry_rebuilds_only_that_cell(fake_engine, matrix, monkeypatch):

@@ -17,14 +17,19 @@ import pytest
 
 from gpuenv import compat, matrix
 from gpuenv.cell import Cell
+from gpuenv.lock import cuda_requirements, env_requirements
 from gpuenv.render import RenderOptions, render
 from gpuenv.wheelhouse import index_key, upstreams
 
 GOLDEN = Path(__file__).parent / "golden"
 SHIPPED = Path(__file__).resolve().parents[2] / "matrix.yaml"
-CA_TEXT = "ca.pem"
 LABELS = ("cell", "variant", "python", "framework", "framework-version", "cuda", "cudnn")
-OPTIONS = [RenderOptions(ca=False), RenderOptions(ca=True)]
+# PyPI alone, and a private index with an extra one: another index key in the Dockerfile.
+PRIVATE = RenderOptions(
+    index_url="https://pypi.example/simple", extra_index_urls=("https://a.example/simple",)
+)
+OPTIONS = [RenderOptions(), PRIVATE]
+MOUNT = re.compile(r"RUN --mount=type=bind,source=([\w-]+),target=/mnt ")
 
 
 def shipped_cells() -> list[Cell]:
@@ -101,13 +106,10 @@ def every_rendering() -> Iterator[tuple[Cell, RenderOptions, str]]:
 # --------------------------------------------------------------------------- golden
 
 
-@pytest.mark.parametrize(
-    ("name", "ca"),
-    [("tf2.21-py3.11-cpu", False), ("tf2.21-py3.11-cuda12.5-gpu", True)],
-)
-def test_golden(name, ca):
-    # What gpuenv builds: the install steps use the wheelhouse standing for PyPI.
-    got = render(shipped(name), RenderOptions(ca=ca, wheelhouse=True)).dockerfile
+@pytest.mark.parametrize("name", ["tf2.21-py3.11-cpu", "tf2.21-py3.11-cuda12.5-gpu"])
+def test_golden(name):
+    # What gpuenv builds: the install steps install from their mounted part of the context.
+    got = render(shipped(name), RenderOptions()).dockerfile
     path = GOLDEN / f"{name}.Dockerfile"
     if os.environ.get("GPUENV_UPDATE_GOLDEN") == "1":
         path.parent.mkdir(exist_ok=True)
@@ -119,41 +121,40 @@ def test_golden(name, ca):
     )
 
 
-# ------------------------------------------------------------------------ CA bundle
+# ------------------------------------------------------------ the install steps
 
 
-def test_no_ca_step_without_a_ca():
-    for cell in shipped_cells():
-        dockerfile = render(cell, RenderOptions(ca=False)).dockerfile
-        assert CA_TEXT not in dockerfile
-        assert "SSL_CERT_FILE" not in dockerfile and "PIP_CERT" not in dockerfile
+def install_parts(dockerfile: str) -> list[str]:
+    """The parts of the context the install steps mount, in order."""
+    return [m.group(1) for r in runs(dockerfile) if (m := MOUNT.match(r))]
 
 
-def test_ca_is_fetched_and_removed_in_the_same_run():
-    for cell in shipped_cells():
-        dockerfile = render(cell, RenderOptions(ca=True)).dockerfile
+def test_install_steps_mount_their_part_and_need_no_index_or_ca():
+    for cell, _options, dockerfile in every_rendering():
         installing = [r for r in runs(dockerfile) if "pip install" in r]
-        assert installing
+        parts = ["python-env"] + ([] if not cell.is_gpu or cell.cuda_with_framework else ["cuda"])
+        assert install_parts(dockerfile) == parts, cell.name
+        assert len(installing) == len(parts)
         for run in installing:
-            fetch = run.index("http://127.0.0.1:")
-            assert "/ca.pem" in run
-            path = re.search(r'"(/tmp/[^"]+\.pem)"', run)
-            assert path is not None, run
-            rm = run.rindex("rm -rf")
-            assert fetch < rm and path.group(1) in run[rm:].split()
-            assert run.index("pip install") < rm
-        # Nothing but those RUN steps mentions the CA: no ARG, ENV, COPY or LABEL.
+            w = words(run)
+            assert {"--offline", "--no-index", "--require-hashes", "--no-deps"} <= set(w), run
+            assert w[w.index("--find-links") + 1] == "/mnt" and "/mnt/requirements.txt" in w
+            # No index address, credential, CA or proxy variable is on the line.
+            assert "http" not in run and "INDEX_URL" not in run, run
+        lowered = dockerfile.lower()
+        for gone in (".pem", "ssl_cert_file", "pip_cert", "127.0.0.1", "urlretrieve"):
+            assert gone not in lowered, (cell.name, gone)
+        # Only the RUN steps mount anything: no ARG, no COPY of a wheel or of uv.
         for ins in instructions(dockerfile):
-            if not ins.startswith("RUN "):
-                assert ".pem" not in ins and "CERT" not in ins, ins
-        # The same bytes every build (fixed port and path), so the cache hits.
-        assert dockerfile == render(cell, RenderOptions(ca=True)).dockerfile
+            assert not ins.startswith("ARG "), ins
+            if ins.startswith("COPY "):
+                assert ins.split()[1].startswith("requirements/"), ins
 
 
 # ----------------------------------------------------------------- layer sharing
 
 
-@pytest.mark.parametrize("options", OPTIONS, ids=["no-ca", "ca"])
+@pytest.mark.parametrize("options", OPTIONS, ids=["pypi", "private"])
 def test_gpu_cell_is_its_cpu_cell_plus_one_layer(options):
     for cpu, gpu in pairs():
         cpu_ins = instructions(render(cpu, options).dockerfile)
@@ -164,21 +165,26 @@ def test_gpu_cell_is_its_cpu_cell_plus_one_layer(options):
         gpu_runs = runs(render(gpu, options).dockerfile)
         assert gpu_runs[: len(cpu_runs)] == cpu_runs
         assert len(gpu_runs) == len(cpu_runs) + 1
-        # The one extra layer installs only the pinned CUDA wheels, right after the shared ones.
+        # The one extra layer installs only the pinned CUDA wheels (its mounted part's
+        # requirements), right after the shared ones.
         assert gpu_ins[last_run + 1] == gpu_runs[-1]
         extra = gpu_runs[-1]
-        assert "tensorflow" not in extra
-        for name, version in gpu.wheels.items():
-            assert f"{name}=={version}" in words(extra)
-        assert "apt-get" not in extra
+        assert install_parts(extra) == ["cuda"]
+        assert "tensorflow" not in extra and "apt-get" not in extra
+        pins = sorted(f"{name}=={version}" for name, version in gpu.wheels.items())
+        assert pins and cuda_requirements(gpu) == pins
+        assert env_requirements(gpu) == env_requirements(cpu)
 
 
 def test_cpu_and_gpu_install_the_same_tensorflow_wheel():
     for cpu, gpu in pairs():
         pin = f"tensorflow=={cpu.framework_version}"
-        assert words(render(cpu).dockerfile).count(pin) == 1
-        assert words(render(gpu).dockerfile).count(pin) == 1
-        assert "tensorflow[and-cuda]" not in render(gpu).dockerfile
+        assert env_requirements(cpu).count(pin) == 1
+        assert env_requirements(gpu).count(pin) == 1
+        assert not any("tensorflow" in r for r in cuda_requirements(gpu))
+        assert not any("[and-cuda]" in r for r in env_requirements(gpu) + cuda_requirements(gpu))
+        # The line installs what is mounted, never a package named on it.
+        assert pin not in render(cpu).dockerfile and pin not in render(gpu).dockerfile
 
 
 # ------------------------------------------------------------------ GPU environment
@@ -227,7 +233,10 @@ def test_no_installer_or_cache_is_left():
             if "pip install" not in run:
                 continue
             assert "--no-cache" in run
-            assert re.search(r"rm -rf /tmp/gpuenv-uv\b", run), run
+            assert run.rstrip().endswith("rm -rf /root/.cache"), run
+            # uv runs from the mount, which leaves nothing in the layer.
+            assert {w for w in words(run) if w.endswith("/uv")} == {"/mnt/uv"}, run
+            assert "/tmp/" not in run and "pip install uv" not in run, run
 
 
 # --------------------------------------------------------------------- user, labels
@@ -285,7 +294,7 @@ def test_build_context_is_written_under_the_cell_name(tmp_path):
 # ------------------------------------------------------------- users' own packages
 
 
-def test_requirements_with_shell_characters_are_quoted(write_matrix):
+def test_users_requirements_reach_no_run_line(write_matrix):
     text = (
         "name: acme/gpuenv\n"
         "matrix:\n"
@@ -297,12 +306,14 @@ def test_requirements_with_shell_characters_are_quoted(write_matrix):
         "  apt: [git]\n"
     )
     cell = compat.resolve(matrix.load(write_matrix(text))).cells[0]
-    run = next(r for r in runs(render(cell).dockerfile) if "tensorflow==" in r)
+    # They are resolved and installed from the mounted requirements.txt: their shell
+    # characters (`<` and `>` redirections, `[...]` a glob) never reach a shell.
+    assert {"pandas<3", "numpy<2,>=1.26", "rich[jupyter]==13.9.4"} <= set(env_requirements(cell))
+    run = next(r for r in runs(render(cell).dockerfile) if "pip install" in r)
     lexer = shlex.shlex(run.removeprefix("RUN "), posix=True, punctuation_chars=True)
     tokens = list(lexer)
-    # Unquoted, `<` and `>` would be redirections and `[...]` a glob.
-    assert "<" not in tokens and ">" not in tokens and ">=" not in tokens
-    assert {"pandas<3", "numpy<2,>=1.26", "rich[jupyter]==13.9.4"} <= set(tokens)
+    assert not {"<", ">", ">="} & set(tokens)
+    assert not any(t.startswith(("pandas", "numpy", "rich")) for t in tokens), tokens
     apt = next(r for r in runs(render(cell).dockerfile) if "apt-get" in r)
     assert "git" in words(apt)
     assert "rm -rf /var/lib/apt/lists/*" in apt
@@ -340,7 +351,8 @@ def test_hadolint_can_fail(tmp_path):
 def test_hadolint_reports_no_errors(tmp_path, write_matrix):
     dockerfiles: list[tuple[str, str]] = []
     for cell, options, dockerfile in every_rendering():
-        dockerfiles.append((f"{cell.name}-ca{int(options.ca)}", dockerfile))
+        index = "private" if options.index_url else "pypi"
+        dockerfiles.append((f"{cell.name}-{index}", dockerfile))
     # A sample of the catalog walk: the oldest and newest Python of every row, both variants,
     # with users' packages and a package index.
     rows = compat.catalog().releases.values()
@@ -358,7 +370,6 @@ def test_hadolint_reports_no_errors(tmp_path, write_matrix):
             )
             res = compat.resolve(matrix.load(write_matrix(text)))
             options = RenderOptions(
-                ca=True,
                 index_url="https://pypi.example/simple",
                 extra_index_urls=("https://a.example/simple", "https://b.example/simple"),
             )
@@ -378,17 +389,19 @@ def test_hadolint_reports_no_errors(tmp_path, write_matrix):
 # ------------------------------------------------------------------------ the wheelhouse
 
 
-def test_install_steps_name_only_the_wheelhouse_and_its_key_follows_the_upstreams():
+def test_the_index_key_follows_the_upstreams_and_names_none_of_them():
     cell = shipped("tf2.21-py3.11-cuda12.5-gpu")
     private = ("https://private.example/simple", ("https://extra.example/simple",))
     dockerfiles = {}
     for index_url, extras in ((None, ()), private):
         key = index_key(upstreams(index_url, extras))
-        options = RenderOptions(index_url=index_url, extra_index_urls=extras, wheelhouse=True)
+        options = RenderOptions(index_url=index_url, extra_index_urls=extras)
         dockerfiles[key] = render(cell, options).dockerfile
+        assert f"keyed {key} " in dockerfiles[key]
+        assert "example" not in dockerfiles[key] and "pypi.org" not in dockerfiles[key]
         for run in runs(dockerfiles[key]):
-            assert f"http://127.0.0.1:47812/{key}/simple/" in run
-            assert "example" not in run and "pypi.org" not in run
-            assert "EXTRA_INDEX_URL" not in run
-    # Another upstream, another RUN line: the spec hash and the layer cache follow it.
+            assert key not in run  # the RUN lines stay the same: the mounted files key them
+    # Another upstream, another Dockerfile: the spec hash follows it.
     assert len(set(dockerfiles.values())) == 2
+    a, b = (runs(d) for d in dockerfiles.values())
+    assert a == b

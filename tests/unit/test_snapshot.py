@@ -60,13 +60,12 @@ def test_a_hit_gives_what_loading_gives(project_dir):
     assert hit._matrix is None, "a hit must not load (validate) the matrix"
     same(fresh, hit)
     # Rendered contexts come back byte for byte.
-    rendered = plan.render_all(fresh, fresh.cells, None)
-    plan.render_all(hit, hit.cells, None)  # fills the snapshot's contexts
+    rendered = plan.render_all(fresh, fresh.cells)
+    plan.render_all(hit, hit.cells)  # fills the snapshot's contexts
     again = open_project(path, cached=True)
-    assert again.cached_contexts(json.dumps({"ca": False, "extra_index_urls": [],
-                                             "index_url": None, "wheelhouse": True},
+    assert again.cached_contexts(json.dumps({"extra_index_urls": [], "index_url": None},
                                             sort_keys=True))  # fmt: skip
-    cached = plan.render_all(again, again.cells, None)
+    cached = plan.render_all(again, again.cells)
     assert {k: v.files for k, v in cached.items()} == {k: v.files for k, v in rendered.items()}
     # And the validated matrix is still there when something asks for it.
     assert again.matrix.model.name == "acme/gpuenv"
@@ -228,7 +227,7 @@ def test_a_snapshot_hit_imports_no_schema_templates_or_yaml(project_dir):
         "from gpuenv import plan\n"
         "from gpuenv.project import open_project\n"
         "p = open_project(Path('matrix.yaml'), cached=True)\n"
-        "plan.render_all(p, p.cells, None)\n"
+        "plan.render_all(p, p.cells)\n"
         "p.default_cell(False)"
     )
     assert "pydantic" in _imports_after(code, project_dir)  # the first time: a miss
