@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from gpuenv import contract
 from gpuenv.cell import Cell
-from gpuenv.engine import BuildFailed, Engine
+from gpuenv.engine import BuildFailed, Engine, EngineError
 from gpuenv.errors import GpuenvError
 from gpuenv.plan import BuildPlan, CellPlan
 from gpuenv.results import CellResult, Reporter
@@ -368,6 +368,8 @@ def _build(
             return engine.build_directory(
                 directory, labels=labels, nocache=no_cache, network=network, on_log=on_log
             )
+    except EngineError:
+        raise  # the engine or its CLI failed: the run stops (gpuenv/cli/build.py says why)
     except GpuenvError as exc:  # the resolution or a wheel could not be had
         result.status, result.error = "failed", exc.message
         return None

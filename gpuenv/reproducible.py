@@ -1,17 +1,23 @@
-"""`gpuenv build --reproducible`: make two builds of the same inputs the same image, bit for bit.
+"""`gpuenv build --reproducible`: one image, bit for bit, from the same inputs on any engine.
 
-The classic builder stamps wall-clock times into every layer's files and into the config
-and history, and records build-container IDs. Two `--no-cache` builds from one lock and
-one base hold the same files (tests/integration/test_engine_lock.py checks it), so the rest is
-metadata; this step saves the image, rewrites it deterministically and loads it back:
+Builders stamp wall-clock times into files, the config and the history, record their build
+containers, and disagree on what a layer holds: an overlay2 diff lists directories that a
+step merely touched, a rootless engine's naive diff does not; BuildKit and podman's builder
+write headers and histories their own way; podman leaves the mount points of RUN steps
+behind. The files a step makes are the same (tests/integration/test_engine_anywhere.py), so
+this step saves the image, rewrites it in one canonical form and loads it back:
 
-- every file's mtime clamped to SOURCE_DATE_EPOCH (the lock's exclude-newer date), entries
-  kept in the engine's order (already deterministic), ownership and xattrs kept;
-- layer digests recomputed; config `created` and each history `created` set to the epoch;
-  the build-container traces (`container`, `container_config.Hostname`, the parent
-  `Image` IDs) blanked;
-- the config serialised with sorted keys, so its sha256 (the image ID) depends only on
-  the contents.
+- each layer: its entries sorted by name, each header rebuilt from what the file is (type,
+  mode, owner ids, size, link, device, xattrs; mtime clamped to SOURCE_DATE_EPOCH, the lock's
+  exclude-newer date); an entry identical to what the layers below already hold (ignoring
+  mtime) is left out, as are the builder's own traces: empty /etc/hostname, /etc/hosts,
+  /etc/resolv.conf the layers below lack, and a whiteout of the install steps' mount point;
+  layers left empty are dropped;
+- the config: only what a container gets (architecture, os, Cmd, Entrypoint, Env, Labels
+  but the builder's own, User, WorkingDir, ports, volumes, stop signal), `created` and one
+  history entry per layer at the epoch, serialised with sorted keys, so its sha256 (the
+  image ID) depends only on the contents. The history names no instructions: engines word
+  them differently; `gpuenv render` gives the Dockerfile.
 """
 
 from __future__ import annotations
@@ -30,56 +36,147 @@ from gpuenv.errors import GpuenvError
 if TYPE_CHECKING:
     from gpuenv.engine import Engine, ImageInfo
 
+# Files a builder creates as mount points of a RUN step when the image lacks them.
+RUNTIME_MOUNTS = ("etc/hostname", "etc/hosts", "etc/resolv.conf")
+# The install steps' mount point (render.MOUNT), which podman's builder removes afterwards.
+MOUNT_WHITEOUT = ".wh.mnt"
+# Config keys a container gets, kept; labels a builder adds about itself, dropped.
+CONFIG_KEYS = ("Cmd", "Entrypoint", "Env", "ExposedPorts", "Labels", "StopSignal", "User",
+               "Volumes", "WorkingDir")  # fmt: skip
+BUILDER_LABELS = ("io.buildah.version",)
+
+Signature = tuple[Any, ...]
+
 
 def epoch_iso(epoch: int) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def normalize_layer(src: tarfile.TarFile, dst: tarfile.TarFile, epoch: int) -> None:
-    for member in src:
-        member.mtime = min(int(member.mtime), epoch)
-        # Sub-second times arrive as PAX records; the clamped whole-second mtime replaces them.
-        member.pax_headers = {
-            k: v for k, v in member.pax_headers.items() if k not in ("atime", "ctime", "mtime")
-        }
-        data = src.extractfile(member) if member.isreg() else None
-        dst.addfile(member, data)
+def _name(member: tarfile.TarInfo) -> str:
+    name = member.name
+    while name.startswith("./"):
+        name = name[2:]
+    return name.rstrip("/")
+
+
+def _signature(member: tarfile.TarInfo, digest: str) -> Signature:
+    xattrs = tuple(sorted((k, v) for k, v in member.pax_headers.items() if "xattr" in k))
+    # Go's archive/tar (the engine's) writes the file-type bits into the mode; Python's not.
+    return (member.type, member.mode & 0o7777, member.uid, member.gid, member.linkname, digest,
+            member.devmajor, member.devminor, xattrs)  # fmt: skip
+
+
+def _digest(src: tarfile.TarFile, member: tarfile.TarInfo) -> str:
+    if not member.isreg():
+        return ""
+    handle = src.extractfile(member)
+    assert handle is not None
+    return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _drop_under(state: dict[str, Signature], path: str) -> None:
+    for key in [k for k in state if k == path or k.startswith(path + "/")]:
+        del state[key]
+
+
+def canonical_layer(
+    src: tarfile.TarFile, dst: tarfile.TarFile, epoch: int, state: dict[str, Signature]
+) -> int:
+    """Write `src`'s canonical form to `dst`, given (and updating) the state of the layers
+    below: path -> signature. Returns how many entries were written."""
+    members = {_name(m): m for m in src.getmembers() if _name(m)}
+    written = 0
+    for name in sorted(members):
+        member = members[name]
+        parent, _, base = name.rpartition("/")
+        if base.startswith(".wh."):
+            if base == ".wh..wh..opq":
+                for key in [k for k in state if k.startswith(parent + "/")]:
+                    del state[key]
+            else:
+                target = f"{parent}/{base[4:]}" if parent else base[4:]
+                if name == MOUNT_WHITEOUT or target not in state:
+                    continue  # the builder's cleanup of its mount, or nothing to remove
+                _drop_under(state, target)
+        else:
+            signature = _signature(member, _digest(src, member))
+            if state.get(name) == signature:
+                continue  # a copy-up or a rewrite with the same contents
+            if name in RUNTIME_MOUNTS and member.isreg() and member.size == 0 and name not in state:
+                continue
+            if member.isdir() is False or state.get(name, (None,))[0] != tarfile.DIRTYPE:
+                _drop_under(state, name)  # a file replacing a directory, or a new entry
+            state[name] = signature
+        out = tarfile.TarInfo(name)
+        out.type, out.mode = member.type, member.mode & 0o7777
+        out.uid, out.gid = member.uid, member.gid
+        out.size = member.size if member.isreg() else 0
+        out.linkname, out.devmajor, out.devminor = member.linkname, member.devmajor, member.devminor
+        out.mtime = min(int(member.mtime), epoch)
+        out.pax_headers = {k: v for k, v in member.pax_headers.items() if "xattr" in k}
+        if base.startswith(".wh."):
+            # A marker: engines write it with the removed file's mode, or 0, or as a hard link
+            # to another marker (one inode); canonically, an empty file.
+            out.type, out.linkname, out.size = tarfile.REGTYPE, "", 0
+            out.mode = out.uid = out.gid = 0
+            out.mtime, out.pax_headers = epoch, {}
+            dst.addfile(out)
+        else:
+            dst.addfile(out, src.extractfile(member) if member.isreg() else None)
+        written += 1
+    return written
 
 
 def normalize_config(config: dict[str, Any], diff_ids: list[str], epoch: int) -> dict[str, Any]:
     stamp = epoch_iso(epoch)
-    config = json.loads(json.dumps(config))
-    config["created"] = stamp
-    config.pop("container", None)
-    for key in ("config", "container_config"):
-        section = config.get(key)
-        if isinstance(section, dict):
-            section["Image"] = ""
-            if key == "container_config":
-                section["Hostname"] = ""
-    for entry in config.get("history", []):
-        entry["created"] = stamp
-    config["rootfs"] = {"type": "layers", "diff_ids": diff_ids}
-    return config
+    given = config.get("config") or {}
+    kept: dict[str, Any] = {k: given[k] for k in CONFIG_KEYS if given.get(k)}
+    labels = {k: v for k, v in (kept.get("Labels") or {}).items() if k not in BUILDER_LABELS}
+    if labels:
+        kept["Labels"] = labels
+    else:
+        kept.pop("Labels", None)
+    out: dict[str, Any] = {
+        "architecture": config.get("architecture", ""),
+        "os": config.get("os", "linux"),
+        "config": kept,
+        "created": stamp,
+        "history": [
+            {"created": stamp, "created_by": f"gpuenv --reproducible: layer {i + 1}"}
+            for i in range(len(diff_ids))
+        ],
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    }
+    if config.get("variant"):
+        out["variant"] = config["variant"]
+    return out
 
 
 def normalize(engine: Engine, ref: str, epoch: int) -> str:
-    """Rewrite the image tagged ref in place; returns its new (deterministic) ID."""
+    """Rewrite the image tagged ref in place; returns its new (canonical) ID."""
     with tempfile.TemporaryDirectory(prefix="gpuenv-repro-") as tmp:
         saved = Path(tmp) / "saved.tar"
         engine.save(ref, str(saved))
         out = Path(tmp) / "normalized.tar"
+        state: dict[str, Signature] = {}
         with tarfile.open(saved) as src, tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as dst:
             manifest = json.load(_member(src, "manifest.json"))[0]
             config = json.load(_member(src, manifest["Config"]))
             diff_ids, layer_names = [], []
             for layer in manifest["Layers"]:
-                layer_file = Path(tmp) / "layer.tar"
+                given, layer_file = Path(tmp) / "given.tar", Path(tmp) / "layer.tar"
+                with given.open("wb") as fh:
+                    handle = _member(src, layer)
+                    while chunk := handle.read(1 << 20):
+                        fh.write(chunk)
                 with (
-                    tarfile.open(fileobj=_member(src, layer), mode="r|") as lsrc,
+                    tarfile.open(given) as lsrc,
                     tarfile.open(layer_file, "w", format=tarfile.PAX_FORMAT) as ldst,
                 ):
-                    normalize_layer(lsrc, ldst, epoch)
+                    written = canonical_layer(lsrc, ldst, epoch, state)
+                given.unlink()
+                if not written:
+                    continue  # an instruction that changed nothing (BuildKit's WORKDIR)
                 digest = _sha256(layer_file)
                 name = f"{digest}/layer.tar"
                 if name not in layer_names:

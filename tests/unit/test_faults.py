@@ -169,4 +169,3 @@ def test_a_container_the_engine_could_not_remove_is_named(
     run._remove(engine, "0123456789abcdef")
     err = capsys.readouterr().err
     assert "0123456789ab" in err and "docker rm -f" in err
-

@@ -254,7 +254,9 @@ def test_without_a_lock_nothing_is_copied_and_the_steps_are_the_same(cells):
         ctx = render(cell, RenderOptions())
         assert set(ctx.files) == {"Dockerfile", "cell.json"}
         assert not copies(ctx.dockerfile)
-        assert runs(ctx.dockerfile) == runs(render(cell, RenderOptions(), cell_lock(cell)).dockerfile)
+        assert runs(ctx.dockerfile) == runs(
+            render(cell, RenderOptions(), cell_lock(cell)).dockerfile
+        )
         assert "--require-hashes" in ctx.dockerfile and "tensorflow==" not in ctx.dockerfile
 
 

@@ -1,5 +1,6 @@
-"""The wheelhouse's pure parts and its store: pages, hashes, locks, prune, export/import,
-credentials, and the proxy answering from a stub upstream (no network, no engine)."""
+"""The wheelhouse's pure parts and its store: pages, hashes, locks, which wheel a target
+installs, prune, export/import, credentials (and how `uv pip compile` gets them), and the
+fetcher filling the store from a stub upstream (no network, no engine)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,19 @@ import io
 import json
 import os
 import tarfile
+import threading
 import time
 import urllib.error
-import urllib.request
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
 from gpuenv import credentials, wheelhouse
+from gpuenv import lock as locks
 from gpuenv.errors import GpuenvError
-from gpuenv.proxy import Proxy, WheelhouseServer
-from gpuenv.wheelhouse import IndexFile, Store
+from gpuenv.fetch import Fetcher
+from gpuenv.wheelhouse import IndexFile, Requirement, Store, pick_wheel, wheel_rank
 
 WHEEL = b"not really a zip, but bytes with a hash"
 SHA = hashlib.sha256(WHEEL).hexdigest()
@@ -214,7 +218,147 @@ def test_a_malformed_netrc_is_one_error_naming_it(monkeypatch, tmp_path):
         credentials.load(())
 
 
-# ------------------------------------------------------------------------------ the proxy
+# ------------------------------------------------------------------------------ which wheel
+
+BOOKWORM = (2, 36)  # sendable.GLIBC["bookworm"]
+
+
+def rank(tags: str, glibc: tuple[int, int] = BOOKWORM) -> int | None:
+    """wheel_rank of demo 1.0's wheel with these tags, for CPython 3.11 on x86_64."""
+    return wheel_rank(f"demo-1.0-{tags}.whl", "3.11", "x86_64", glibc)
+
+
+@pytest.mark.parametrize(
+    ("better", "worse"),
+    [
+        # The interpreter's own ABI, then the stable ABI, then pure Python.
+        ("cp311-cp311-manylinux_2_17_x86_64", "cp38-abi3-manylinux_2_28_x86_64"),
+        ("cp38-abi3-manylinux_2_17_x86_64", "py3-none-any"),
+        ("cp311-cp311-manylinux_2_17_x86_64", "py3-none-any"),
+        # Among one interpreter tag, the newer manylinux the target allows.
+        ("cp311-cp311-manylinux_2_28_x86_64", "cp311-cp311-manylinux_2_17_x86_64"),
+        ("cp311-cp311-manylinux_2_17_x86_64", "cp311-cp311-manylinux1_x86_64"),
+    ],
+)
+def test_wheel_rank_prefers_the_interpreter_then_the_newest_fitting_manylinux(better, worse):
+    high, low = rank(better), rank(worse)
+    assert high is not None and low is not None and high > low
+
+
+@pytest.mark.parametrize(
+    ("tags", "installs"),
+    [
+        ("cp311-cp311-manylinux_2_28_x86_64", True),  # 2.28 <= 2.36
+        ("cp311-cp311-manylinux_2_36_x86_64", True),  # the base's own glibc
+        ("cp311-cp311-manylinux_2_39_x86_64", False),  # needs a newer glibc
+        ("cp311-cp311-manylinux2014_x86_64", True),  # PEP 600's alias of 2_17
+        ("cp311-cp311-manylinux1_x86_64", True),  # alias of 2_5
+        ("cp311-cp311-manylinux_2_28_aarch64", False),  # another machine
+        ("cp311-cp311-manylinux2014_aarch64", False),
+        ("cp311-cp311-musllinux_1_2_x86_64", False),  # not glibc
+        ("cp311-cp311-linux_x86_64", False),  # no manylinux promise
+        ("cp311-cp311-win_amd64", False),
+        ("cp312-cp312-manylinux_2_28_x86_64", False),  # another Python
+        ("cp312-abi3-manylinux_2_28_x86_64", False),  # abi3 from a newer Python
+        ("cp39-abi3-manylinux_2_28_x86_64", True),  # abi3 from an older one
+        ("py2.py3-none-any", True),
+        ("py2-none-any", False),
+    ],
+)
+def test_wheel_rank_says_what_installs_on_x86_64_bookworm(tags, installs):
+    assert (rank(tags) is not None) is installs
+
+
+def test_an_sdist_never_ranks():
+    assert wheel_rank("demo-1.0.tar.gz", "3.11", "x86_64", BOOKWORM) is None
+
+
+def test_the_legacy_manylinux_names_are_their_glibc():
+    # manylinux2014 is glibc 2.17: it ranks as manylinux_2_17 does, and a target older than
+    # that (2.12) cannot take it.
+    assert rank("cp311-cp311-manylinux2014_x86_64") == rank("cp311-cp311-manylinux_2_17_x86_64")
+    assert rank("cp311-cp311-manylinux2014_x86_64", (2, 12)) is None
+    assert rank("cp311-cp311-manylinux2010_x86_64", (2, 12)) is not None
+
+
+def _file(name: str, sha: str) -> IndexFile:
+    return IndexFile(name, f"https://files.example/{name}", sha)
+
+
+def test_pick_wheel_takes_the_best_locked_wheel_for_the_target():
+    files = [
+        _file("demo-1.0.tar.gz", "1" * 64),
+        _file("demo-1.0-py3-none-any.whl", "2" * 64),
+        _file("demo-1.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "3" * 64),
+        _file("demo-1.0-cp311-cp311-manylinux_2_28_x86_64.whl", "4" * 64),
+        _file("demo-1.0-cp311-cp311-manylinux_2_39_x86_64.whl", "5" * 64),  # too new a glibc
+        _file("demo-1.0-cp311-cp311-manylinux_2_28_aarch64.whl", "6" * 64),
+        _file("demo-1.0-cp311-cp311-manylinux_2_34_x86_64.whl", "7" * 64),  # not in the lock
+    ]
+    locked = frozenset(c * 64 for c in "1234566")
+    req = Requirement("demo", "1.0", locked)
+    x86 = pick_wheel(files, req, "3.11", "x86_64", BOOKWORM)
+    assert x86 is not None and x86.sha256 == "4" * 64  # 2_34 would rank higher: not locked
+    arm = pick_wheel(files, req, "3.11", "aarch64", BOOKWORM)
+    assert arm is not None and arm.sha256 == "6" * 64
+    # Only the pure wheel fits another Python; nothing fits when the lock lists none of it.
+    other = pick_wheel(files, req, "3.12", "x86_64", BOOKWORM)
+    assert other is not None and other.sha256 == "2" * 64
+    assert pick_wheel(files, Requirement("demo", "1.0", frozenset({"7" * 64})), "3.11",
+                      "x86_64", (2, 28)) is None  # fmt: skip
+    assert pick_wheel(files, Requirement("demo", "1.0", frozenset({"1" * 64})), "3.11",
+                      "x86_64", BOOKWORM) is None  # an sdist alone: no wheel  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ credentials for uv
+
+
+def test_credentials_go_into_the_urls_userinfo_quoted():
+    creds = credentials.Credentials(
+        {"idx.example:8443": credentials.Credential("al@ce", "p:ss/w%rd #1", "netrc x")}
+    )
+    url = locks._with_credential("https://idx.example:8443/simple/", creds)
+    assert url == "https://al%40ce:p%3Ass%2Fw%25rd%20%231@idx.example:8443/simple/"
+    parts = urlsplit(url)
+    assert unquote(parts.username or "") == "al@ce"
+    assert unquote(parts.password or "") == "p:ss/w%rd #1"
+    assert (parts.hostname, parts.port, parts.path) == ("idx.example", 8443, "/simple/")
+
+
+def test_urls_without_credentials_are_unchanged():
+    creds = credentials.Credentials({"idx.example": credentials.Credential("u", "p", "env")})
+    for url in ("https://pypi.org/simple/", "https://download.pytorch.org/whl/cpu"):
+        assert locks._with_credential(url, creds) == url
+    private = "https://idx.example/simple/"
+    assert locks._with_credential(private, None) == private
+    assert locks._with_credential(private, credentials.Credentials({})) == private
+
+
+def test_uv_pip_compile_gets_credentials_and_ca_in_its_environment_only(monkeypatch, tmp_path):
+    seen = {}
+
+    def run(command, **kw):
+        seen["command"], seen["env"] = command, kw["env"]
+        return locks.subprocess.CompletedProcess(command, 0, "six==1.17.0\n", "")
+
+    monkeypatch.setattr(locks, "_uv", lambda: "uv")
+    monkeypatch.setattr(locks.subprocess, "run", run)
+    creds = credentials.Credentials({"idx.example": credentials.Credential("u", "s3cret", "env")})
+    out = locks.compile_requirements(
+        ["six"], "3.11", "2026-01-01T00:00:00Z", "https://idx.example/simple",
+        ("https://extra.example/simple", "https://idx.example/other"),
+        credentials=creds, ca_bundle=tmp_path / "ca.pem",
+    )  # fmt: skip
+    assert out == "six==1.17.0\n"
+    assert not any("s3cret" in word or "example" in word for word in seen["command"])
+    env = seen["env"]
+    assert env["UV_INDEX_URL"] == "https://u:s3cret@idx.example/simple"
+    extra = "https://extra.example/simple https://u:s3cret@idx.example/other"
+    assert env["UV_EXTRA_INDEX_URL"] == extra
+    assert env["SSL_CERT_FILE"] == str(tmp_path / "ca.pem")
+
+
+# ------------------------------------------------------------------------------ the fetcher
 
 
 class StubUpstream:
@@ -237,68 +381,123 @@ class StubUpstream:
         raise urllib.error.HTTPError(url, 404, "not found", {}, None)  # type: ignore[arg-type]
 
 
-def serve(store: Store, upstream: StubUpstream, offline: bool = False):
-    proxy = Proxy(store, credentials=credentials.Credentials({}), offline=offline,
-                  upstream=upstream)  # type: ignore[arg-type]  # fmt: skip
-    return proxy, WheelhouseServer(proxy, port=0 or _free_port())
+UPSTREAM = ("https://idx.example/simple/",)
+KEY = wheelhouse.index_key(UPSTREAM)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            return reply.status, reply.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, b""
+def fetcher(tmp_path: Path, upstream: StubUpstream, offline: bool = False) -> Fetcher:
+    store = Store(tmp_path / "wheelhouse")
+    store.save_index(KEY, UPSTREAM)
+    return Fetcher(store, credentials=credentials.Credentials({}), offline=offline,
+                   upstream=upstream)  # type: ignore[arg-type]  # fmt: skip
 
 
-def test_proxy_fetches_once_checks_the_hash_and_answers_offline_from_the_store(tmp_path):
-    store = Store(tmp_path)
-    urls = ("https://idx.example/simple/",)
-    key = wheelhouse.index_key(urls)
-    store.save_index(key, urls)
-    page = f'<a href="/f/demo-1.0.tar.gz#sha256={SHA}">demo</a>'.encode()
-    up = StubUpstream({"https://idx.example/simple/demo/": page},
-                      {"https://idx.example/f/demo-1.0.tar.gz": WHEEL})  # fmt: skip
-    proxy, server = serve(store, up)
-    with server:
-        root = f"http://127.0.0.1:{server.port}"
-        status, body = get(f"{root}/{key}/simple/demo/")
-        assert status == 200 and b"idx.example" not in body
-        link = f"{root}/{key}/files/demo/{SHA}/demo-1.0.tar.gz"
-        assert get(link) == (200, WHEEL) and get(link) == (200, WHEEL)
-        assert proxy.fetched == 1 and up.asked.count("https://idx.example/f/demo-1.0.tar.gz") == 1
-        assert get(f"{root}/{key}/simple/other/")[0] == 404
-    offline, server = serve(store, StubUpstream({}, {}), offline=True)
-    with server:
-        root = f"http://127.0.0.1:{server.port}"
-        assert get(f"{root}/{key}/files/demo/{SHA}/demo-1.0.tar.gz") == (200, WHEEL)
-        assert get(f"{root}/{key}/simple/missing/")[0] == 404
-        assert offline.upstream.asked == []  # type: ignore[attr-defined]
-        assert "no index page of missing" in offline.problems[0]
+def page(*files: tuple[str, bytes]) -> bytes:
+    return "".join(
+        f'<a href="/f/{name}#sha256={hashlib.sha256(body).hexdigest()}">{name}</a>'
+        for name, body in files
+    ).encode()
 
 
-def test_proxy_refuses_a_file_whose_download_does_not_match(tmp_path):
-    store = Store(tmp_path)
-    urls = ("https://idx.example/simple/",)
-    key = wheelhouse.index_key(urls)
-    store.save_index(key, urls)
-    page = f'<a href="/f/demo-1.0.tar.gz#sha256={SHA}">demo</a>'.encode()
-    up = StubUpstream({"https://idx.example/simple/demo/": page},
-                      {"https://idx.example/f/demo-1.0.tar.gz": b"tampered"})  # fmt: skip
-    proxy, server = serve(store, up)
-    with server:
-        root = f"http://127.0.0.1:{server.port}"
-        get(f"{root}/{key}/simple/demo/")
-        assert get(f"{root}/{key}/files/demo/{SHA}/demo-1.0.tar.gz")[0] == 502
-    assert not store.has(SHA) and "the index said" in proxy.problems[0]
+def locked(name: str, version: str, *bodies: bytes) -> str:
+    hashes = " ".join(f"--hash=sha256:{hashlib.sha256(b).hexdigest()}" for b in bodies)
+    return f"{name}=={version} {hashes}\n"
+
+
+GOOD = ("demo-1.0-cp311-cp311-manylinux_2_28_x86_64.whl", b"the x86_64 wheel")
+ARM = ("demo-1.0-cp311-cp311-manylinux_2_28_aarch64.whl", b"the aarch64 wheel")
+UNLOCKED = ("demo-1.0-cp311-cp311-manylinux_2_34_x86_64.whl", b"a wheel the lock does not list")
+
+
+def demo_upstream(*files: tuple[str, bytes]) -> StubUpstream:
+    return StubUpstream(
+        {"https://idx.example/simple/demo/": page(*files)},
+        {f"https://idx.example/f/{name}": body for name, body in files},
+    )
+
+
+def test_wheels_stores_and_gives_only_the_locked_wheel_for_the_target(tmp_path):
+    up = demo_upstream(ARM, UNLOCKED, GOOD)  # the right one last: chosen, not the first
+    f = fetcher(tmp_path, up)
+    text = locked("demo", "1.0", GOOD[1], ARM[1])
+    got = f.wheels(KEY, text, "3.11", "x86_64", BOOKWORM)
+    assert [(name, path.read_bytes()) for name, path in got] == [GOOD]
+    sha = hashlib.sha256(GOOD[1]).hexdigest()
+    assert got[0][1] == f.store.path(sha)
+    assert f.store.entries().keys() == {sha}  # neither the other machine's nor the unlocked
+    assert [u for u in up.asked if "/f/" in u] == [f"https://idx.example/f/{GOOD[0]}"]
+    # Asked again, it is not downloaded again.
+    assert f.wheels(KEY, text, "3.11", "x86_64", BOOKWORM) == got and f.fetched == 1
+
+
+def test_a_requirement_with_no_wheel_for_the_target_is_an_error_naming_both(tmp_path):
+    f = fetcher(tmp_path, demo_upstream(GOOD, ARM))
+    with pytest.raises(GpuenvError) as caught:
+        f.wheels(KEY, locked("demo", "1.0", ARM[1]), "3.11", "x86_64", BOOKWORM)
+    message = caught.value.message
+    assert "demo==1.0" in message and "CPython 3.11" in message
+    assert "linux/x86_64" in message and "glibc 2.36" in message
+    assert f.store.entries() == {}
+
+
+def test_offline_with_an_empty_wheelhouse_is_an_error_and_asks_no_one(tmp_path):
+    up = demo_upstream(GOOD)
+    f = fetcher(tmp_path, up, offline=True)
+    with pytest.raises(GpuenvError, match="--offline: the wheelhouse has no index page of demo"):
+        f.wheels(KEY, locked("demo", "1.0", GOOD[1]), "3.11", "x86_64", BOOKWORM)
+    assert up.asked == []
+
+
+def test_offline_takes_what_an_online_fetch_stored(tmp_path):
+    text = locked("demo", "1.0", GOOD[1])
+    online = fetcher(tmp_path, demo_upstream(GOOD))
+    online.wheels(KEY, text, "3.11", "x86_64", BOOKWORM)
+    nobody = StubUpstream({}, {})
+    offline = fetcher(tmp_path, nobody, offline=True)
+    got = offline.wheels(KEY, text, "3.11", "x86_64", BOOKWORM)
+    assert [(name, path.read_bytes()) for name, path in got] == [GOOD]
+    assert nobody.asked == [] and offline.fetched == 0
+
+
+def test_a_download_that_does_not_match_its_hash_is_refused(tmp_path):
+    up = demo_upstream(GOOD)
+    up.files[f"https://idx.example/f/{GOOD[0]}"] = b"tampered"
+    f = fetcher(tmp_path, up)
+    with pytest.raises(GpuenvError, match="the index said"):
+        f.wheels(KEY, locked("demo", "1.0", GOOD[1]), "3.11", "x86_64", BOOKWORM)
+    assert f.store.entries() == {}
+
+
+def test_a_project_no_index_knows_is_an_error_naming_it(tmp_path):
+    f = fetcher(tmp_path, StubUpstream({}, {}))
+    with pytest.raises(GpuenvError, match=r"other==2\.0: not on any index"):
+        f.wheels(KEY, locked("other", "2.0", b"x"), "3.11", "x86_64", BOOKWORM)
+
+
+def test_two_fetchers_download_a_file_once(tmp_path):
+    """Two gpuenv processes (a fetcher each, one wheelhouse) building at once: the file lock
+    makes the second wait for the first's download, then take it."""
+    text = locked("demo", "1.0", GOOD[1])
+    ups = [demo_upstream(GOOD) for _ in range(2)]
+    for up in ups:
+        up.delay = 0.3
+    fetchers = [fetcher(tmp_path, up) for up in ups]
+    results: list[object] = [None, None]
+
+    def one(i: int) -> None:
+        results[i] = fetchers[i].wheels(KEY, text, "3.11", "x86_64", BOOKWORM)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results[0] == results[1] and results[0]
+    downloads = sum(u.asked.count(f"https://idx.example/f/{GOOD[0]}") for u in ups)
+    assert downloads == 1
+
+
+# ------------------------------------------------------------------------------ uv
 
 
 def _uv_wheel(version: str, body: bytes) -> bytes:
@@ -333,92 +532,39 @@ def test_uv_wheel_is_the_manylinux_one_for_the_machine():
     assert wheelhouse.uv_wheel(yanked, "0.13.9", "x86_64") is None
 
 
-def test_proxy_serves_uvs_executable_out_of_its_checked_wheel(tmp_path):
-    store = Store(tmp_path)
-    urls = ("https://idx.example/simple/",)
-    key = wheelhouse.index_key(urls)
-    store.save_index(key, urls)
+UV_NAME = "uv-0.13.9-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+
+
+def uv_upstream(served: bytes, listed: bytes | None = None) -> StubUpstream:
+    sha = hashlib.sha256(listed if listed is not None else served).hexdigest()
+    return StubUpstream(
+        {"https://idx.example/simple/uv/": f'<a href="/f/{UV_NAME}#sha256={sha}">uv</a>'.encode()},
+        {f"https://idx.example/f/{UV_NAME}": served},
+    )
+
+
+def test_uv_file_is_uvs_executable_out_of_its_checked_wheel(tmp_path):
     whl = _uv_wheel("0.13.9", b"\x7fELF uv")
-    name = "uv-0.13.9-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
-    sha = hashlib.sha256(whl).hexdigest()
-    page = f'<a href="/f/{name}#sha256={sha}">uv</a>'.encode()
-    up = StubUpstream(
-        {"https://idx.example/simple/uv/": page}, {f"https://idx.example/f/{name}": whl}
-    )
-    proxy, server = serve(store, up)
-    with server:
-        root = f"http://127.0.0.1:{server.port}/{key}/tools/uv"
-        assert get(f"{root}/0.13.9/x86_64") == (200, b"\x7fELF uv")
-        assert get(f"{root}/0.13.9/aarch64")[0] == 404  # no wheel for that machine
-        assert get(f"{root}/0.13.8/x86_64")[0] == 404
-    assert store.has(sha) and proxy.fetched == 1
-    offline, server = serve(store, StubUpstream({}, {}), offline=True)
-    with server:  # the stored wheel serves an offline build
-        root = f"http://127.0.0.1:{server.port}/{key}/tools/uv"
-        assert get(f"{root}/0.13.9/x86_64") == (200, b"\x7fELF uv")
-        assert get(f"{root}/0.13.9/aarch64")[0] == 404
-    assert "lacks uv 0.13.9 for aarch64" in offline.problems[0]
+    f = fetcher(tmp_path, uv_upstream(whl))
+    path = f.uv_file(KEY, "0.13.9", "x86_64")
+    assert path.read_bytes() == b"\x7fELF uv" and os.access(path, os.X_OK)
+    assert f.store.has(hashlib.sha256(whl).hexdigest()) and f.fetched == 1
+    with pytest.raises(GpuenvError, match=r"uv 0\.13\.9 for aarch64"):
+        f.uv_file(KEY, "0.13.9", "aarch64")  # no wheel for that machine
+    with pytest.raises(GpuenvError, match=r"uv 0\.13\.8 for x86_64"):
+        f.uv_file(KEY, "0.13.8", "x86_64")
+    # Offline, the stored wheel gives it again (the executable taken out anew).
+    path.unlink()
+    offline = fetcher(tmp_path, StubUpstream({}, {}), offline=True)
+    assert offline.uv_file(KEY, "0.13.9", "x86_64").read_bytes() == b"\x7fELF uv"
+    with pytest.raises(GpuenvError, match=r"lacks uv 0\.13\.9 for aarch64"):
+        offline.uv_file(KEY, "0.13.9", "aarch64")
 
 
-def test_a_wheel_tampered_on_the_way_in_gives_no_uv(tmp_path):
-    store = Store(tmp_path)
-    urls = ("https://idx.example/simple/",)
-    key = wheelhouse.index_key(urls)
-    store.save_index(key, urls)
-    name = "uv-0.13.9-py3-none-manylinux_2_17_x86_64.whl"
-    sha = hashlib.sha256(_uv_wheel("0.13.9", b"uv")).hexdigest()
-    page = f'<a href="/f/{name}#sha256={sha}">uv</a>'.encode()
-    evil = _uv_wheel("0.13.9", b"not uv")
-    up = StubUpstream(
-        {"https://idx.example/simple/uv/": page}, {f"https://idx.example/f/{name}": evil}
-    )
-    proxy, server = serve(store, up)
-    with server:
-        url = f"http://127.0.0.1:{server.port}/{key}/tools/uv/0.13.9/x86_64"
-        assert get(url)[0] == 502
-    assert not store.has(sha) and "the index said" in proxy.problems[0]
-
-
-def test_byte_ranges():
-    from gpuenv.proxy import byte_range
-
-    assert byte_range(None, 100) is None
-    assert byte_range("bytes=0-9", 100) == (0, 10)
-    assert byte_range("bytes=90-", 100) == (90, 10)
-    assert byte_range("bytes=-30", 100) == (70, 30)
-    assert byte_range("bytes=-300", 100) == (0, 100)
-    assert byte_range("bytes=50-500", 100) == (50, 50)
-    assert byte_range("bytes=200-300", 100) is None  # the whole file then
-    assert byte_range("bytes=0-1,5-6", 100) is None
-
-
-def test_two_builds_share_the_port_and_download_a_file_once(tmp_path):
-    from concurrent.futures import ThreadPoolExecutor
-
-    store = Store(tmp_path)
-    urls = ("https://idx.example/simple/",)
-    key = wheelhouse.index_key(urls)
-    store.save_index(key, urls)
-    page = f'<a href="/f/demo-1.0.tar.gz#sha256={SHA}">demo</a>'.encode()
-    files = {"https://idx.example/f/demo-1.0.tar.gz": WHEEL}
-    ups = [StubUpstream({"https://idx.example/simple/demo/": page}, files) for _ in range(2)]
-    for up in ups:
-        up.delay = 0.3
-    port = _free_port()
-    first = Proxy(Store(tmp_path), credentials=credentials.Credentials({}), upstream=ups[0])  # type: ignore[arg-type]
-    second = Proxy(Store(tmp_path), credentials=credentials.Credentials({}), upstream=ups[1])  # type: ignore[arg-type]
-    with WheelhouseServer(first, port=port), WheelhouseServer(second, port=port) as joined:
-        assert joined.shared  # same store, online, same credentials: one port
-        root = f"http://127.0.0.1:{port}"
-        for _ in range(4):  # both servers get to know the page (the kernel spreads these)
-            assert get(f"{root}/{key}/simple/demo/")[0] == 200
-        link = f"{root}/{key}/files/demo/{SHA}/demo-1.0.tar.gz"
-        with ThreadPoolExecutor(8) as pool:
-            assert set(pool.map(lambda _: get(link), range(16))) == {(200, WHEEL)}
-        downloads = sum(u.asked.count("https://idx.example/f/demo-1.0.tar.gz") for u in ups)
-        assert downloads == 1
-        offline = Proxy(store, credentials=credentials.Credentials({}), offline=True)
-        waiting = WheelhouseServer(offline, port=port)
-        waiting.wait_seconds = 1
-        with pytest.raises(GpuenvError, match="different wheelhouse"):
-            waiting.__enter__()
+def test_a_uv_wheel_tampered_on_the_way_in_gives_no_uv(tmp_path):
+    good = _uv_wheel("0.13.9", b"uv")
+    f = fetcher(tmp_path, uv_upstream(_uv_wheel("0.13.9", b"not uv"), listed=good))
+    with pytest.raises(GpuenvError, match="the index said"):
+        f.uv_file(KEY, "0.13.9", "x86_64")
+    assert not f.store.has(hashlib.sha256(good).hexdigest())
+    assert not (f.store.root / "tools").exists() or not any((f.store.root / "tools").iterdir())

@@ -1,16 +1,18 @@
 # Rendered by gpuenv for cell tf2.21-py3.11-cpu; edit matrix.yaml or images/, not this file.
 # tensorflow 2.21.0, Python 3.11, cpu
+# Packages from the indexes keyed c7f8d697991d53b5 (uv 0.13.9), fetched and checked by gpuenv on the client;
+# the install steps mount them (see partials/macros.j2).
+
 FROM gpuenv/debian:bookworm
 
-RUN set -eu; \
-    export PIP_INDEX_URL=http://127.0.0.1:47812/c7f8d697991d53b5/simple/ UV_INDEX_URL=http://127.0.0.1:47812/c7f8d697991d53b5/simple/; \
-    mkdir /tmp/gpuenv-uv; \
-    python3 -c 'import os, urllib.request as r; r.urlretrieve("http://127.0.0.1:47812/c7f8d697991d53b5/tools/uv/0.13.9/" + os.uname().machine, "/tmp/gpuenv-uv/uv")'; \
-    chmod 755 /tmp/gpuenv-uv/uv; \
+RUN --mount=type=bind,source=python-env,target=/mnt \
+    set -eu; \
     useradd --uid 1000 --user-group --create-home --shell /bin/bash gpuenv; \
-    /tmp/gpuenv-uv/uv venv --quiet --python python3 /opt/venv; \
-    SOURCE_DATE_EPOCH=0 /tmp/gpuenv-uv/uv pip install --quiet --no-cache --compile-bytecode --python /opt/venv/bin/python tensorflow==2.21.0; \
-    rm -rf /tmp/gpuenv-uv /root/.cache
+    /mnt/uv venv --quiet --python python3 /opt/venv; \
+    SOURCE_DATE_EPOCH=0 /mnt/uv pip install --quiet --no-cache --offline --no-index --find-links /mnt --require-hashes --no-deps --python /opt/venv/bin/python -r /mnt/requirements.txt --compile-bytecode; \
+    find /opt/venv -path '*.dist-info/uv_cache.json' -delete; \
+    sed -i '/\/uv_cache\.json,/d' /opt/venv/lib/python*/site-packages/*.dist-info/RECORD; \
+    rm -rf /root/.cache
 
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \

@@ -1,18 +1,18 @@
 # Rendered by gpuenv for cell torch2.11-py3.11-cpu; edit matrix.yaml or images/, not this file.
 # torch 2.11.0, Python 3.11, cpu
+# Packages from the indexes keyed 1da23de579c400d8 (uv 0.13.9), fetched and checked by gpuenv on the client;
+# the install steps mount them (see partials/macros.j2).
+
 FROM gpuenv/debian:bookworm
 
-RUN set -eu; \
-    python3 -c 'import urllib.request as r; r.urlretrieve("http://127.0.0.1:47811/ca.pem", "/tmp/gpuenv-ca.pem")'; \
-    export SSL_CERT_FILE=/tmp/gpuenv-ca.pem PIP_CERT=/tmp/gpuenv-ca.pem; \
-    export PIP_INDEX_URL=http://127.0.0.1:47812/1da23de579c400d8/simple/ UV_INDEX_URL=http://127.0.0.1:47812/1da23de579c400d8/simple/; \
-    mkdir /tmp/gpuenv-uv; \
-    python3 -c 'import os, urllib.request as r; r.urlretrieve("http://127.0.0.1:47812/1da23de579c400d8/tools/uv/0.13.9/" + os.uname().machine, "/tmp/gpuenv-uv/uv")'; \
-    chmod 755 /tmp/gpuenv-uv/uv; \
+RUN --mount=type=bind,source=python-env,target=/mnt \
+    set -eu; \
     useradd --uid 1000 --user-group --create-home --shell /bin/bash gpuenv; \
-    /tmp/gpuenv-uv/uv venv --quiet --python python3 /opt/venv; \
-    SOURCE_DATE_EPOCH=0 /tmp/gpuenv-uv/uv pip install --quiet --no-cache --compile-bytecode --python /opt/venv/bin/python torch==2.11.0+cpu; \
-    rm -rf /tmp/gpuenv-uv /tmp/gpuenv-ca.pem /root/.cache
+    /mnt/uv venv --quiet --python python3 /opt/venv; \
+    SOURCE_DATE_EPOCH=0 /mnt/uv pip install --quiet --no-cache --offline --no-index --find-links /mnt --require-hashes --no-deps --python /opt/venv/bin/python -r /mnt/requirements.txt --compile-bytecode; \
+    find /opt/venv -path '*.dist-info/uv_cache.json' -delete; \
+    sed -i '/\/uv_cache\.json,/d' /opt/venv/lib/python*/site-packages/*.dist-info/RECORD; \
+    rm -rf /root/.cache
 
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \

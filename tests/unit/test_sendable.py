@@ -1,0 +1,171 @@
+"""What a build sends (gpuenv/sendable.py), without an engine: the target its wheels are
+chosen for, the parts its install steps mount (the same the templates mount), and the
+context directory assembled from a stand-in fetcher."""
+
+from __future__ import annotations
+
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+from gpuenv import compat, matrix, sendable
+from gpuenv.cell import Cell
+from gpuenv.errors import GpuenvError
+from gpuenv.lock import CellLock
+from gpuenv.render import render
+
+MIXED = """\
+name: acme/ml
+matrix:
+  tensorflow: ["2.21"]
+  torch: ["2.11"]
+  jax: ["0.7"]
+  python: ["3.11", "3.12"]
+  variant: [cpu, gpu]
+default: {torch: "2.11", python: "3.11"}
+bases:
+  "3.11": {debian: bookworm}
+  "3.12": {image: "python:3.12-slim"}
+"""
+RESOLUTION = CellLock("inputs", "six==1.17.0 --hash=sha256:" + "1" * 64 + "\n",
+                      "nvidia-cudnn-cu12==9.3.0.75 --hash=sha256:" + "2" * 64 + "\n")  # fmt: skip
+
+
+@pytest.fixture
+def cells(write_matrix) -> dict[str, Cell]:
+    return {c.name: c for c in compat.resolve(matrix.load(write_matrix(MIXED))).cells}
+
+
+# ---------------------------------------------------------------------------- the target
+
+
+def test_a_debian_base_is_its_suites_glibc(cells):
+    target = sendable.target_of(cells["tf2.21-py3.11-cpu"], "x86_64")
+    assert target == sendable.Target("3.11", "x86_64", (2, 36))
+
+
+def test_an_image_base_is_manylinux_2_28(cells):
+    target = sendable.target_of(cells["tf2.21-py3.12-cpu"], "x86_64")
+    assert target == sendable.Target("3.12", "x86_64", (2, 28))
+
+
+@pytest.mark.parametrize(
+    ("engine_says", "machine"),
+    [("x86_64", "x86_64"), ("amd64", "x86_64"), ("aarch64", "aarch64"), ("arm64", "aarch64")],
+)
+def test_the_engines_architecture_in_either_naming(cells, engine_says, machine):
+    assert sendable.target_of(cells["jax0.7-py3.11-cpu"], engine_says).machine == machine
+
+
+@pytest.mark.parametrize("engine_says", ["s390x", "riscv64", "ppc64le", ""])
+def test_another_architecture_is_an_error_naming_it(cells, engine_says):
+    with pytest.raises(GpuenvError) as caught:
+        sendable.target_of(cells["jax0.7-py3.11-cpu"], engine_says)
+    assert repr(engine_says) in caught.value.message
+    assert "x86_64 and aarch64" in caught.value.message
+
+
+# ---------------------------------------------------------------------------- the parts
+
+
+def test_a_cpu_cell_sends_only_its_environment(cells):
+    for name in ("tf2.21-py3.11-cpu", "torch2.11-py3.11-cpu", "jax0.7-py3.12-cpu"):
+        assert sendable.parts(cells[name], RESOLUTION) == {"python-env": RESOLUTION.python_env}
+
+
+def test_a_tensorflow_or_jax_gpu_cell_sends_its_cuda_wheels_apart(cells):
+    for name in ("tf2.21-py3.11-cuda12.5-gpu", "jax0.7-py3.11-cuda12.9-gpu"):
+        assert sendable.parts(cells[name], RESOLUTION) == {
+            "python-env": RESOLUTION.python_env,
+            "cuda": RESOLUTION.cuda,
+        }
+
+
+def test_a_torch_gpu_cell_sends_its_cuda_wheels_with_the_framework(cells):
+    cell = cells["torch2.11-py3.11-cuda13.0-gpu"]
+    assert cell.cuda_with_framework
+    assert sendable.parts(cell, RESOLUTION) == {"python-env": RESOLUTION.python_env}
+
+
+def test_the_parts_sent_are_the_parts_the_dockerfile_mounts(cells):
+    for cell in cells.values():
+        mounts = re.findall(r"^RUN --mount=type=bind,source=([\w-]+),target=/mnt ",
+                            render(cell).dockerfile, re.M)  # fmt: skip
+        assert mounts == list(sendable.parts(cell, RESOLUTION)), cell.name
+
+
+# ---------------------------------------------------------------------------- assembled
+
+
+class StandInFetcher:
+    """Gives, for each requirements text, the stored wheels a real fetcher would."""
+
+    def __init__(self, wheels: dict[str, list[tuple[str, Path]]]) -> None:
+        self.by_text, self.asked = wheels, []
+
+    def wheels(self, key, text, python, machine, glibc):
+        self.asked.append((key, text, python, machine, glibc))
+        return self.by_text[text]
+
+
+def _stored(tmp_path: Path, name: str, body: bytes, mode: int = 0o644) -> Path:
+    path = tmp_path / "store" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(body)
+    path.chmod(mode)
+    return path
+
+
+def test_the_context_holds_the_rendered_files_and_each_parts_wheels_and_uv(cells, tmp_path):
+    cell = cells["tf2.21-py3.11-cuda12.5-gpu"]
+    ctx = render(cell)
+    uv = _stored(tmp_path, "uv", b"\x7fELF uv", 0o755)
+    six = _stored(tmp_path, "six", b"six wheel")
+    cudnn = _stored(tmp_path, "cudnn", b"cudnn wheel")
+    fetcher = StandInFetcher({
+        RESOLUTION.python_env: [("six-1.17.0-py2.py3-none-any.whl", six)],
+        RESOLUTION.cuda: [("nvidia_cudnn_cu12-9.3.0.75-py3-none-manylinux_2_27_x86_64.whl", cudnn)],
+    })  # fmt: skip
+    target = sendable.target_of(cell, "amd64")
+    root = tmp_path / "contexts"
+    stale = root / cell.name / "python-env" / "old-0.1-py3-none-any.whl"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"from an earlier build")
+    with sendable.assembled(root, ctx, RESOLUTION, fetcher, "0123456789abcdef", uv,
+                            target) as here:  # type: ignore[arg-type]  # fmt: skip
+        assert here == root / cell.name
+        files = sorted(str(p.relative_to(here)) for p in here.rglob("*") if p.is_file())
+        assert files == sorted([
+            *ctx.files,
+            "python-env/requirements.txt", "python-env/uv",
+            "python-env/six-1.17.0-py2.py3-none-any.whl",
+            "cuda/requirements.txt", "cuda/uv",
+            "cuda/nvidia_cudnn_cu12-9.3.0.75-py3-none-manylinux_2_27_x86_64.whl",
+        ])  # fmt: skip
+        assert (here / "Dockerfile").read_text() == ctx.dockerfile
+        assert (here / "python-env" / "requirements.txt").read_text() == RESOLUTION.python_env
+        assert (here / "cuda" / "requirements.txt").read_text() == RESOLUTION.cuda
+        uv_there = here / "cuda" / "uv"
+        assert uv_there.read_bytes() == b"\x7fELF uv" and uv_there.stat().st_mode & stat.S_IXUSR
+        # The wheels are the stored files themselves (no copy of a 600 MB wheel).
+        assert (here / "python-env" / "six-1.17.0-py2.py3-none-any.whl").samefile(six)
+    assert fetcher.asked == [
+        ("0123456789abcdef", RESOLUTION.python_env, "3.11", "x86_64", (2, 36)),
+        ("0123456789abcdef", RESOLUTION.cuda, "3.11", "x86_64", (2, 36)),
+    ]
+
+
+def test_a_wheel_that_cannot_be_had_stops_the_assembly(cells, tmp_path):
+    class Failing:
+        def wheels(self, *args):
+            raise GpuenvError("six==1.17.0 has no wheel for CPython 3.11 on linux/x86_64")
+
+    cell = cells["tf2.21-py3.11-cpu"]
+    uv = _stored(tmp_path, "uv", b"uv", 0o755)
+    target = sendable.target_of(cell, "x86_64")
+    with pytest.raises(GpuenvError, match=r"six==1\.17\.0"):  # noqa: SIM117
+        with sendable.assembled(tmp_path / "c", render(cell), RESOLUTION, Failing(), "0" * 16,
+                                uv, target):  # type: ignore[arg-type]  # fmt: skip
+            pytest.fail("a context without its wheels was handed to the build")
