@@ -12,8 +12,10 @@ from gpuenv import reproducible
 EPOCH = 1735689600
 
 
-def layer(*entries: tuple[str, str, int, bytes]) -> tarfile.TarFile:
-    """A layer tar of (name, kind, mode, data): kind 'f' file, 'd' directory."""
+def layer(*entries: tuple[str, str, int, bytes], go_modes: bool = False) -> tarfile.TarFile:
+    """A layer tar of (name, kind, mode, data): kind 'f' file, 'd' directory. With go_modes,
+    the modes carry the file-type bits, as the engine's Go tar writer puts them (Python's
+    writer masks them, so they are set on the members read back)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for name, kind, mode, data in entries:
@@ -27,7 +29,11 @@ def layer(*entries: tuple[str, str, int, bytes]) -> tarfile.TarFile:
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     buf.seek(0)
-    return tarfile.open(fileobj=buf)
+    tar = tarfile.open(fileobj=buf)
+    if go_modes:
+        for member in tar.getmembers():
+            member.mode |= 0o40000 if member.isdir() else 0o100000
+    return tar
 
 
 def canonical(layers: list[tarfile.TarFile]) -> list[bytes]:
@@ -56,8 +62,9 @@ BASE = (
 def test_a_rootful_copy_up_and_a_rootless_diff_give_one_layer():
     # Rootful overlay2 lists /tmp and /etc/group- (touched, rewritten with the same bytes),
     # with Go's file-type bits in the mode; the rootless naive diff lists only the change.
-    rootful = layer(("etc/", "d", 0o40755, b""), ("etc/group-", "f", 0o100644, b"root:x:0:\n"),
-                    ("tmp/", "d", 0o41777, b""), ("opt/x", "f", 0o100644, b"new"))  # fmt: skip
+    rootful = layer(("etc/", "d", 0o755, b""), ("etc/group-", "f", 0o644, b"root:x:0:\n"),
+                    ("tmp/", "d", 0o1777, b""), ("opt/x", "f", 0o644, b"new"),
+                    go_modes=True)  # fmt: skip
     rootless = layer(("opt/x", "f", 0o644, b"new"))
     a = canonical([layer(*BASE), rootful])
     b = canonical([layer(*BASE), rootless])
