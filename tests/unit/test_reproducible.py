@@ -29,7 +29,7 @@ def layer(*entries: tuple[str, str, int, bytes], go_modes: bool = False) -> tarf
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     buf.seek(0)
-    tar = tarfile.open(fileobj=buf)
+    tar = tarfile.open(fileobj=buf)  # noqa: SIM115 - the caller reads it
     if go_modes:
         for member in tar.getmembers():
             member.mode |= 0o40000 if member.isdir() else 0o100000
