@@ -118,10 +118,12 @@ def plan_and_build(
         from gpuenv.reproducible import normalize_images
 
         exclude_newer = project.lock.exclude_newer if project.lock else None
+        by_image = {r.cell.image: r for r in results}
         for ref, image_id, changed in normalize_images(
             engine, [c.image for c in cells], exclude_newer
         ):
             reporter.info(f"{ref}  {image_id[:19]}  {'' if changed else 'already '}normalised")
+            by_image[ref].image_id = image_id  # what --json reports: the image now tagged
     return results
 
 

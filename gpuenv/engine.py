@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +201,7 @@ class Engine:
         self._client = client
         self._socket = Socket(socket_path) if socket_path else None
         self._tty: dict[str, bool] = {}  # containers this engine created -> Tty
+        self._podman: bool | None = None
 
     @property
     def _api(self) -> Any:
@@ -419,6 +420,8 @@ class Engine:
     @property
     def is_podman(self) -> bool:
         """podman's Docker-compatible API service (its version names the component)."""
+        if self._podman is not None:
+            return self._podman
         with _translated():
             version = (
                 self._api.version()
@@ -426,7 +429,8 @@ class Engine:
                 else self._socket.json("GET", "/version")
             )
         names = [str(c.get("Name", "")) for c in version.get("Components") or []]
-        return any("podman" in n.lower() for n in names)
+        self._podman = any("podman" in n.lower() for n in names)
+        return self._podman
 
     def architecture(self) -> str:
         """The engine's machine (x86_64, aarch64; podman says amd64, arm64)."""
@@ -550,6 +554,8 @@ class Engine:
 
     def create(self, spec: ContainerSpec) -> str:
         """Create (not start) a container; returns its ID."""
+        if spec.tmpfs and self.is_podman:
+            spec = replace(spec, tmpfs={p: _podman_tmpfs(o) for p, o in spec.tmpfs.items()})
         if self._socket is not None and not spec.ports:  # port bindings: the SDK converts
             with _translated():
                 created = self._socket.json("POST", "/containers/create", _create_body(spec))
@@ -695,6 +701,13 @@ class Engine:
 def _translated_stream(stream: Iterator[Any]) -> Iterator[Any]:
     with _translated():
         yield from stream
+
+
+def _podman_tmpfs(options: str) -> str:
+    """podman refuses tmpfs's uid=/gid= options ("unknown mount option"); its own `U` chowns
+    the mount to the container's user, which is the uid:gid asked for."""
+    kept = [o for o in options.split(",") if not o.startswith(("uid=", "gid="))]
+    return ",".join([*kept, "U"]) if len(kept) < len(options.split(",")) else options
 
 
 def _device_request(body: dict[str, Any]) -> Any:

@@ -343,7 +343,10 @@ def _start_error(exc: Exception, opts: RunOptions) -> GpuenvError:
     explained = explain_start_error(text, opts.image)
     if explained:
         return fail(explained)
-    if "executable file not found" in text or "no such file or directory" in text:
+    # "no such file or directory" alone may be about the engine's own files (podman's
+    # container-init binary): it means the command only when it names the command.
+    missing = "no such file or directory" in text and opts.command[0] in text
+    if "executable file not found" in text or missing:
         return fail(f"{opts.command[0]}: command not found in {opts.image}", 127)
     if "permission denied" in text.lower() and "exec" in text:
         return fail(f"{opts.command[0]}: cannot be executed in {opts.image}", 126)

@@ -6,7 +6,8 @@
   (each process resolves alone, then both together), never a mix; matrix.lock is written
   to a temporary file and renamed into place (gpuenv/lock.py: write).
 
-Concurrent builds sharing the CA port are in test_engine_ca_concurrent.py.
+Concurrent builds (different cells, and the same cell, from two processes) are in
+test_engine_ca_concurrent.py.
 """
 
 from __future__ import annotations

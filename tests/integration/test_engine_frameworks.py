@@ -8,8 +8,9 @@ checks are skipped with the reason (no GPU here), never faked. The torch CPU cel
 built here: its wheels are on PyTorch's own index, which these machines cannot reach (its
 rendering is golden-tested and hadolint-checked in tests/unit/test_frameworks.py).
 
-Costs on the project's machine (cold, the wheels downloaded through the proxy): JAX CPU
-~30 s, JAX GPU ~90 s (its CPU cell's layers reused), torch GPU ~160 s; ~11 GB of images.
+Costs on the project's machine (cold: the wheels fetched into the wheelhouse first, then
+sent in the build context): JAX CPU ~30 s, JAX GPU ~90 s (its CPU cell's layers reused),
+torch GPU ~160 s; ~11 GB of images.
 """
 
 from __future__ import annotations
@@ -171,16 +172,43 @@ def layers(ref: str) -> list[str]:
 
 def test_layers(built) -> None:
     """JAX's GPU image is its CPU image plus the CUDA layer(s) on top (the layer cache
-    shares them); torch's GPU image installs torch and its CUDA wheels in one layer."""
+    shares them); torch's GPU image installs torch and its CUDA wheels in one layer: one
+    install step, which mounts one part of the context (python-env/: torch and the CUDA
+    wheels together), and whose layer is nearly all of the image above the base."""
+    from gpuenv.cache import cache_dir
+
     cpu, gpu = layers(image(JAX_CPU)), layers(image(JAX_GPU))
     assert gpu[: len(cpu)] == cpu and len(gpu) > len(cpu)
-    history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", image(TORCH_GPU)).stdout
-    installs = [line for line in history.splitlines() if "uv pip install" in line]
-    assert (
-        len(installs) == 1
-        and "torch==2.11.0" in installs[0]
-        and "nvidia-cudnn-cu13==9.19.0.56" in installs[0]
-    )
+    rows = docker("history", "--no-trunc", "--format", "{{json .}}", image(TORCH_GPU)).stdout
+    history = [json.loads(line) for line in rows.splitlines()]
+    installs = [h for h in history if "uv pip install" in h["CreatedBy"]]
+    assert len(installs) == 1, [h["CreatedBy"][:80] for h in history]
+    rendered = built["matrix"].parent / "rendered-torch-gpu"
+    gpuenv_cmd("render", "-f", str(built["matrix"]), TORCH_GPU, "-o", str(rendered))
+    dockerfile = (rendered / TORCH_GPU / "Dockerfile").read_text()
+    assert dockerfile.count("--mount=type=bind,source=") == 1
+    assert "--mount=type=bind,source=python-env," in dockerfile
+    # What that step mounted (the build's context, kept in gpuenv's cache): torch and its
+    # CUDA wheels in one resolution, their wheels beside it.
+    sent = cache_dir() / "contexts" / TORCH_GPU
+    assert not (sent / "cuda").exists()
+    requirements = (sent / "python-env" / "requirements.txt").read_text()
+    assert "torch==2.11.0 " in requirements and "nvidia-cudnn-cu13==9.19.0.56 " in requirements
+    assert any(f.name.startswith("torch-2.11.0-") for f in (sent / "python-env").iterdir())
+    info = json.loads(docker("image", "inspect", image(TORCH_GPU)).stdout)[0]
+    base = json.loads(docker("image", "inspect", info["Config"]["Labels"][
+        "org.opencontainers.image.base.name"]).stdout)[0]  # fmt: skip
+    install_size = _size(installs[0]["Size"])
+    assert install_size > 0.95 * (info["Size"] - base["Size"]), (install_size, info["Size"])
+
+
+def _size(text: str) -> float:
+    """docker history's human sizes (decimal units: 2.14GB, 8.91kB, 0B)."""
+    units = {"kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "B": 1}
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * factor
+    return float(text)
 
 
 @pytest.mark.parametrize(("cell", "script", "says"), [
@@ -197,9 +225,14 @@ def test_examples_run_and_print_their_device(built, cell, script, says) -> None:
 
 
 def test_torch_cpu_cell_is_planned_with_pytorchs_index(built) -> None:
-    """The excluded torch CPU cell, rendered from a matrix that keeps it: the install step
-    names the wheelhouse under a key that stands for the mirror (never the mirror itself),
-    the cell carries the mirror as its index, and `build --dry-run` plans it."""
+    """The excluded torch CPU cell, rendered from a matrix that keeps it: the Dockerfile names
+    the key of its upstream indexes, which stands for the mirror (never the mirror itself,
+    and not the key of the cells without it), the cell carries the mirror as its index and
+    its CPU wheel as what it installs, and `build --dry-run` plans it."""
+    from gpuenv import plan as plans
+    from gpuenv import wheelhouse
+    from gpuenv.project import open_project
+
     text = MATRIX.replace(
         '    - {torch: "2.11", variant: cpu}   # on PyTorch\'s own index: not reachable here\n', ""
     )
@@ -212,11 +245,17 @@ def test_torch_cpu_cell_is_planned_with_pytorchs_index(built) -> None:
     out = path.parent / "rendered"
     gpuenv_cmd("render", "-f", str(path), "torch2.11-py3.11-cpu", "-o", str(out))
     dockerfile = (out / "torch2.11-py3.11-cpu" / "Dockerfile").read_text()
-    assert "torch==2.11.0+cpu" in dockerfile
-    assert "mirror.example" not in dockerfile and "127.0.0.1:47812/" in dockerfile
+    project = open_project(path)
+    urls = plans.upstream_indexes(project.matrix, project.one_cell("torch2.11-py3.11-cpu", "-i"))
+    assert urls[-1] == "https://mirror.example/whl/cpu", urls
+    others = plans.upstream_indexes(project.matrix, project.one_cell(TORCH_GPU, "-i"))
+    assert wheelhouse.index_key(urls) != wheelhouse.index_key(others)
+    assert f"indexes keyed {wheelhouse.index_key(urls)} " in dockerfile
+    assert "mirror.example" not in dockerfile and "127.0.0.1" not in dockerfile
     cells = json.loads(gpuenv_cmd("matrix", "-f", str(path), "--json").stdout)
     cpu = next(c for c in cells["cells"] if c["name"] == "torch2.11-py3.11-cpu")
     assert cpu["indexes"] == ["https://mirror.example/whl/cpu"]
+    assert cpu["install"] == "torch==2.11.0+cpu"
     plan = json.loads(
         gpuenv_cmd("build", "-f", str(path), "torch2.11-py3.11-cpu", "--dry-run", "--json").stdout
     )

@@ -61,7 +61,7 @@ def test_a_remembered_no_op_needs_no_plan_until_an_image_changes(
     """The second no-op is the verdict the first remembered (gpuenv/verdict.py): no plan,
     no dataclasses, the same table. Another image behind the tag and the verdict says
     nothing: the plan runs, and rebuilds."""
-    matrix = write_test_matrix(variants=("cpu",))  # the shipped RUN line: layers cached
+    matrix = write_test_matrix(variants=("cpu",))  # the shipped install step: layers cached
     cell = f"{TEST_REPOSITORY_PREFIX}/tf:{CPU_CELL}"
     gpuenv("build", "-f", str(matrix))
     from gpuenv import cache, verdict

@@ -1,11 +1,15 @@
 """A private package index that requires HTTP basic auth, served by the test on loopback.
 
 The index holds one small wheel the test builds (a zip with the three dist-info files) and
-answers 404 for every other project, so TensorFlow and its dependencies come from PyPI (the
-wheelhouse asks the matrix's extra index first, then PyPI). Credentials come from a netrc
-file ($NETRC) for the good build, and from GPUENV_INDEX_USERNAME/PASSWORD (which take
-precedence) with a wrong password for the failing one. The image must hold the package and
-no trace of the credentials: not in any layer, the history or the config.
+answers 404 for every other project, so TensorFlow and its dependencies come from PyPI.
+gpuenv resolves the unlocked cell (`uv pip compile`) and fetches its wheels on the client,
+with the credentials; the build gets the wheels in its context and reaches no index.
+Credentials come from a netrc file ($NETRC) for the good build, and from
+GPUENV_INDEX_USERNAME/PASSWORD (which take precedence) with a wrong password for the
+failing one. The image must hold the package and no trace of the credentials: not in any
+layer, the history or the config; nor may the build log, the build's command line or the
+context directory gpuenv sent (its Dockerfile, requirements, every file) hold one. The
+docker CLI gpuenv builds with is wrapped (GPUENV_DOCKER_CLI) to keep its log and arguments.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import tarfile
 import threading
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 from support import cells
@@ -118,8 +123,34 @@ def private(tmp_path_factory):
         netrc.write_text(f"machine 127.0.0.1 login {USER} password {PASSWORD}\n")
         netrc.chmod(0o600)
         cache = tmp_path_factory.getbasetemp() / "wheelhouse-cache"  # shared: one TF download
-        env = clean_env(XDG_CACHE_HOME=str(cache), NETRC=str(netrc))
-        yield {"index": index, "matrix": matrix, "env": env}
+        cli = logging_docker_cli(tmp)
+        env = clean_env(XDG_CACHE_HOME=str(cache), NETRC=str(netrc),
+                        GPUENV_DOCKER_CLI=str(cli["wrapper"]))  # fmt: skip
+        for name in ("no_proxy", "NO_PROXY"):  # the index is on this machine's loopback
+            env[name] = ",".join(filter(None, (env.get(name), "127.0.0.1")))
+        yield {"index": index, "matrix": matrix, "env": env, "cache": cache, **cli}
+
+
+def logging_docker_cli(tmp: Path) -> dict[str, Path]:
+    """A stand-in for the docker CLI gpuenv builds with: the same CLI (the one gpuenv picks
+    here), with what each build prints (the engine's build log) and its arguments kept."""
+    from gpuenv.engine import buildkit_cli, connect
+
+    real = buildkit_cli(connect())[0][0]
+    log, args = tmp / "build.log", tmp / "build.args"
+    wrapper = tmp / "docker"
+    wrapper.write_text(
+        "#!/bin/bash\n"
+        'if [ "$1" = build ] || [ "$1 $2" = "buildx build" ]; then\n'
+        f'  printf "%s\\n" "$*" >> {args}\n'
+        "  set -o pipefail\n"
+        f'  {real} "$@" 2>&1 | tee -a {log}\n'
+        "  exit $?\n"
+        "fi\n"
+        f'exec {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return {"wrapper": wrapper, "log": log, "args": args}
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +160,7 @@ def built(private):
     assert proc.returncode == 0, output(proc)
     result = json.loads(proc.stdout)["results"][0]
     assert result["status"] == "built"
-    return result
+    return {**result, "output": proc.stdout + proc.stderr}
 
 
 def needles() -> dict[str, bytes]:
@@ -137,11 +168,18 @@ def needles() -> dict[str, bytes]:
     return {"password": PASSWORD.encode(), "user": USER.encode(), "basic token": token}
 
 
+def found_in(data: bytes) -> set[str]:
+    return {what for what, needle in needles().items() if needle in data}
+
+
 def test_the_package_came_from_the_private_index(built, private):
     out = run_in_image(IMAGE, "python", "-c", "import gpuenv_private_probe as m; print(m.ANSWER)")
     assert out.strip().splitlines()[-1] == "42"
     assert (f"/files/{private['index'].filename}", 200) in private["index"].requests
     assert all(code != 401 for path, code in private["index"].requests), "sent without creds"
+    # The engine got the wheel in the build context, fetched with the credentials.
+    sent = private["cache"] / "gpuenv" / "contexts" / cells.CPU_CELL / "python-env"
+    assert (sent / private["index"].filename).read_bytes() == private["index"].wheel
 
 
 def test_credentials_are_in_no_layer_history_or_config(built):
@@ -164,10 +202,30 @@ def test_credentials_are_in_no_layer_history_or_config(built):
     assert leaks == {}
     del wanted["control"]
     history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", built["image_id"])
+    assert "uv pip install" in history.stdout  # positive control: the install step is there
     config = json.dumps(inspect(built["image_id"]))
     for what, needle in wanted.items():
         assert needle.decode() not in history.stdout, what
         assert needle.decode() not in config, what
+
+
+def test_credentials_are_not_in_the_build_log_its_command_or_what_was_sent(built, private):
+    log, args = private["log"].read_bytes(), private["args"].read_bytes()
+    # Positive controls: the wrapper saw this build (its install step ran) and its labels.
+    assert b"uv pip install" in log and b" RUN " in log, log[-2000:]
+    assert b"io.gpuenv.spec-hash=" in args
+    assert found_in(log) == set() and found_in(args) == set()
+    assert found_in(built["output"].encode()) == set()
+    sent = private["cache"] / "gpuenv" / "contexts" / cells.CPU_CELL
+    files = [p for p in sent.rglob("*") if p.is_file()]
+    assert {p.relative_to(sent).as_posix() for p in files} >= {
+        "Dockerfile", "python-env/requirements.txt", "python-env/uv",
+        f"python-env/{private['index'].filename}",
+    }  # fmt: skip
+    assert "gpuenv-private-probe==1.0" in (sent / "python-env/requirements.txt").read_text()
+    assert {p.name: found_in(p.read_bytes()) for p in files if found_in(p.read_bytes())} == {}
+    dockerfile = (sent / "Dockerfile").read_text()
+    assert "127.0.0.1" not in dockerfile and "http" not in dockerfile.split("FROM", 1)[1]
 
 
 def test_a_wrong_password_is_one_error_line_and_no_tag(private, built):

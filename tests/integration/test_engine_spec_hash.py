@@ -4,16 +4,18 @@ How the cost is kept down (every cell installs TensorFlow, ~40 s on two cores, a
 cell adds ~3 GB of CUDA wheels):
 
 * The test matrix (``gpuenv-test/tf``: TF 2.21, Python 3.11, cpu + gpu) renders the same
-  RUN lines as the shipped default cells, which the session builds first; so its builds are
-  layer-cache hits and only the ENV/LABEL steps run.
+  install steps as the shipped default cells and resolves to the same wheels, which the
+  session builds first; the engine keys those steps' cache on the mounted files, so its
+  builds are layer-cache hits and only the ENV/LABEL steps run.
 * Template changes are real builds: a change confined to the GPU-only partial adds an ENV
   line (cache hits below it), a change to the shared runtime partial adds a LABEL line.
-* A per-cell package change is a real build of that one cell; the pin is the one the CA
-  test builds with, so that layer is usually in the cache too.
+* A per-cell package change is a real build of that one cell; the pin is one TensorFlow's
+  resolution already holds (support/cells.py: EXTRA_PIP), so the wheels mounted are the
+  same and that layer is usually in the cache too.
 * A changed base image ID and a matrix-wide package change would rebuild every layer of the
   GPU cell (TF and 3 GB of wheels again). Those run gpuenv's real decision path (the build
-  plan and its execution against the real, built images) with an engine whose ``build``
-  records the request instead of building.
+  plan, the client-side resolution and fetch, and its execution against the real, built
+  images) with an engine whose builds are recorded instead of run.
 * A lock (``gpuenv lock``, real) makes every cell it covers rebuild: real decision path, as
   above, since building from it reinstalls everything. That a later change to one cell's
   lock entry touches that cell's spec hash only is checked on the hashes themselves.
@@ -123,11 +125,16 @@ class RecordingEngine:
             return dataclasses.replace(info, id=self.base_id)
         return info
 
-    def build(self, context, **kwargs):
+    def build_directory(self, directory, **kwargs):
+        """Where every build goes (gpuenv/build.py: _build), with its context assembled."""
         from gpuenv.engine import BuildFailed
 
+        assert (directory / "Dockerfile").is_file() and (directory / "python-env").is_dir()
         self.builds += 1
         raise BuildFailed("recorded, not built")
+
+    def build(self, context, **kwargs):
+        raise AssertionError("gpuenv builds context directories now (build_directory)")
 
 
 def statuses(results: dict) -> dict[str, str]:
@@ -149,7 +156,7 @@ def test_gpu_only_template_change_rebuilds_only_the_gpu_cell(baseline, templates
 
     path, first = baseline
     project, cells = _load(path)
-    options = plan.render_options(project.matrix, None)
+    options = plan.render_options(project.matrix)
     before = {c.name: render.render(c, options).dockerfile for c in cells}
     partial = templates / "partials" / "cuda-wheels.j2"
     partial.write_text(partial.read_text() + "ENV GPUENV_TEST_TEMPLATE=gpu-only\n")
@@ -241,7 +248,7 @@ def test_lock_change_rebuilds_only_the_cells_whose_entry_changed(baseline, gpuen
     assert statuses(_build_api(path, spy)) == {CPU: "failed", GPU: "failed"}
     assert spy.builds == 2
 
-    options = plan.render_options(_load(path)[0].matrix, None)
+    options = plan.render_options(_load(path)[0].matrix)
     base_id = engine.connect().image("gpuenv/debian:bookworm").id
 
     def hashes() -> dict[str, str]:
@@ -269,7 +276,7 @@ def test_spec_hash_is_deterministic_and_keyed_on_its_inputs(baseline):
 
     path, _first = baseline
     project, cells = _load(path)
-    options = plan.render_options(project.matrix, None)
+    options = plan.render_options(project.matrix)
     ctx = render.render(cells[0], options)
     base_id = engine.connect().image(cells[0].base.image).id
     plain = plan.spec_hash(ctx.digest(), base_id)

@@ -1,15 +1,20 @@
 """The wheelhouse on a real engine: a locked CPU cell built online, then rebuilt with
---no-cache --offline while every upstream is unreachable, gives the same environment.
+--no-cache --offline while every upstream is unreachable, gives the same environment; the
+wheelhouse carried to another cache (`gpuenv cache export/import`) builds it offline too.
 
-Upstream is made unreachable for the offline build by pointing the proxy environment
-variables (which the wheelhouse's upstream client honours) at a dead loopback port, so any
-attempt to reach an index would fail the build. The wheelhouse lives in a session-wide
+gpuenv fetches every wheel on the client into the wheelhouse, then sends the locked ones in
+the build context, where the install step finds them with no index and no network (the
+step's line names none). Upstream is made unreachable for the offline builds by pointing
+the proxy environment variables (which gpuenv's fetches honour) at a dead loopback port, so
+any attempt to reach an index would fail the build. The wheelhouse lives in a session-wide
 XDG_CACHE_HOME (shared with test_engine_private_index.py: TensorFlow is downloaded once).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import socket
 from pathlib import Path
 
@@ -64,12 +69,46 @@ def cache_info(env: dict[str, str]) -> dict:
     return json.loads(gpuenv_cmd("cache", "--json", env=env).stdout)
 
 
-def test_the_build_line_names_only_the_local_index(online):
+def locked_hashes(matrix: Path) -> dict[str, set[str]]:
+    """The lock's python_env entry of the cell: name==version -> its sha256 hashes."""
+    import yaml
+
+    text = yaml.safe_load(matrix.with_suffix(".lock").read_text())["cells"][cells.CPU_CELL][
+        "python_env"]  # fmt: skip
+    found: dict[str, set[str]] = {}
+    pin = ""
+    for line in text.splitlines():
+        line = line.strip().removesuffix("\\").strip()
+        if line and not line.startswith(("#", "--hash=")):
+            pin = line.split(";")[0].strip()
+            found[pin] = set()
+        elif line.startswith("--hash=sha256:"):
+            found[pin].add(line.removeprefix("--hash=sha256:"))
+    return found
+
+
+def test_the_install_step_names_no_index_and_gets_the_locked_wheels(online):
     history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", online["image_id"])
-    assert "http://127.0.0.1:47812/" in history.stdout
-    assert "pypi.org" not in history.stdout and "pythonhosted" not in history.stdout
+    (install,) = [line for line in history.stdout.splitlines() if "uv pip install" in line]
+    assert "--offline --no-index --find-links /mnt --require-hashes" in install, install
+    assert "http" not in history.stdout and "pypi" not in history.stdout
     info = cache_info(online["env"])
     assert info["files"] >= 20 and info["bytes"] > 100_000_000, info  # TF and its deps
+    # What the step mounted: the lock's resolution and, per locked requirement, one wheel
+    # whose bytes have one of its locked hashes (checked here, not taken from gpuenv).
+    sent = Path(online["env"]["XDG_CACHE_HOME"]) / "gpuenv" / "contexts" / cells.CPU_CELL
+    part = sent / "python-env"
+    entry = locked_hashes(online["matrix"])
+    assert len(entry) >= 20 and "tensorflow==2.21.0" in entry, sorted(entry)
+    wheels = sorted(part.glob("*.whl"))
+    assert len(wheels) == len(entry), (len(wheels), len(entry))
+    all_hashes = {h for hashes in entry.values() for h in hashes}
+    for wheel in wheels:
+        with wheel.open("rb") as fh:
+            assert hashlib.file_digest(fh, "sha256").hexdigest() in all_hashes, wheel.name
+    assert (part / "uv").stat().st_mode & 0o111, "uv's executable, sent with the wheels"
+    assert sorted(p.name for p in sent.iterdir()) == ["Dockerfile", "cell.json", "python-env",
+                                                       "requirements"]  # fmt: skip
 
 
 def test_offline_no_cache_rebuild_with_upstream_unreachable_is_identical(online):
@@ -117,7 +156,7 @@ def test_offline_refuses_apt_packages_and_unlocked_cells(tmp_path, wheelhouse_ca
     assert proc.returncode == 1 and "--offline builds locked cells only" in proc.stderr
 
 
-def test_export_then_import_into_an_empty_wheelhouse(online, tmp_path):
+def test_export_then_import_into_an_empty_wheelhouse_builds_offline(online, tmp_path):
     tarball = tmp_path / "carry.tar"
     proc = gpuenv_cmd("cache", "export", str(tarball), "-f", str(online["matrix"]),
                       env=online["env"])  # fmt: skip
@@ -128,3 +167,17 @@ def test_export_then_import_into_an_empty_wheelhouse(online, tmp_path):
     assert f"{info['files']} new file(s), 1 base image(s) loaded" in proc.stdout
     assert cache_info(env)["files"] == info["files"]
     assert cache_info(env)["bytes"] == info["bytes"]
+    # The imported wheelhouse alone builds the locked cell (another repository, the same
+    # lock: a tag of its own) with every upstream unreachable.
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    doc = json.loads(online["matrix"].read_text())
+    doc["name"] = KEEP.split(":")[0]
+    (carried / "matrix.yaml").write_text(json.dumps(doc))
+    shutil.copyfile(online["matrix"].with_suffix(".lock"), carried / "matrix.lock")
+    proc = gpuenv_cmd("build", "-f", str(carried / "matrix.yaml"), "--offline", "--json",
+                      env=unreachable(env), check=False)  # fmt: skip
+    assert proc.returncode == 0, output(proc)
+    (result,) = json.loads(proc.stdout)["results"]
+    assert result["status"] == "built", result
+    assert cache_info(env)["files"] == info["files"]  # nothing fetched

@@ -17,8 +17,9 @@ GPU_IMAGE = f"gpuenv/tensorflow:{GPU_CELL}"
 BASE_IMAGE = "gpuenv/debian:bookworm"  # the cells' base: ~125 MB
 
 # A package the tests add to one cell. It is already in every TF 2.21 environment (tensorflow
-# -> requests -> certifi), so the pin changes the RUN line (and the spec hash) but not what
-# is installed; whichever test builds it second finds the layer in the engine's cache.
+# -> requests -> certifi), at this version when the shipped cells resolve today: the pin
+# changes the spec hash but not the resolution, so the install step mounts the same files
+# and the engine's cache has the layer (after a newer certifi, the first build installs).
 EXTRA_PIP = "certifi==2026.10.18"
 BUILD_TIMEOUT = 1800  # seconds; a cold GPU build downloads ~3 GB of wheels
 
@@ -46,6 +47,7 @@ TEST_REPOSITORIES = frozenset(
         "gpuenv-test/private",  # test_engine_private_index.py: a basic-auth index
         "gpuenv-test/reqs",  # test_engine_requirements.py: a cell with a requirements file
         "gpuenv-test/peek",  # test_engine_push.py: a candidate with another spec hash
+        "gpuenv-test/anywhere",  # test_engine_anywhere.py: the locked JAX cell on every engine
     }
 )
 
@@ -65,7 +67,8 @@ def matrix_text(
     pip: list[str] | None = None,
 ) -> str:
     """A small matrix: TF 2.21 on Python 3.11 (bookworm), as the shipped default cells, so
-    its RUN lines are the shipped ones and the engine's layer cache makes builds cheap.
+    its install steps and their resolution are the shipped ones, and the engine's layer
+    cache (keyed on the files the steps mount) makes builds cheap.
 
     JSON is YAML; json.dumps keeps version strings quoted ("2.21", not 2.21)."""
     assert name in TEST_REPOSITORIES, f"{name}: add it to TEST_REPOSITORIES (the janitor)"

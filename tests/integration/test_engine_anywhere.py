@@ -1,0 +1,132 @@
+"""A locked cell built, run and validated on every kind of engine users have, none of which
+shares this machine's loopback, each started and torn down here:
+
+- ``netns-unix``: dockerd in another network namespace behind a Unix socket (Docker
+  Desktop's shape: the socket is local, the engine's network is not);
+- ``netns-tls``: the same over TCP with TLS client certificates (a remote GPU host);
+- ``rootless``: dockerd-rootless.sh run by a throwaway user (rootlesskit, slirp4netns);
+- ``podman``: podman's Docker-compatible API service.
+
+The namespaced engines have no route to any index: the build succeeds because the engine
+fetches nothing (the wheels travel in the build context). `--reproducible` gives every
+engine the image ID the local engine gives (gpuenv/reproducible.py's canonical form).
+
+The cell is JAX 0.7 on CPU, the smallest framework cell (~120 MB of wheels), fetched once
+into a wheelhouse the module shares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from support.cells import BASE_IMAGE
+from support.cli import clean_env, gpuenv_cmd, output, run
+from support.netns_engine import remote_engine
+from support.podman_engine import load_into_podman, podman_engine
+from support.private_engine import load_image
+from support.rootless_engine import rootless_engine
+
+pytestmark = pytest.mark.engine
+
+NAME = "gpuenv-test/anywhere"
+CELL = "jax0.7-py3.11-cpu"
+IMAGE = f"{NAME}:{CELL}"
+MATRIX = f"""\
+name: {NAME}
+matrix:
+  jax: ["0.7"]
+  python: ["3.11"]
+  variant: [cpu]
+default: {{jax: "0.7", python: "3.11"}}
+bases:
+  "3.11": {{debian: bookworm}}
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The matrix and its lock (a fixed date, so the resolution does not move)."""
+    root = tmp_path_factory.mktemp("anywhere")
+    (root / "matrix.yaml").write_text(MATRIX)
+    lock = gpuenv_cmd("lock", "--exclude-newer", "2026-11-20", cwd=root,
+                      env=_env(root))  # fmt: skip
+    assert (root / "matrix.lock").exists(), output(lock)
+    return root
+
+
+def _env(root: Path, **extra: str) -> dict[str, str]:
+    # One wheelhouse for the module: the wheels are fetched once, whatever the engine.
+    return clean_env(XDG_CACHE_HOME=str(root / "cache"), **extra)
+
+
+@pytest.fixture(scope="module")
+def local_id(project: Path) -> Iterator[str]:
+    """The cell built --reproducible on the local engine: the ID every engine must give."""
+    gpuenv_cmd("base", CELL, cwd=project, env=_env(project))
+    built = gpuenv_cmd("build", "--reproducible", "--json", CELL, cwd=project,
+                       env=_env(project))  # fmt: skip
+    image_id = json.loads(built.stdout)["results"][0]["image_id"]
+    yield image_id
+    run(["docker", "rmi", IMAGE], check=False)
+
+
+@dataclass
+class Lab:
+    env: dict[str, str]  # what points gpuenv at the engine
+    workdir: Path  # where its user works: `gpuenv run` mounts it
+
+
+@contextlib.contextmanager
+def _lab(kind: str, tmp: Path, project: Path) -> Iterator[Lab]:
+    """A fresh engine of that kind, holding the base."""
+    if kind in ("netns-unix", "netns-tls"):
+        with remote_engine() as engine:
+            load_image(engine.sock, BASE_IMAGE)
+            yield Lab({"DOCKER_HOST": engine.sock} if kind == "netns-unix" else engine.env(),
+                      project)  # fmt: skip
+    elif kind == "rootless":
+        with rootless_engine(tmp / "rootless.log") as engine:
+            load_image(engine.sock, BASE_IMAGE)
+            # A rootless engine runs as its user, who can mount only what it can reach.
+            workdir = engine.home / "project"
+            workdir.mkdir()
+            for name in ("matrix.yaml", "matrix.lock"):
+                shutil.copy(project / name, workdir / name)
+            run(["chown", "-R", f"{engine.user}:", str(workdir)])
+            yield Lab(engine.env(), workdir)
+    else:
+        with podman_engine() as engine:
+            load_into_podman(engine, BASE_IMAGE)
+            yield Lab(engine.env(), project)
+
+
+@pytest.fixture(scope="module", params=["netns-unix", "netns-tls", "rootless", "podman"])
+def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+        project: Path, local_id: str) -> Iterator[Lab]:  # fmt: skip
+    with _lab(request.param, tmp_path_factory.mktemp(request.param), project) as it:
+        yield it
+
+
+def test_a_locked_cell_builds_runs_and_validates_with_the_local_image_id(
+    lab: Lab, project: Path, local_id: str
+) -> None:
+    env, cwd = _env(project, **lab.env), lab.workdir
+    built = gpuenv_cmd("build", "--reproducible", "--json", CELL, cwd=cwd, env=env)
+    result = json.loads(built.stdout)["results"][0]
+    assert result["status"] == "built", output(built)
+    # Not the local engine's image: the lab's own, from its own builder.
+    assert run(["docker", "image", "inspect", IMAGE], check=False,
+               env=clean_env(**lab.env)).returncode == 0  # fmt: skip
+    assert result["image_id"] == local_id, output(built)
+    ran = gpuenv_cmd("run", "--", "python", "-c",
+                     "import jax.numpy as n; print(int(n.arange(4).sum()))",
+                     cwd=cwd, env=env)  # fmt: skip
+    assert ran.stdout.strip().splitlines()[-1] == "6", output(ran)
+    validated = gpuenv_cmd("validate", CELL, cwd=cwd, env=env, check=False)
+    assert validated.returncode == 0, output(validated)
