@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tarfile
 import tempfile
 import time
@@ -236,12 +237,22 @@ class Store:
     @classmethod
     def default(cls) -> Store:
         """<cache>/wheelhouse; for a uid with no cache directory (no HOME), one under the
-        temporary directory, per uid, so that builds still work (and share it)."""
+        temporary directory, per uid, so that builds still work (and share it). That name is
+        predictable: it is used only when this uid owns it and no one else may enter it
+        (another local user could otherwise make it first and feed builds their wheels)."""
         from gpuenv.cache import cache_dir
 
         root = cache_dir()
         if root is None:
             root = Path(tempfile.gettempdir()) / f"gpuenv-{os.getuid()}"
+            with contextlib.suppress(FileExistsError):
+                root.mkdir(mode=0o700)
+            st = root.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+                raise GpuenvError(
+                    f"{root} is not a private directory of this user (owner uid {st.st_uid}, "
+                    f"mode {stat.S_IMODE(st.st_mode):o}); remove it, or set XDG_CACHE_HOME"
+                )
         return cls(root / "wheelhouse")
 
     # files

@@ -1,11 +1,20 @@
-"""No CA bundle is left behind: not in a layer, not in the history, not in the config.
+"""The CA bundle is what gpuenv's own fetches trust, and it reaches no build.
 
-The test makes its own CA (so nothing else can contain it by accident), builds a cell with
-`--ca-bundle` = that CA + the proxy's CA ($PIP_CERT, so PyPI still answers through the
-TLS-intercepting proxy), and searches the `docker save` stream of the image byte by byte.
-`--no-cache` makes the install step really run with this bundle (the RUN line does not
-depend on the bundle's contents, so the engine's cache would otherwise reuse a layer made
-with another bundle and the test would prove nothing).
+The test makes its own CA (so nothing else can contain it by accident) and serves a package
+index over HTTPS on loopback with a certificate that CA signed: one small wheel, with a
+token unique to the session in it (so the install step really runs, never a cached layer).
+A cell that installs it is built with `--ca-bundle` = that CA + the public roots ($PIP_CERT,
+else certifi's; PyPI still answers for TensorFlow). gpuenv resolves and fetches on the
+client, with the bundle; the build gets the wheels in its context and fetches nothing. So:
+
+- the bundle decides: without the test CA in it, the same build fails on the index's
+  certificate; with it, the index is reached and the package is in the image;
+- no trace of the CA in the image (`docker save`, searched byte by byte: every layer, the
+  config, the manifest), its history, the build log and the build's command line (the
+  docker CLI gpuenv builds with is wrapped, GPUENV_DOCKER_CLI, to keep both), what gpuenv
+  printed, or the context directory it sent;
+- another bundle, or none, rebuilds nothing: the spec hash does not depend on it;
+- certifi's CA file in the image is the published one (nothing was added to it).
 """
 
 from __future__ import annotations
@@ -19,52 +28,135 @@ import secrets
 import ssl
 import subprocess
 import tarfile
+import threading
 import urllib.request
 import zipfile
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
+from support import cells
+from support.cli import clean_env, gpuenv_cmd, output
 
 pytestmark = pytest.mark.engine
 
 CHUNK = 16 << 20
+REPOSITORY = "gpuenv-test/ca"
+IMAGE = f"{REPOSITORY}:{cells.CPU_CELL}"
+PACKAGE, VERSION = "gpuenv-ca-probe", "1.0"
+TOKEN = secrets.token_hex(12)  # in the probe's module: this session's wheel, and no other
 
 
-def make_ca(directory: Path) -> tuple[Path, str]:
-    """A fresh self-signed CA; returns (PEM path, its common name)."""
-    cn = f"gpuenv-test-ca-{secrets.token_hex(8)}"
-    pem = directory / "test-ca.pem"
-    try:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import NameOID
-    except ImportError:
-        subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-             "-keyout", str(directory / "test-ca.key"), "-out", str(pem), "-subj", f"/CN={cn}",
-             "-addext", "basicConstraints=critical,CA:TRUE"],
-            check=True, capture_output=True,
-        )  # fmt: skip
-        return pem, cn
-    import datetime
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
+
+def make_ca(directory: Path, cn: str) -> tuple[Path, Path]:
+    """A fresh self-signed CA; returns (certificate PEM, key)."""
+    pem, key = directory / f"{cn}.pem", directory / f"{cn}.key"
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", str(key),
+            "-out", str(pem), "-subj", f"/CN={cn}",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
+    return pem, key
+
+
+def server_certificate(directory: Path, ca: Path, ca_key: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by the CA; returns (certificate PEM, key)."""
+    pem, key, csr = directory / "server.pem", directory / "server.key", directory / "server.csr"
+    ext = directory / "server.ext"
+    ext.write_text(
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+        "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
     )
-    pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return pem, cn
+    openssl("req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+            "-subj", "/CN=127.0.0.1")  # fmt: skip
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+            "-CAcreateserial", "-days", "1", "-out", str(pem), "-extfile", str(ext))  # fmt: skip
+    return pem, key
+
+
+def make_wheel() -> tuple[str, bytes]:
+    """A minimal pure-Python wheel: a module (with TOKEN), METADATA, WHEEL and RECORD."""
+    dist = f"{PACKAGE.replace('-', '_')}-{VERSION}"
+    files = {
+        "gpuenv_ca_probe.py": f"ANSWER = 42\nTOKEN = {TOKEN!r}\n".encode(),
+        f"{dist}.dist-info/METADATA": (
+            f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {VERSION}\n".encode()
+        ),
+        f"{dist}.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: gpuenv-test\nRoot-Is-Purelib: true\n"
+            b"Tag: py3-none-any\n"
+        ),
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append(f"{dist}.dist-info/RECORD,,")
+    files[f"{dist}.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(zipfile.ZipInfo(name, (2026, 1, 1, 0, 0, 0)), data)
+    return f"{dist}-py3-none-any.whl", buf.getvalue()
+
+
+class TlsIndex:
+    """PEP 503 pages over HTTPS on 127.0.0.1:<free port>: the probe, and 404 for the rest."""
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        self.filename, self.wheel = make_wheel()
+        sha = hashlib.sha256(self.wheel).hexdigest()
+        self.requests: list[tuple[str, int]] = []
+        index = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                if self.path == f"/simple/{PACKAGE}/":
+                    code = 200
+                    body = f'<a href="/files/{index.filename}#sha256={sha}">x</a>'.encode()
+                elif self.path == f"/files/{index.filename}":
+                    code, body = 200, index.wheel
+                else:
+                    code, body = 404, b"not here\n"
+                index.requests.append((self.path, code))
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(cert), str(key))
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        # A client that refuses the certificate fails the handshake: an OSError the server
+        # drops (socketserver), as it should.
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}/simple/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> TlsIndex:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def public_roots() -> bytes:
+    """What lets gpuenv reach PyPI: $PIP_CERT (a TLS-intercepting proxy's CA, or the system
+    bundle) or, without it, the public roots certifi ships."""
+    if os.environ.get("PIP_CERT"):
+        return Path(os.environ["PIP_CERT"]).read_bytes()
+    import certifi
+
+    return Path(certifi.where()).read_bytes()
 
 
 def needles(pem: Path, cn: str) -> dict[str, bytes]:
@@ -80,7 +172,7 @@ def needles(pem: Path, cn: str) -> dict[str, bytes]:
     }
 
 
-def scan(stream: io.RawIOBase | io.BufferedReader, wanted: dict[str, bytes]) -> set[str]:
+def scan(stream: Any, wanted: dict[str, bytes]) -> set[str]:
     """Which needles occur in a byte stream (chunked, with overlap across chunk borders)."""
     found: set[str] = set()
     keep = max(len(n) for n in wanted.values()) - 1
@@ -108,18 +200,168 @@ def scan_saved_image(image_id: str, wanted: dict[str, bytes]) -> dict[str, set[s
                 hits[member.name] = scan(f, wanted)
     finally:
         proc.stdout.close()
-        assert proc.wait(timeout=120) == 0
+        assert proc.wait(timeout=300) == 0
     return hits
 
 
-def proxy_bundle() -> bytes:
-    """What lets the build reach PyPI: $PIP_CERT (the proxy's CA) or, without a proxy, the
-    public roots certifi ships."""
-    if os.environ.get("PIP_CERT"):
-        return Path(os.environ["PIP_CERT"]).read_bytes()
-    import certifi
+def logging_docker_cli(tmp: Path) -> dict[str, Path]:
+    """A stand-in for the docker CLI gpuenv builds with: the same CLI (the one gpuenv picks
+    here), with what each build prints (the engine's build log) and its arguments kept."""
+    from gpuenv.engine import buildkit_cli, connect
 
-    return Path(certifi.where()).read_bytes()
+    real = buildkit_cli(connect())[0][0]
+    log, args = tmp / "build.log", tmp / "build.args"
+    wrapper = tmp / "docker"
+    wrapper.write_text(
+        "#!/bin/bash\n"
+        'if [ "$1" = build ] || [ "$1 $2" = "buildx build" ]; then\n'
+        f'  printf "%s\\n" "$*" >> {args}\n'
+        "  set -o pipefail\n"
+        f'  {real} "$@" 2>&1 | tee -a {log}\n'
+        "  exit $?\n"
+        "fi\n"
+        f'exec {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return {"wrapper": wrapper, "log": log, "args": args}
+
+
+@pytest.fixture(scope="module")
+def ca_index(tmp_path_factory) -> Iterator[dict[str, Any]]:
+    """The test CA, the HTTPS index it vouches for, the matrix that installs from it and the
+    environment the builds run in."""
+    tmp = tmp_path_factory.mktemp("ca")
+    cn = f"gpuenv-test-ca-{secrets.token_hex(8)}"
+    pem, key = make_ca(tmp, cn)
+    cert, cert_key = server_certificate(tmp, pem, key)
+    bundle = tmp / "bundle.pem"
+    bundle.write_bytes(pem.read_bytes() + b"\n" + public_roots())
+    with TlsIndex(cert, cert_key) as index:
+        doc = json.loads(cells.matrix_text(name=REPOSITORY, variants=("cpu",)))
+        doc["packages"]["pip"] = [f"{PACKAGE}=={VERSION}"]
+        doc["build"] = {"extra_index_urls": [index.url]}
+        matrix = tmp / "matrix.yaml"
+        matrix.write_text(json.dumps(doc, indent=2))
+        cli = logging_docker_cli(tmp)
+        # The session's wheelhouse (TensorFlow fetched once, shared with the wheelhouse and
+        # private-index tests); its contexts/ holds what this build sent.
+        cache = tmp_path_factory.getbasetemp() / "wheelhouse-cache"
+        env = clean_env(XDG_CACHE_HOME=str(cache), GPUENV_DOCKER_CLI=str(cli["wrapper"]))
+        for name in ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"):
+            env.pop(name, None)  # the bundle is what --ca-bundle says, nothing else
+        for name in ("no_proxy", "NO_PROXY"):  # the index is on this machine's loopback
+            env[name] = ",".join(filter(None, (env.get(name), "127.0.0.1")))
+        yield {"tmp": tmp, "index": index, "matrix": matrix, "bundle": bundle, "env": env,
+               "cache": cache, "needles": needles(pem, cn), **cli}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ca_build(ca_index) -> dict[str, Any]:
+    """The cell built with --ca-bundle = the test CA + the public roots."""
+    bundle = str(ca_index["bundle"])
+    proc = gpuenv_cmd("build", "-f", str(ca_index["matrix"]), "--ca-bundle", bundle, "--json",
+                      env=ca_index["env"], check=False)  # fmt: skip
+    assert proc.returncode == 0, output(proc)
+    (result,) = json.loads(proc.stdout)["results"]
+    assert result["status"] == "built", result
+    return {**result, "output": proc.stdout + proc.stderr}
+
+
+def test_the_bundle_is_what_gpuenv_trusts(ca_build, ca_index, in_image, inspect, tmp_path):
+    """With the test CA the index was reached and its package is in the image; with the
+    public roots alone, the same build stops at the index's certificate."""
+    got = in_image(IMAGE, "python", "-c", "import gpuenv_ca_probe as m; print(m.TOKEN)")
+    assert got.strip().splitlines()[-1] == TOKEN
+    assert (f"/files/{ca_index['index'].filename}", 200) in ca_index["index"].requests
+    roots = tmp_path / "roots.pem"
+    roots.write_bytes(public_roots())
+    env = {**ca_index["env"], "UV_NO_CACHE": "1"}  # uv must ask the index again
+    proc = gpuenv_cmd("build", "-f", str(ca_index["matrix"]), "--ca-bundle", str(roots),
+                      "--no-cache", env=env, check=False)  # fmt: skip
+    assert proc.returncode == 1, output(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, output(proc)
+    assert "certificate" in errors[0].lower() and "127.0.0.1" in errors[0], errors[0]
+    assert inspect(IMAGE)["Id"] == ca_build["image_id"]  # the failed build tagged nothing
+
+
+def test_test_ca_is_in_no_layer_and_not_in_the_config(ca_build, ca_index):
+    wanted = ca_index["needles"]
+    # Positive controls: the scanner sees the image's files (the user the image adds, the
+    # probe's module this build installed).
+    controls = {"user": b"gpuenv:x:1000:1000:", "probe": TOKEN.encode()}
+    found = scan_saved_image(ca_build["image_id"], {**wanted, **controls})
+    for control in controls:
+        assert any(control in hits for hits in found.values()), f"scanner saw no {control}"
+    assert any(name.endswith("layer.tar") for name in found), sorted(found)
+    leaks = {name: hits - set(controls) for name, hits in found.items()}
+    assert {name: hits for name, hits in leaks.items() if hits} == {}
+
+
+def test_test_ca_is_not_in_the_history_the_build_log_or_its_command(ca_build, ca_index, docker):
+    wanted = {what: n.decode("latin-1") for what, n in ca_index["needles"].items()}
+    image_id = ca_build["image_id"]
+    history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", image_id).stdout
+    config = docker("image", "inspect", image_id).stdout
+    log = ca_index["log"].read_text(errors="replace")
+    args = ca_index["args"].read_text(errors="replace")
+    # Positive controls: the install step is in the history; the wrapper saw this build.
+    assert "uv pip install" in history
+    assert " RUN " in log and "uv pip install" in log, log[-2000:]
+    assert "io.gpuenv.spec-hash=" in args
+    places = {"history": history, "config": config, "build log": log, "build command": args,
+              "gpuenv's output": ca_build["output"]}  # fmt: skip
+    for where, text in places.items():
+        assert [what for what, n in wanted.items() if n in text] == [], where
+    assert str(ca_index["bundle"]) not in args + log + history + config
+
+
+def test_the_context_sent_holds_no_trace_of_the_bundle(ca_build, ca_index):
+    sent = ca_index["cache"] / "gpuenv" / "contexts" / cells.CPU_CELL
+    files = [p for p in sent.rglob("*") if p.is_file()]
+    names = {p.relative_to(sent).as_posix() for p in files}
+    # Positive control: this build's context (the probe's wheel, fetched over TLS).
+    assert {"Dockerfile", "python-env/requirements.txt", "python-env/uv",
+            f"python-env/{ca_index['index'].filename}"} <= names, sorted(names)  # fmt: skip
+    wanted = ca_index["needles"]
+    leaks = {}
+    for path in files:
+        with path.open("rb") as fh:
+            hits = scan(fh, wanted)
+        if hits:
+            leaks[path.name] = hits
+    assert leaks == {}
+
+
+def test_another_bundle_or_none_rebuilds_nothing(ca_build, ca_index, inspect, tmp_path):
+    other_pem, _ = make_ca(tmp_path, f"gpuenv-test-other-{secrets.token_hex(4)}")
+    other = tmp_path / "other.pem"
+    other.write_bytes(other_pem.read_bytes() + ca_index["bundle"].read_bytes())
+    for bundle in (["--ca-bundle", str(other)], []):  # another bundle; none at all
+        args = ["-f", str(ca_index["matrix"]), *bundle, "--json"]
+        plan = json.loads(gpuenv_cmd("build", *args, "--dry-run", env=ca_index["env"]).stdout)
+        assert [(p["action"], p["reasons"]) for p in plan["cells"]] == [("up-to-date", [])]
+        proc = gpuenv_cmd("build", *args, env=ca_index["env"])
+        (result,) = json.loads(proc.stdout)["results"]
+        assert (result["status"], result["image_id"]) == ("cached", ca_build["image_id"])
+    inputs = json.loads(inspect(IMAGE)["Config"]["Labels"]["io.gpuenv.inputs"])
+    assert "ca" not in inputs, inputs  # the plan's record of inputs names no CA
+
+
+def test_certifi_bundle_is_the_published_one(ca_build, in_image):
+    code = (
+        "import base64, hashlib, importlib.metadata as m, json, certifi; "
+        "d = m.distribution('certifi'); "
+        "rec = next(f for f in d.files if f.name == 'cacert.pem'); "
+        "data = open(certifi.where(), 'rb').read(); "
+        "print(json.dumps({'version': d.version, 'path': str(rec), "
+        "'record': f'{rec.hash.mode}={rec.hash.value}', "
+        "'actual': 'sha256=' + base64.urlsafe_b64encode(hashlib.sha256(data).digest())"
+        ".rstrip(b'=').decode()}))"
+    )
+    got = json.loads(in_image(IMAGE, "python", "-c", code).splitlines()[-1])
+    assert got["actual"] == got["record"], got
+    assert got["actual"] == wheel_record_hash("certifi", got["version"], got["path"])
 
 
 def wheel_record_hash(package: str, version: str, path: str) -> str:
@@ -147,66 +389,3 @@ def wheel_record_hash(package: str, version: str, path: str) -> str:
             if name == path:
                 return digest
     raise AssertionError(f"{path} is not in {wheel['filename']}'s RECORD")
-
-
-@pytest.fixture(scope="module")
-def ca_build(tmp_path_factory, shipped_cpu, gpuenv, parse_build, extra_pip):
-    """A cell built with --ca-bundle = fresh test CA + the proxy's CA, without the cache."""
-    from gpuenv.contract import CA_PORT
-
-    tmp = tmp_path_factory.mktemp("ca")
-    pem, cn = make_ca(tmp)
-    bundle = tmp / "bundle.pem"
-    bundle.write_bytes(pem.read_bytes() + b"\n" + proxy_bundle())
-    matrix = tmp / "matrix.yaml"
-    doc = {
-        "name": "gpuenv-test/ca",
-        "matrix": {"tensorflow": ["2.21"], "python": ["3.11"], "variant": ["cpu"]},
-        "bases": {"3.11": {"debian": "bookworm"}},
-        "packages": {"pip": [extra_pip]},
-    }
-    matrix.write_text(json.dumps(doc))
-    proc = gpuenv(
-        "build", "-f", str(matrix), "--ca-bundle", str(bundle), "--no-cache", "--json"
-    )  # fmt: skip
-    (result,) = parse_build(proc).values()
-    assert result["status"] == "built", result
-    return {"result": result, "needles": needles(pem, cn), "port": CA_PORT}
-
-
-def test_test_ca_is_in_no_layer_and_not_in_the_config(ca_build):
-    wanted = ca_build["needles"]
-    image_id = ca_build["result"]["image_id"]
-    # Positive control: the scanner does see the image's files (the user the image adds).
-    control = scan_saved_image(image_id, {**wanted, "control": b"gpuenv:x:1000:1000:"})
-    assert any("control" in found for found in control.values()), "scanner saw no layer"
-    assert any(name.endswith("layer.tar") for name in control), sorted(control)
-    leaks = {name: found - {"control"} for name, found in control.items()}
-    assert {name: found for name, found in leaks.items() if found} == {}
-
-
-def test_test_ca_is_not_in_the_history(ca_build, docker):
-    wanted = ca_build["needles"]
-    image_id = ca_build["result"]["image_id"]
-    history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", image_id).stdout
-    # Positive control: the install step is there, fetching the bundle over loopback.
-    assert f"127.0.0.1:{ca_build['port']}" in history
-    assert [what for what, n in wanted.items() if n.decode("latin-1") in history] == []
-    config = docker("image", "inspect", image_id).stdout
-    assert [what for what, n in wanted.items() if n.decode("latin-1") in config] == []
-
-
-def test_certifi_bundle_is_the_published_one(ca_build, in_image):
-    code = (
-        "import base64, hashlib, importlib.metadata as m, json, certifi; "
-        "d = m.distribution('certifi'); "
-        "rec = next(f for f in d.files if f.name == 'cacert.pem'); "
-        "data = open(certifi.where(), 'rb').read(); "
-        "print(json.dumps({'version': d.version, 'path': str(rec), "
-        "'record': f'{rec.hash.mode}={rec.hash.value}', "
-        "'actual': 'sha256=' + base64.urlsafe_b64encode(hashlib.sha256(data).digest())"
-        ".rstrip(b'=').decode()}))"
-    )
-    got = json.loads(in_image(ca_build["result"]["image"], "python", "-c", code).splitlines()[-1])
-    assert got["actual"] == got["record"], got
-    assert got["actual"] == wheel_record_hash("certifi", got["version"], got["path"])

@@ -1,13 +1,8 @@
 """gpuenv against a remote engine over a real network link with TLS
 (support/netns_engine.py: dockerd in a network namespace, reached through a veth pair at
-tcp://10.231.x.2:2376 with client certificates): `doctor`, `run` and `build` work across
-it, and the link dropping mid-run gives one `error:` line and leaves no container on either
-engine once the link is back.
-
-The namespace has no route to a package index (that would need NAT on this shared host), so
-the build that runs its steps remotely ends in its install step; the one that succeeds is a
-cell whose image is already on the remote engine (a stand-in carrying the plan's spec hash
-and inputs).
+tcp://10.231.x.2:2376 with client certificates): `doctor`, `run` and the build plan work
+across it, and the link dropping mid-run gives one `error:` line and leaves no container on
+either engine once the link is back. Builds across it: test_engine_anywhere.py.
 """
 
 from __future__ import annotations
@@ -89,26 +84,11 @@ def test_run_output_is_live_across_tls(remote: RemoteEngine, tmp_path: Path) -> 
     assert ended_at - first_at > 3, f"first line at {first_at:.1f} s, end at {ended_at:.1f} s"
 
 
-def test_build_across_tls(remote: RemoteEngine, tmp_path: Path) -> None:
+def test_up_to_date_across_tls(remote: RemoteEngine, tmp_path: Path) -> None:
+    """The plan reads the image on the remote engine and leaves it: a build there of a cell
+    whose image carries the plan's spec hash is a no-op. (Builds themselves across TLS, and
+    across the other engines users have: test_engine_anywhere.py.)"""
     (tmp_path / "matrix.yaml").write_text(matrix_text(name=NAME, variants=("cpu",)))
-    # 1. With a CA bundle to serve: refused before anything runs (the bundle is served on
-    # this machine's loopback, which the remote engine's builds cannot reach).
-    ca = remote.root / "ca" / "ca.pem"  # any PEM bundle will do
-    proc = gpuenv(remote, "build", CELL, "--ca-bundle", str(ca), cwd=tmp_path)
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "cannot reach" in one_error(proc.stderr) and "Step 1/" not in proc.stderr
-    # 2. Without one: the steps run on the remote engine; the install step finds no index
-    # (the namespace has no route out), and the build ends with one line, nothing tagged.
-    no_ca = {k: v for k, v in clean_env().items() if k != "PIP_CERT"}
-    env = {**no_ca, "XDG_CACHE_HOME": str(tmp_path / ".cache"), **remote.env()}
-    proc = subprocess.run([*GPUENV, "build", CELL], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)  # fmt: skip
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "Step 2/" in proc.stderr, proc.stderr[-3000:]  # the steps ran over the link
-    one_error(proc.stderr)
-    assert remote.containers() == []
-    assert remote.docker("images", "-q", f"{NAME}:{CELL}").stdout.strip() == ""
-    # 2. Up to date on the remote engine: the plan reads the image there and leaves it.
     plan = gpuenv(remote, "build", CELL, "--dry-run", "--json", cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr
     cell = json.loads(plan.stdout)["cells"][0]
@@ -124,6 +104,7 @@ def test_build_across_tls(remote: RemoteEngine, tmp_path: Path) -> None:
         assert built.returncode == 0, built.stderr[-2000:]
         result = json.loads(built.stdout)["results"][0]
         assert result["status"] == "cached", result
+        assert remote.containers() == []
     finally:
         remote.docker("rmi", f"{NAME}:{CELL}", check=False)
 

@@ -568,3 +568,27 @@ def test_a_uv_wheel_tampered_on_the_way_in_gives_no_uv(tmp_path):
         f.uv_file(KEY, "0.13.9", "x86_64")
     assert not f.store.has(hashlib.sha256(good).hexdigest())
     assert not (f.store.root / "tools").exists() or not any((f.store.root / "tools").iterdir())
+
+
+def test_the_fallback_store_is_used_only_when_private(tmp_path, monkeypatch):
+    """With no cache directory, the store is /tmp/gpuenv-UID: made 0700 by this user, or
+    refused when someone else could have made it (or may enter it)."""
+    import os
+    import tempfile
+
+    import gpuenv.cache
+
+    monkeypatch.setattr(gpuenv.cache, "cache_dir", lambda: None)
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    mine = tmp_path / f"gpuenv-{os.getuid()}"
+    store = wheelhouse.Store.default()
+    assert store.root == mine / "wheelhouse"
+    assert mine.stat().st_mode & 0o777 == 0o700
+    mine.chmod(0o777)  # as another user's pre-made directory would be
+    with pytest.raises(GpuenvError, match="not a private directory"):
+        wheelhouse.Store.default()
+    mine.rmdir()
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    mine.symlink_to(tmp_path / "elsewhere")  # a link planted where the store would be
+    with pytest.raises(GpuenvError, match="not a private directory"):
+        wheelhouse.Store.default()
