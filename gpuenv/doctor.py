@@ -36,6 +36,8 @@ class Facts:
     gpus: list[GpuInfo] = field(default_factory=list)
     driver_source: str = "none"
     images: list[dict[str, str]] = field(default_factory=list)  # labels of gpuenv images
+    build_path: str | None = None  # how builds reach the engine (Engine.build_path)
+    build_error: str | None = None  # why none can
 
 
 def gpu_support(facts: Facts) -> Finding:
@@ -107,6 +109,21 @@ def image_verdict(labels: dict[str, str], facts: Facts, gpu_ok: bool) -> Finding
     return Finding(name, verdict.level, verdict.message)
 
 
+def build_finding(facts: Facts) -> Finding:
+    """Which build path the engine gets, and why it works wherever the engine is: gpuenv
+    fetches every wheel on this machine and sends it in the build context."""
+    if facts.build_error:
+        return Finding("build", "error", facts.build_error)
+    where = "this machine's engine" if facts.local else "a remote engine"
+    machine = facts.info.get("Architecture", "?")
+    return Finding(
+        "build",
+        "ok",
+        f"{facts.build_path}; wheels for {machine} are fetched here and sent with the "
+        f"context, so {where} needs no network, index, credentials or CA",
+    )
+
+
 def evaluate(facts: Facts) -> list[Finding]:
     if facts.engine_error:
         return [
@@ -121,6 +138,7 @@ def evaluate(facts: Facts) -> list[Finding]:
             + ("" if facts.local else " (remote)"),
         )
     ]
+    findings.append(build_finding(facts))
     support = gpu_support(facts)
     findings.append(support)
     if facts.gpus:
@@ -218,6 +236,10 @@ def gather() -> Facts:
         facts.info = eng.info()
         facts.local = eng.is_local
         facts.images = eng.gpuenv_images()
+        try:
+            facts.build_path = eng.build_path()
+        except engines.EngineError as exc:
+            facts.build_error = exc.message
     except GpuenvError as exc:
         facts.engine_error = exc.message
         return facts

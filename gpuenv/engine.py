@@ -432,6 +432,15 @@ class Engine:
         self._podman = any("podman" in n.lower() for n in names)
         return self._podman
 
+    def build_path(self) -> str:
+        """How builds reach this engine, for `gpuenv doctor` (EngineError: none can)."""
+        if self.is_podman:
+            return ("podman's build endpoint: its builder takes the install steps' RUN --mount; "
+                    "the context is uploaded whole")  # fmt: skip
+        cli = " ".join(buildkit_cli(self)[0])
+        return (f"BuildKit through `{cli}`: the context travels over the build session, "
+                "only what changed since the last build of a cell")  # fmt: skip
+
     def architecture(self) -> str:
         """The engine's machine (x86_64, aarch64; podman says amd64, arm64)."""
         return str(self.info().get("Architecture") or "")
@@ -474,6 +483,7 @@ class Engine:
         self, directory: Path, labels: dict[str, str], nocache: bool, network: str,
         on_log: LogSink,
     ) -> str:  # fmt: skip
+        import signal
         import subprocess
         import tempfile
 
@@ -498,6 +508,15 @@ class Engine:
                     on_log(line)
                     tail.append(line)
                     del tail[:-20]
+            except BaseException:
+                # Ctrl-C or SIGTERM to gpuenv alone: the CLI cancels the build on SIGINT (the
+                # engine stops the step, nothing is tagged), as it does at a terminal.
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                raise
             finally:
                 code = proc.wait()
             if code != 0:

@@ -127,6 +127,8 @@ class TlsIndex:
                     code, body = 404, b"not here\n"
                 index.requests.append((self.path, code))
                 self.send_response(code)
+                kind = "text/html" if self.path.startswith("/simple/") else "application/zip"
+                self.send_header("Content-Type", kind)  # uv requires one
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

@@ -1,201 +1,190 @@
-"""Concurrent `gpuenv build`s share the CA server's loopback port instead of taking turns.
+"""Concurrent `gpuenv build`s neither wait for each other nor interfere.
 
-The port (127.0.0.1:47811) is part of the RUN line, so every build on a machine uses it.
-Builds with the same bundle listen on it together (SO_REUSEPORT) and keep answering when
-one of them ends; a build with another bundle waits for the port. Each build here is of a
-small test matrix whose RUN lines are the shipped ones (the layer cache makes it seconds);
-its tags are removed first, so the cells are built again (and the CA server is needed)."""
+Builds used to share a loopback port (the CA server's, the wheelhouse's) and wait for it;
+now each gpuenv process resolves and fetches on its own, assembles the cell's context in
+its cache and hands it to the engine, so two processes building at once, different cells or
+the same cell, with the same CA bundle or another, must each go their own way.
+
+"Not waiting" is shown without timing races: one build is held inside its build step (the
+docker CLI gpuenv builds with is a stand-in, GPUENV_DOCKER_CLI, that waits for the test's
+word before it runs the real one), holding whatever gpuenv holds while a long build runs;
+the other build must finish meanwhile. "Not interfering" is shown by three builds of one
+cell name at once, from two matrices with different packages: each image holds its own.
+
+The matrices are small test matrices whose install steps and resolution are the shipped
+ones (the layer cache makes their builds seconds); their tags are removed first, so the
+cells are built again.
+"""
 
 from __future__ import annotations
 
+import json
 import os
-import socket
 import subprocess
-import sys
-import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.cells import matrix_text
+from support.cells import CPU_CELL, GPU_CELL, matrix_text
 from support.cli import GPUENV, REPO, clean_env, output
-
-from gpuenv.contract import CA_PORT
 
 pytestmark = pytest.mark.engine
 
-CELLS = ("tf2.21-py3.11-cpu", "tf2.21-py3.11-cuda12.5-gpu")
+CELLS = (CPU_CELL, GPU_CELL)
+EXTRA = "iniconfig==2.1.0"  # tiny, pure Python, not in TensorFlow's resolution
+ALONE = 180  # seconds a cached build may take here, alone (it takes ~10-20)
 
 
-def bundle() -> Path:
-    path = os.environ.get("PIP_CERT")
-    if not path:
-        pytest.skip("needs $PIP_CERT: builds reach the index through the TLS proxy")
-    return Path(path)
+def public_roots() -> Path:
+    if os.environ.get("PIP_CERT"):
+        return Path(os.environ["PIP_CERT"])
+    import certifi
 
-
-def ca_port_answer() -> bytes | None:
-    from gpuenv.ca import _fetch
-
-    return _fetch(CA_PORT)
+    return Path(certifi.where())
 
 
 @pytest.fixture
-def port_free() -> None:
-    """The timings mean nothing while another session's build holds the port."""
-    deadline = time.monotonic() + 120
-    while ca_port_answer() is not None:
-        if time.monotonic() > deadline:
-            pytest.skip(f"127.0.0.1:{CA_PORT} stayed held by another build for 2 minutes")
-        time.sleep(1)
-
-
-@pytest.fixture
-def matrices(tmp_path: Path, docker) -> dict[str, Path]:
+def matrices(tmp_path: Path, docker) -> Iterator[dict[str, Path]]:
+    """Matrices a and b (gpuenv-test/harden-a, -b), untagged before and after."""
     paths = {}
     for key in ("a", "b"):
-        path = tmp_path / f"{key}.yaml"
+        path = tmp_path / key / "matrix.yaml"
+        path.parent.mkdir()
         path.write_text(matrix_text(name=f"gpuenv-test/harden-{key}"), encoding="utf-8")
         paths[key] = path
-    return paths
+    for key in paths:
+        untag(docker, key)
+    yield paths
+    for key in paths:
+        untag(docker, key)
 
 
-def untag(docker, matrix: Path) -> None:
+def untag(docker, key: str) -> None:
     """Remove the matrix's tags, so that its cells need building (the layers stay cached)."""
-    name = "gpuenv-test/harden-" + matrix.stem
-    docker("rmi", *(f"{name}:{c}" for c in CELLS), check=False)
+    docker("rmi", *(f"gpuenv-test/harden-{key}:{c}" for c in CELLS), check=False)
 
 
-def start(matrix: Path) -> subprocess.Popen[str]:
+class Held:
+    """A docker CLI stand-in that, for a build, says it has been entered, then waits for the
+    test's word (a file) before it runs the real CLI gpuenv would have used."""
+
+    def __init__(self, tmp: Path) -> None:
+        from gpuenv.engine import buildkit_cli, connect
+
+        real = buildkit_cli(connect())[0][0]
+        self.entered, self.go = tmp / "entered", tmp / "go"
+        self.wrapper = tmp / "docker"
+        self.wrapper.write_text(
+            "#!/bin/bash\n"
+            'if [ "$1" = build ] || [ "$1 $2" = "buildx build" ]; then\n'
+            f"  touch {self.entered}\n"
+            f"  for _ in $(seq 6000); do [ -e {self.go} ] && break; sleep 0.1; done\n"
+            "fi\n"
+            f'exec {real} "$@"\n'
+        )
+        self.wrapper.chmod(0o755)
+
+    def release(self) -> None:
+        self.go.touch()
+
+
+@pytest.fixture
+def held(tmp_path: Path) -> Iterator[Held]:
+    hold = Held(tmp_path)
+    yield hold
+    hold.release()  # whatever happened, no build stays held
+
+
+def start(matrix: Path, *args: str, cli: Path | None = None) -> subprocess.Popen[str]:
+    env = clean_env(**({"GPUENV_DOCKER_CLI": str(cli)} if cli else {}))
     return subprocess.Popen(
-        [*GPUENV, "build", "-f", str(matrix), "--json"],
-        cwd=REPO, env=clean_env(), text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [*GPUENV, "build", "-f", str(matrix), *args, "--json"],
+        cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
 
 
-def finish(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
-    out, err = proc.communicate(timeout=600)
+def finish(proc: subprocess.Popen[str], timeout: float = 600) -> dict[str, dict]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"the build did not end within {timeout} s: {err[-3000:]}") from None
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert done.returncode == 0, output(done)
-    return done
+    return {r["cell"]: r for r in json.loads(out)["results"]}
 
 
-class Fetcher:
-    """Fetches the CA from the port, as the install step does, while builds run; every
-    answer must be the bundle (a refused connection is fine: nobody serves yet)."""
-
-    def __init__(self) -> None:
-        self.answers: list[bytes | None] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.answers.append(ca_port_answer())
-            time.sleep(0.02)
-
-    def __enter__(self) -> Fetcher:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+def poll(what: str, ready, proc: subprocess.Popen[str], timeout: float = ALONE) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None:
+            raise AssertionError(f"gpuenv ended before {what}: {proc.communicate()[1][-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
 
 
-def holder(ca: Path, seconds: float) -> subprocess.Popen[str]:
-    """Another process's CA server (what a long build holds), serving ``ca`` for ``seconds``."""
+def while_held(held: Held, first: subprocess.Popen[str], second: subprocess.Popen[str]) -> dict:
+    """The second build's results, which must come while the first is held in its build
+    step; then the first is let go, and must succeed too."""
+    try:
+        began = time.monotonic()
+        results = finish(second, timeout=ALONE)
+        assert first.poll() is None and not held.go.exists(), "the first build was not held"
+        print(f"\nthe second build took {time.monotonic() - began:.1f} s beside a held one")
+    finally:
+        held.release()
+    return {"second": results, "first": finish(first)}
+
+
+def test_builds_of_different_cells_do_not_wait_for_each_other(shipped_gpu, matrices, held):
+    """The GPU cell of a (held in its build step) and, meanwhile, the CPU cell of b, with
+    another CA bundle: b's build runs to its end."""
+    first = start(matrices["a"], GPU_CELL, cli=held.wrapper)
+    poll("the first build to reach its build step", held.entered.exists, first)
+    other = matrices["b"].parent / "other-bundle.pem"
+    other.write_bytes(public_roots().read_bytes() + b"\n")  # sound, and not the same bytes
+    second = start(matrices["b"], CPU_CELL, "--ca-bundle", str(other))
+    results = while_held(held, first, second)
+    assert results["second"][CPU_CELL]["status"] == "built"
+    assert results["first"][GPU_CELL]["status"] == "built"
+
+
+def test_builds_of_one_cell_from_two_matrices_do_not_wait_for_each_other(
+    shipped_gpu, matrices, held
+):
+    """The CPU cell of a (held in its build step) and, meanwhile, the CPU cell of b: the
+    same cell name, another project, another image."""
+    first = start(matrices["a"], CPU_CELL, cli=held.wrapper)
+    poll("the first build to reach its build step", held.entered.exists, first)
+    second = start(matrices["b"], CPU_CELL)
+    results = while_held(held, first, second)
+    assert results["second"][CPU_CELL]["status"] == "built"
+    assert results["first"][CPU_CELL]["status"] == "built"
+
+
+def test_builds_of_one_cell_at_once_do_not_interfere(shipped_gpu, matrices, in_image, inspect):
+    """Three builds of the CPU cell at once: matrix a twice, and matrix b with one more
+    package. All succeed; each image holds its own matrix's environment and labels."""
+    doc = json.loads(matrices["b"].read_text())
+    doc["packages"]["pip"] = [EXTRA]
+    matrices["b"].write_text(json.dumps(doc))
+    procs = [start(matrices["a"], CPU_CELL), start(matrices["b"], CPU_CELL),
+             start(matrices["a"], CPU_CELL)]  # fmt: skip
+    results = [finish(p)[CPU_CELL] for p in procs]
+    assert {r["status"] for r in results} <= {"built", "cached"}, results
     code = (
-        "import sys, time; from pathlib import Path; from gpuenv.ca import CAServer\n"
-        "with CAServer(Path(sys.argv[1]), wait_seconds=120):\n"
-        "    print('ready', flush=True); time.sleep(float(sys.argv[2]))\n"
+        "import importlib.util as u, importlib.metadata as m; "
+        "print(m.version('tensorflow'), u.find_spec('iniconfig') is not None)"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(ca), str(seconds)],
-        cwd=REPO, env=clean_env(), text=True, stdout=subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-    return proc
-
-
-def test_two_builds_of_different_matrices_run_at_once(shipped_gpu, matrices, docker, port_free):
-    """Both serve at once and are answered with the bundle. These builds are cached (the
-    engine's CPU is their bottleneck), so the pair is not faster than one after the other;
-    the timings are reported, and the next test shows what no longer waits."""
-    ca = bundle().read_bytes()
-    solo = {}
-    for key, matrix in matrices.items():
-        untag(docker, matrix)
-        began = time.monotonic()
-        finish(start(matrix))
-        solo[key] = time.monotonic() - began
-    for matrix in matrices.values():
-        untag(docker, matrix)
-    with Fetcher() as fetcher:
-        began = time.monotonic()
-        procs = [start(m) for m in matrices.values()]
-        done = [finish(p) for p in procs]
-        pair = time.monotonic() - began
-    for proc in done:
-        assert f"waiting for 127.0.0.1:{CA_PORT}" not in proc.stderr, output(proc)
-        assert '"status": "built"' in proc.stdout
-    served = [a for a in fetcher.answers if a is not None]
-    assert served and all(a == ca for a in served), {a[:60] for a in served if a != ca}
-    print(f"\nconcurrent builds: solo {solo['a']:.1f} s + {solo['b']:.1f} s = "
-          f"{sum(solo.values()):.1f} s, pair {pair:.1f} s")  # fmt: skip
-
-
-def test_builds_do_not_wait_for_a_long_build_with_the_same_bundle(
-    shipped_gpu, matrices, docker, port_free
-):
-    """While another process serves the same bundle for 20 s (a long build's install step),
-    three builds (the two matrices, one of them twice) share the port with it, finish long
-    before it ends (they used to wait for it), and it leaves while they may still be fetching."""
-    ca = bundle()
-    hold = 20.0
-    for matrix in matrices.values():
-        untag(docker, matrix)
-    began = time.monotonic()
-    other = holder(ca, hold)
-    with Fetcher() as fetcher:
-        procs = [start(matrices["a"]), start(matrices["b"]), start(matrices["a"])]
-        done = [finish(p) for p in procs]
-        took = time.monotonic() - began
-    assert other.wait(timeout=60) == 0
-    for proc in done:
-        assert f"sharing 127.0.0.1:{CA_PORT}" in proc.stderr, output(proc)
-        assert "waiting for" not in proc.stderr
-    served = [a for a in fetcher.answers if a is not None]
-    assert served and all(a == ca.read_bytes() for a in served)
-    print(f"\nthree builds beside a {hold:.0f} s build: {took:.1f} s (serialised: > {hold:.0f} s)")
-    assert took < hold
-
-
-def test_a_build_with_another_bundle_waits_for_the_port(
-    shipped_gpu, matrices, docker, port_free, tmp_path
-):
-    other_ca = tmp_path / "other.pem"
-    other_ca.write_bytes(bundle().read_bytes() + b"\n")  # valid, and not the same bytes
-    other = holder(other_ca, 8)
-    untag(docker, matrices["b"])
-    began = time.monotonic()
-    done = finish(start(matrices["b"]))
-    took = time.monotonic() - began
-    assert other.wait(timeout=60) == 0
-    assert (
-        f"waiting for 127.0.0.1:{CA_PORT}: another gpuenv build serves a different CA bundle"
-        in done.stderr
-    ), output(done)
-    assert took > 5  # it waited for the other server to leave
-
-
-def test_a_port_held_by_something_else_is_waited_for(shipped_gpu, matrices, docker, port_free):
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # not SO_REUSEPORT: no sharing
-    sock.bind(("127.0.0.1", CA_PORT))
-    sock.listen()
-    threading.Timer(5, sock.close).start()
-    untag(docker, matrices["a"])
-    done = finish(start(matrices["a"]))
-    assert f"waiting for 127.0.0.1:{CA_PORT}: what listens there does not answer" in done.stderr
+    for key, has_extra in (("a", False), ("b", True)):
+        image = f"gpuenv-test/harden-{key}:{CPU_CELL}"
+        got = in_image(image, "python", "-c", code).split()
+        assert got == ["2.21.0", str(has_extra)], (image, got)
+        labels = inspect(image)["Config"]["Labels"]
+        assert labels["org.opencontainers.image.title"] == image
+    a_ids = {results[0]["image_id"], results[2]["image_id"]}
+    assert inspect(f"gpuenv-test/harden-a:{CPU_CELL}")["Id"] in a_ids
+    assert results[1]["image_id"] not in a_ids

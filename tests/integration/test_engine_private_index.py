@@ -93,6 +93,8 @@ class PrivateIndex:
                 self.send_response(code)
                 if code == 401:
                     self.send_header("WWW-Authenticate", 'Basic realm="private"')
+                kind = "text/html" if self.path.startswith("/simple/") else "application/zip"
+                self.send_header("Content-Type", kind)  # uv requires one
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

@@ -427,3 +427,21 @@ def test_gpu_image_verdict_includes_the_compute_capability(gpu, level, needle) -
               "io.gpuenv.framework-version": "2.21.0"}  # fmt: skip
     f = image_verdict(labels, Facts(gpus=[gpu]), gpu_ok=True)
     assert (f.level, needle in f.message) == (level, True), f.message
+
+
+def test_the_build_path_is_named_with_what_the_engine_does_not_need() -> None:
+    facts = Facts(info={"Architecture": "aarch64"}, local=False,
+                  build_path="BuildKit through `docker buildx build --load`")  # fmt: skip
+    finding = doctor.build_finding(facts)
+    assert finding.level == "ok"
+    assert finding.message.startswith("BuildKit through `docker buildx build --load`")
+    assert "wheels for aarch64" in finding.message and "a remote engine needs no network" in (
+        finding.message
+    )
+    assert any(f.topic == "build" for f in evaluate(facts))
+
+
+def test_no_build_path_is_an_error_with_the_engine_modules_fix() -> None:
+    why = "building needs BuildKit, through a docker CLI with buildx (tried: /usr/bin/docker)"
+    finding = doctor.build_finding(Facts(build_error=why))
+    assert (finding.topic, finding.level, finding.message) == ("build", "error", why)
