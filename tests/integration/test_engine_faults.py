@@ -4,14 +4,19 @@ and a push; the registry killed mid-push; the disk filling during a build; SIGIN
 SIGTERM to `build -j 2`, `push`, `lock`, `validate` and `run` at several points.
 
 After each (``Aftermath.check``): gpuenv printed one `error:` line and no traceback; the
-engine holds no container; no tag appeared but those a test expects (no half-built one);
-the previous image is still tagged with the same ID; the gpuenv process left no temporary
-file (its TMPDIR is a directory of the test's), no child process, no CA server (nothing
-listens with its PID); matrix.lock and the size baseline are byte-identical.
+engine holds no container and runs no install step (an abandoned build is cancelled); no
+tag appeared but those a test expects (no half-built one); the previous image is still
+tagged with the same ID; the gpuenv process left no temporary file (its TMPDIR is a
+directory of the test's), no child process (the docker CLI it builds with included), no
+listener (nothing listens with its PID); matrix.lock and the size baseline are
+byte-identical.
 
-Cost: the base (125 MB) is copied into the private engine once; builds are interrupted in
-their first RUN step (a few seconds in), and the pushed image is a stand-in (the base plus
-a 200 MB random layer, labelled with the cell's spec hash: push checks nothing else).
+Cost: the base (125 MB) is copied into the private engine once; the cells' wheels (two
+TensorFlow releases) are fetched once into the module's own wheelhouse; builds are
+interrupted in their first install step (BuildKit runs it as a process under the engine's
+dockerd, not as a container `docker ps` lists: ``install_steps`` finds it there), and the
+pushed image is a stand-in (the base plus a 200 MB random layer, labelled with the cell's
+spec hash: push checks nothing else).
 """
 
 from __future__ import annotations
@@ -338,8 +343,9 @@ class Aftermath:
         assert len(errors) == 1, f"expected one error: line, got {errors}: {stderr[-2000:]}"
         if error is not None:
             assert error in errors[0], errors[0]
-        # The engine cancels an abandoned build on its own time: wait for its container to go.
+        # The engine cancels an abandoned build on its own time: wait for its steps to go.
         poll("no container on the engine", lambda: not self.pe.containers(), timeout=60)
+        poll("no install step on the engine", lambda: not install_steps(self.pe), timeout=60)
         after = self.snapshot()
         before_tags = before["tags"]
         assert isinstance(before_tags, dict)
@@ -360,7 +366,7 @@ class Aftermath:
         left = _session_processes(run.proc.pid)
         assert not left, f"processes left by gpuenv: {left}"
         ss = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=False).stdout
-        assert f"pid={run.proc.pid}," not in ss, "gpuenv's CA server still listens"
+        assert f"pid={run.proc.pid}," not in ss, "gpuenv still listens (it serves nothing now)"
 
 
 @pytest.fixture
@@ -368,14 +374,46 @@ def aftermath(pe: PrivateEngine, project: Path) -> Aftermath:
     return Aftermath(pe, project)
 
 
+def _processes() -> dict[int, tuple[int, bytes]]:
+    """pid -> (parent pid, command line) of every process."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+            found[int(entry.name)] = (ppid, (entry / "cmdline").read_bytes())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def install_steps(pe: PrivateEngine) -> list[int]:
+    """The install steps the private engine runs now: the shells of RUN steps that run the
+    uv the context mounts (/mnt/uv), among the processes under its dockerd."""
+    processes = _processes()
+    below, todo = set(), [pe.pid] if pe.proc is not None else []
+    while todo:
+        parent = todo.pop()
+        for pid, (ppid, _) in processes.items():
+            if ppid == parent and pid not in below:
+                below.add(pid)
+                todo.append(pid)
+    shells = {pid: processes[pid][1] for pid in below}
+    return [
+        pid for pid, cmd in shells.items() if cmd.startswith(b"/bin/sh\0-c\0") and b"/mnt/uv" in cmd
+    ]
+
+
 def in_first_run_step(pe: PrivateEngine, run: Running, cells: int = 1) -> None:
-    """Wait until `cells` builds are inside their first RUN step (its container is up)."""
+    """Wait until `cells` builds are inside their first install step (wheels fetched and
+    sent: its process runs under the engine)."""
 
     def inside() -> bool:
-        steps = run.stderr().count("Step 2/") >= cells and len(pe.containers()) >= cells
-        return steps or run.proc.poll() is not None
+        return len(install_steps(pe)) >= cells or run.proc.poll() is not None
 
-    poll("the build's RUN step", inside, timeout=120)
+    poll("the build's install step", inside, timeout=300)
     assert run.proc.poll() is None, run.stderr()[-2000:]
 
 

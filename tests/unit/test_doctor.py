@@ -228,11 +228,11 @@ def test_each_host_gets_its_own_finding_and_none_says_toolkit_missing(
 def test_evaluate_reports_engine_support_driver_and_images(hook_only_facts: Facts) -> None:
     hook_only_facts.images = [GPU_IMAGE, CPU_IMAGE]
     findings = evaluate(hook_only_facts)
-    assert [f.topic for f in findings] == ["engine", "gpu support", "driver", "x", "x-cpu"]
+    assert [f.topic for f in findings] == ["engine", "build", "gpu support", "driver", "x", "x-cpu"]
     assert findings[0].level == "ok"  # the grep'd info has no version: "?" is said, not invented
     assert "Docker Engine ?" in findings[0].message
-    assert findings[2].message.startswith("NVIDIA driver 535.183.01 via nvidia-smi")
-    assert [f.level for f in findings[3:]] == ["warning", "ok"]
+    assert findings[3].message.startswith("NVIDIA driver 535.183.01 via nvidia-smi")
+    assert [f.level for f in findings[4:]] == ["warning", "ok"]
 
 
 def test_evaluate_names_the_recorded_server_version(nvidia_runtime_facts: Facts) -> None:
@@ -250,7 +250,7 @@ def test_evaluate_gpu_image_on_an_engine_without_gpu_support_is_an_error(
 ) -> None:
     nothing_facts.images = [GPU_IMAGE]
     findings = evaluate(nothing_facts)
-    assert findings[1].level == "error"
+    assert findings[2].topic == "gpu support" and findings[2].level == "error"
     assert findings[-1].level == "error" and "cannot pass GPUs" in findings[-1].message
 
 
