@@ -7,7 +7,10 @@
 #      images, docker-registry for the push tests' loopback registry, which
 #      the tests start themselves: the package's own service is not used;
 #      iproute2, e2fsprogs and openssl for the fault and remote-engine tests:
-#      a namespace and veth, a loop-mounted data root, throwaway TLS certificates);
+#      a namespace and veth, a loop-mounted data root, throwaway TLS certificates;
+#      rootlesskit, slirp4netns, uidmap, podman and catatonit for the engine labs of
+#      tests/integration/test_engine_anywhere.py: a rootless dockerd and podman's API
+#      service, which the tests start and stop themselves);
 #      `apt-get update` runs only when something is missing;
 #   2. if `docker info` does not answer, starts
 #        dockerd --bridge=none --iptables=false --ip-masq=false
@@ -34,7 +37,8 @@ readonly LOG="${GPUENV_DOCKERD_LOG:-/var/log/gpuenv-dockerd.log}"
 readonly PIDFILE="${GPUENV_DOCKERD_PIDFILE:-/run/gpuenv-dockerd.pid}"
 readonly TIMEOUT="${GPUENV_DOCKERD_TIMEOUT:-60}"
 # Debian packages we need; each is checked on its own.
-readonly PACKAGES=(docker.io debootstrap mmdebstrap docker-registry iproute2 e2fsprogs openssl)
+readonly PACKAGES=(docker.io debootstrap mmdebstrap docker-registry iproute2 e2fsprogs openssl
+    rootlesskit slirp4netns uidmap podman catatonit)
 
 say() { printf 'engine.sh: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
