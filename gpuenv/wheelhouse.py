@@ -179,46 +179,6 @@ def _safe_filename(name: str) -> bool:
     return bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+!-]*", name)) and len(name) < 256
 
 
-def file_path(key: str, project: str, f: IndexFile) -> str:
-    """The proxy's path for a file (relative to its root): the project and hash name it."""
-    return f"/{key}/files/{project}/{f.sha256}/{f.filename}"
-
-
-def render_page(key: str, project: str, files: list[IndexFile], as_json: bool) -> bytes:
-    """The page the proxy serves: the upstream's files, their links pointing at the proxy."""
-    if as_json:
-        doc: dict[str, Any] = {"meta": {"api-version": "1.0"}, "name": project, "files": []}
-        for f in files:
-            entry: dict[str, Any] = {
-                "filename": f.filename,
-                "url": file_path(key, project, f),
-                "hashes": {"sha256": f.sha256},
-                "yanked": f.yanked,
-            }
-            if f.requires_python:
-                entry["requires-python"] = f.requires_python
-            if f.metadata_sha256:
-                entry["core-metadata"] = {"sha256": f.metadata_sha256}
-            if f.upload_time:
-                entry["upload-time"] = f.upload_time
-            doc["files"].append(entry)
-        return json.dumps(doc).encode()
-    from html import escape
-
-    lines = ["<!DOCTYPE html>", "<html><body>"]
-    for f in files:
-        attrs = f'href="{escape(file_path(key, project, f))}#sha256={f.sha256}"'
-        if f.requires_python:
-            attrs += f' data-requires-python="{escape(f.requires_python)}"'
-        if f.metadata_sha256:
-            attrs += f' data-core-metadata="sha256={f.metadata_sha256}"'
-        if f.yanked:
-            attrs += f' data-yanked="{escape(f.yanked if isinstance(f.yanked, str) else "")}"'
-        lines.append(f"<a {attrs}>{escape(f.filename)}</a><br>")
-    lines.append("</body></html>")
-    return "\n".join(lines).encode()
-
-
 # ------------------------------------------------------------------------------ the store
 
 

@@ -104,6 +104,19 @@ def make_wheel() -> tuple[str, bytes]:
     return f"{dist}-py3-none-any.whl", buf.getvalue()
 
 
+JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+
+
+def json_page(filename: str, sha: str) -> bytes:
+    """A PEP 691 project page with PEP 700's upload time: an unlocked cell is resolved with
+    an exclude-newer date, and uv ignores files whose upload time it does not know."""
+    return json.dumps({
+        "meta": {"api-version": "1.1"}, "name": PACKAGE, "versions": [VERSION],
+        "files": [{"filename": filename, "url": f"/files/{filename}", "hashes": {"sha256": sha},
+                   "upload-time": "2026-01-01T00:00:00.000000Z"}],
+    }).encode()  # fmt: skip
+
+
 class TlsIndex:
     """PEP 503 pages over HTTPS on 127.0.0.1:<free port>: the probe, and 404 for the rest."""
 
@@ -119,15 +132,14 @@ class TlsIndex:
 
             def do_GET(self) -> None:
                 if self.path == f"/simple/{PACKAGE}/":
-                    code = 200
-                    body = f'<a href="/files/{index.filename}#sha256={sha}">x</a>'.encode()
+                    code, body = 200, json_page(index.filename, sha)
                 elif self.path == f"/files/{index.filename}":
                     code, body = 200, index.wheel
                 else:
                     code, body = 404, b"not here\n"
                 index.requests.append((self.path, code))
                 self.send_response(code)
-                kind = "text/html" if self.path.startswith("/simple/") else "application/zip"
+                kind = JSON_TYPE if self.path.startswith("/simple/") else "application/zip"
                 self.send_header("Content-Type", kind)  # uv requires one
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()

@@ -64,10 +64,16 @@ def make_wheel() -> tuple[str, bytes]:
     return f"{dist}-py3-none-any.whl", buf.getvalue()
 
 
+JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+
+
 class PrivateIndex:
-    """PEP 503 pages on 127.0.0.1:<free port>, every request checked for basic auth."""
+    """Project pages on 127.0.0.1:<free port>, every request checked for basic auth: PEP 691
+    JSON with PEP 700's upload time (an unlocked cell is resolved with an exclude-newer
+    date), or, with `html_only`, PEP 503 HTML alone, as many private indexes serve."""
 
     def __init__(self) -> None:
+        self.html_only = False
         self.filename, self.wheel = make_wheel()
         self.sha = hashlib.sha256(self.wheel).hexdigest()
         self.requests: list[tuple[str, int]] = []
@@ -81,10 +87,18 @@ class PrivateIndex:
             def do_GET(self) -> None:
                 if self.headers.get("Authorization") != expected:
                     code, body = 401, b"credentials required\n"
-                elif self.path == f"/simple/{PACKAGE}/":
+                elif self.path == f"/simple/{PACKAGE}/" and index.html_only:
                     code = 200
                     body = (f'<a href="/files/{index.filename}#sha256={index.sha}">'
                             f"{index.filename}</a>").encode()  # fmt: skip
+                elif self.path == f"/simple/{PACKAGE}/":
+                    code = 200
+                    body = json.dumps({
+                        "meta": {"api-version": "1.1"}, "name": PACKAGE, "versions": [VERSION],
+                        "files": [{"filename": index.filename, "hashes": {"sha256": index.sha},
+                                   "url": f"/files/{index.filename}",
+                                   "upload-time": "2026-01-01T00:00:00.000000Z"}],
+                    }).encode()  # fmt: skip
                 elif self.path == f"/files/{index.filename}":
                     code, body = 200, index.wheel
                 else:
@@ -93,7 +107,9 @@ class PrivateIndex:
                 self.send_response(code)
                 if code == 401:
                     self.send_header("WWW-Authenticate", 'Basic realm="private"')
-                kind = "text/html" if self.path.startswith("/simple/") else "application/zip"
+                kind = "application/zip"
+                if self.path.startswith("/simple/"):
+                    kind = "text/html" if index.html_only or code != 200 else JSON_TYPE
                 self.send_header("Content-Type", kind)  # uv requires one
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -230,8 +246,23 @@ def test_credentials_are_not_in_the_build_log_its_command_or_what_was_sent(built
     assert "127.0.0.1" not in dockerfile and "http" not in dockerfile.split("FROM", 1)[1]
 
 
+def test_an_index_without_upload_times_still_builds(private, built):
+    """A private index that serves PEP 503 HTML pages only (no upload times: a directory
+    behind a web server, many index servers) is enough to build an unlocked cell."""
+    docker("rmi", IMAGE)  # so that the cell is built (and resolved) again
+    private["index"].html_only = True
+    try:
+        proc = gpuenv_cmd("build", "-f", str(private["matrix"]), "--json", env=private["env"],
+                          check=False)  # fmt: skip
+    finally:
+        private["index"].html_only = False
+    assert proc.returncode == 0, output(proc)
+    (result,) = json.loads(proc.stdout)["results"]
+    assert result["status"] == "built", result
+
+
 def test_a_wrong_password_is_one_error_line_and_no_tag(private, built):
-    docker("rmi", IMAGE)  # the good build's tag, so "no tag" means this build made none
+    docker("rmi", IMAGE, check=False)  # the good build's tag: "no tag" means this build made none
     env = {**private["env"], "GPUENV_INDEX_USERNAME": USER, "GPUENV_INDEX_PASSWORD": "wrong"}
     proc = gpuenv_cmd("build", "-f", str(private["matrix"]), "--no-cache", env=env, check=False)
     assert proc.returncode == 1, output(proc)
