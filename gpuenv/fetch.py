@@ -243,6 +243,7 @@ class Fetcher:
                 if self.problems
                 else f"uv {version} for {machine} is not on the indexes of this build"
             )
+        self.store.make_private()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_bytes(executable)

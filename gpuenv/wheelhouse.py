@@ -215,6 +215,13 @@ class Store:
                 )
         return cls(root / "wheelhouse")
 
+    def make_private(self) -> None:
+        """The store's directory, made 0700 before anything is written: which private
+        packages a user installs (page names, hashes) is theirs alone, like the files."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.root.stat().st_mode & 0o077:  # made by an older gpuenv, with the umask's mode
+            self.root.chmod(0o700)
+
     # files
     def path(self, sha: str) -> Path:
         assert _SHA256.fullmatch(sha), sha
@@ -227,6 +234,7 @@ class Store:
         """Store what `stream` gives as `sha`, checking it is: else HashMismatch, nothing
         stored."""
         target = self.path(sha)
+        self.make_private()
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{sha[:12]}.")
         digest = hashlib.sha256()
@@ -305,10 +313,12 @@ class Store:
     def save_page(self, key: str, project: str, files: list[IndexFile], upstream: str) -> None:
         doc = {"project": normalize(project), "upstream": upstream,
                "files": [asdict(f) for f in files]}  # fmt: skip
+        self.make_private()
         _write_atomic(self._page_path(key, project), json.dumps(doc).encode())
 
     def save_index(self, key: str, urls: tuple[str, ...]) -> None:
         path = self.root / "indexes" / f"{key}.json"
+        self.make_private()
         if not path.exists():
             _write_atomic(path, json.dumps({"upstreams": list(urls)}).encode())
 

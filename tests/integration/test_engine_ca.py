@@ -130,7 +130,13 @@ class TlsIndex:
             def log_message(self, *args: object) -> None:
                 pass
 
+            def do_HEAD(self) -> None:  # uv asks before it downloads
+                self.answer(send_body=False)
+
             def do_GET(self) -> None:
+                self.answer(send_body=True)
+
+            def answer(self, send_body: bool) -> None:
                 if self.path == f"/simple/{PACKAGE}/":
                     code, body = 200, json_page(index.filename, sha)
                 elif self.path == f"/files/{index.filename}":
@@ -143,7 +149,8 @@ class TlsIndex:
                 self.send_header("Content-Type", kind)  # uv requires one
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                if send_body:
+                    self.wfile.write(body)
 
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(str(cert), str(key))

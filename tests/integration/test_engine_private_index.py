@@ -84,7 +84,13 @@ class PrivateIndex:
             def log_message(self, *args: object) -> None:
                 pass
 
+            def do_HEAD(self) -> None:  # uv asks before it downloads
+                self.answer(send_body=False)
+
             def do_GET(self) -> None:
+                self.answer(send_body=True)
+
+            def answer(self, send_body: bool) -> None:
                 if self.headers.get("Authorization") != expected:
                     code, body = 401, b"credentials required\n"
                 elif self.path == f"/simple/{PACKAGE}/" and index.html_only:
@@ -113,7 +119,8 @@ class PrivateIndex:
                 self.send_header("Content-Type", kind)  # uv requires one
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                if send_body:
+                    self.wfile.write(body)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/simple/"

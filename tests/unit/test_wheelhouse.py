@@ -576,3 +576,16 @@ def test_the_fallback_store_is_used_only_when_private(tmp_path, monkeypatch):
     mine.symlink_to(tmp_path / "elsewhere")  # a link planted where the store would be
     with pytest.raises(GpuenvError, match="not a private directory"):
         wheelhouse.Store.default()
+
+
+def test_the_store_is_private_to_its_user(tmp_path):
+    """Which packages a user installs (page names, hashes) is theirs: the store's directory
+    is 0700 once anything is written, even one an older gpuenv made with the umask's mode."""
+    old = tmp_path / "old"
+    old.mkdir(mode=0o755)
+    for root in (tmp_path / "new", old):
+        store = Store(root)
+        store.put(SHA, io.BytesIO(WHEEL), "demo")
+        store.save_page("0123456789abcdef", "demo", [], "https://pypi.org/simple/")
+        assert root.stat().st_mode & 0o777 == 0o700
+        assert store.path(SHA).stat().st_mode & 0o077 == 0
