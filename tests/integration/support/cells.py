@@ -48,6 +48,7 @@ TEST_REPOSITORIES = frozenset(
         "gpuenv-test/reqs",  # test_engine_requirements.py: a cell with a requirements file
         "gpuenv-test/peek",  # test_engine_push.py: a candidate with another spec hash
         "gpuenv-test/anywhere",  # test_engine_anywhere.py: the locked JAX cell on every engine
+        "gpuenv-test/other-user",  # test_engine_other_user.py: a second local user
     }
 )
 
