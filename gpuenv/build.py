@@ -170,8 +170,10 @@ class Sender:
         with self._lock:
             if memo not in self._resolved:
                 b = self.project.matrix.model.build
+                # No exclude-newer date: what the indexes offer now, and an index that gives
+                # no upload times (PEP 503 HTML alone, as many private ones) still resolves.
                 self._resolved[memo] = locks.lock_cell(
-                    cell, locks.now(), b.index_url, tuple(b.extra_index_urls),
+                    cell, None, b.index_url, tuple(b.extra_index_urls),
                     credentials=self.credentials, ca_bundle=self.ca_bundle,
                 )  # fmt: skip
             return self._resolved[memo]

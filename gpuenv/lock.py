@@ -73,7 +73,7 @@ def _pins(cell: Cell) -> list[str]:
     return [f"{name}=={version}" for name, version in sorted(cell.wheels.items())]
 
 
-def inputs_digest(cell: Cell, exclude_newer: str) -> str:
+def inputs_digest(cell: Cell, exclude_newer: str | None) -> str:
     doc = {
         "python": cell.python,
         "platform": PLATFORM,
@@ -99,7 +99,7 @@ def _uv() -> str:
 def compile_requirements(
     requirements: list[str],
     python: str,
-    exclude_newer: str,
+    exclude_newer: str | None,
     index_url: str | None,
     extra_index_urls: tuple[str, ...] = (),
     *,
@@ -115,8 +115,10 @@ def compile_requirements(
         command = [
             _uv(), "pip", "compile", str(source), "--generate-hashes", "--no-header",
             "--no-annotate", "--quiet", "--python-version", python, "--python-platform",
-            PLATFORM, "--exclude-newer", exclude_newer,
+            PLATFORM,
         ]  # fmt: skip
+        if exclude_newer:
+            command += ["--exclude-newer", exclude_newer]
         env = {**os.environ, "UV_NO_PROGRESS": "1"}
         if index_url:
             env["UV_INDEX_URL"] = _with_credential(index_url, credentials)
@@ -146,7 +148,7 @@ def _with_credential(url: str, credentials: Credentials | None) -> str:
 
 def lock_cell(
     cell: Cell,
-    exclude_newer: str,
+    exclude_newer: str | None,
     index_url: str | None,
     extra_index_urls: tuple[str, ...] = (),
     *,
@@ -166,11 +168,6 @@ def lock_cell(
 
 def today() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT00:00:00Z")
-
-
-def now() -> str:
-    """An unlocked cell's resolution date: what the indexes offer at build time."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def load(path: Path) -> Lock | None:
