@@ -6,21 +6,22 @@
 Prints side-by-side ratios:
 
 1. No-op rebuild: `gpuenv build` of the whole matrix when every image is up to date, against
-   a warm-cache `docker build` of the same contexts (`gpuenv render -o DIR`). The warm build
-   is checked to hit the cache: the image it ends with must be the parent of gpuenv's image
-   (gpuenv adds one LABEL step, the spec hash). Targets: <= 0.2 s per cell, <= 0.2x.
+   a warm-cache BuildKit build of the same contexts: each cell's context as gpuenv sends it
+   (the rendered files plus the install steps' wheels, assembled by gpuenv into its cache),
+   built with the same labels. The warm build is checked to hit the cache: its image must
+   have gpuenv's image's layers. Targets: <= 0.2 s per cell, <= 0.2x.
 2. Cold CPU cell: `gpuenv build CELL --no-cache` against hand-written single-stage
    Dockerfiles that install the same packages (tensorflow==<version>) on the same base, one
    with pip and one with uv; medians of --repeat runs, interleaved (gpuenv, pip, uv, gpuenv,
    ...). Targets: <= 0.7x pip, <= 1.1x uv.
-   The hand-written builds do the same work as gpuenv's install step, so the ratio is
-   gpuenv's own overhead: a venv in /opt/venv, bytecode compiled (pip does that by default;
-   uv is given --compile-bytecode, as gpuenv does), no cache kept. They reach PyPI the way
-   gpuenv's builds do: host networking, and the CA bundle ($PIP_CERT or --ca-bundle)
-   fetched from gpuenv's loopback server on 127.0.0.1:47811 inside the RUN step and deleted
-   there (this script serves it, with gpuenv's own CAServer). Without a bundle nothing is
-   served or fetched. The gpuenv cold builds use a copy of the matrix renamed
-   gpuenv-bench/..., so the matrix's own images are not replaced.
+   The hand-written builds do the same work as gpuenv's resolution, download and install
+   step, so the ratio is gpuenv's own overhead: a venv in /opt/venv, bytecode compiled (pip
+   does that by default; uv is given --compile-bytecode, as gpuenv does), no cache kept.
+   gpuenv resolves and downloads on the client, then sends the wheels in the build context
+   to an install step with no network; the hand-written builds download inside their RUN
+   step instead (host networking), trusting the CA bundle ($PIP_CERT or --ca-bundle)
+   through a BuildKit secret mount (in no layer). The gpuenv cold builds use a copy of the
+   matrix renamed gpuenv-bench/..., so the matrix's own images are not replaced.
 3. Image size against the sum of its parts: the base image plus the install layers (the
    Python environment, and the CUDA wheels for GPU cells) from `docker history`. Anything
    else in the image (a stray `chown -R` copying the environment) shows as excess.
@@ -28,13 +29,14 @@ Prints side-by-side ratios:
 The whole matrix is built first if needed (three GPU cells are ~15 GB and take minutes).
 Images this script created are removed at the end unless --keep is given.
 
-Run with the classic builder (DOCKER_BUILDKIT=0), which is what gpuenv drives.
+Every build here uses BuildKit through the docker CLI gpuenv itself picks (gpuenv/engine.py:
+buildkit_cli), which is what gpuenv drives.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import functools
 import json
 import os
 import statistics
@@ -42,12 +44,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH_REPOSITORY = "gpuenv-bench/tensorflow"
-DOCKER_ENV = {**os.environ, "DOCKER_BUILDKIT": "0"}
+DOCKER_ENV = dict(os.environ)
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -93,12 +94,39 @@ def tags() -> set[str]:
     return {t for t in out.split() if "<none>" not in t}
 
 
-def docker_build(context: Path, *, no_cache: bool, env: dict[str, str] | None = None) -> str:
-    """`docker build` (classic builder, host network, untagged); returns the image ID."""
-    args = ["docker", "build", "--network", "host", "-q"]
-    if no_cache:
-        args.append("--no-cache")
-    return sh([*args, str(context)], env=env or DOCKER_ENV).stdout.strip().splitlines()[-1]
+@functools.cache
+def buildkit_command() -> tuple[str, ...]:
+    """The BuildKit build command gpuenv uses here (`docker buildx build --load`, or a docker
+    CLI older than 23 with DOCKER_BUILDKIT=1: gpuenv/engine.py, buildkit_cli)."""
+    from gpuenv import engine
+
+    return tuple(engine.buildkit_cli(engine.connect())[0])
+
+
+def docker_build(
+    context: Path,
+    *,
+    no_cache: bool,
+    env: dict[str, str] | None = None,
+    network: str = "host",
+    ca: Path | None = None,
+    labels: dict[str, str] | None = None,
+) -> str:
+    """A BuildKit build (untagged) of `context`; returns the image ID. `ca` is offered to
+    RUN steps as the secret `ca` (RUN --mount=type=secret,id=ca: in no layer)."""
+    build_env = {**(env or DOCKER_ENV), "DOCKER_BUILDKIT": "1"}
+    with tempfile.TemporaryDirectory(prefix="gpuenv-bench-iid-") as tmp:
+        iid = Path(tmp) / "iid"
+        args = [*buildkit_command(), "--progress", "plain", "--network", network]
+        args += ["--iidfile", str(iid)]
+        if no_cache:
+            args.append("--no-cache")
+        if ca is not None:
+            args += ["--secret", f"id=ca,src={ca}"]
+        for key, value in sorted((labels or {}).items()):
+            args += ["--label", f"{key}={value}"]
+        sh([*args, str(context)], env=build_env)
+        return iid.read_text().strip()
 
 
 def median(values: list[float]) -> float:
@@ -115,23 +143,30 @@ def human(size: float) -> str:
     return f"{size / 1e9:.2f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB"
 
 
-@contextlib.contextmanager
-def ca_server(bundle: Path | None) -> Iterator[None]:
-    if bundle is None:
-        yield
-        return
-    from gpuenv.ca import CAServer
+def assembled_contexts(matrix: Path, ca: Path | None) -> dict[str, Path]:
+    """Each cell's context as gpuenv's next build would send it, assembled by gpuenv itself
+    (gpuenv/build.py: Sender) into its cache: the rendered files, the resolution (the lock's,
+    or one made now) and the install steps' wheels, fetched into the wheelhouse if missing."""
+    from gpuenv import build, engine, plan
+    from gpuenv.project import open_project
 
-    with CAServer(bundle):
-        yield
+    project = open_project(matrix)
+    cells = project.cells
+    docker = engine.connect()
+    the_plan = plan.make_plan(docker, project, cells, ca_bundle=ca)
+    sender = build.Sender(docker, project, cells, ca, offline=False)
+    out = {}
+    for p in the_plan.cells:
+        with sender.context(p) as directory:  # kept in the cache once assembled
+            out[p.cell.name] = directory
+    return out
 
 
 # ------------------------------------------------------------------------------ parts
 
 
 def no_op(matrix: Path, cells: dict[str, dict], repeat: int, ca: Path | None, tmp: Path) -> None:
-    contexts = tmp / "contexts"
-    sh(gpuenv("render", "-f", str(matrix), "-o", str(contexts)))
+    contexts = assembled_contexts(matrix, ca)
     gpuenv_times, docker_times, inside, one_cell = [], [], [], []
     first = next(iter(cells))
     for _ in range(repeat):
@@ -144,13 +179,23 @@ def no_op(matrix: Path, cells: dict[str, dict], repeat: int, ca: Path | None, tm
             sys.exit(f"benchmark: the no-op rebuild was not a no-op: {statuses}")
         gpuenv_times.append(seconds)
         inside.append(sum(r["seconds"] for r in results))
+        images = {name: inspect(cell["image"]) or {} for name, cell in cells.items()}
         start = time.perf_counter()
-        with ca_server(ca):  # needed only if the cache missed; it must hit (checked below)
-            for name, cell in cells.items():
-                built = docker_build(contexts / name, no_cache=False)
-                if built != (inspect(cell["image"]) or {}).get("Parent"):
-                    print(f"  warning: warm docker build of {name} missed the cache")
+        built = {}
+        for name, cell in cells.items():
+            labels = images[name].get("Config", {}).get("Labels") or {}
+            wanted = {k: v for k, v in labels.items() if k in ("io.gpuenv.spec-hash",
+                                                               "io.gpuenv.inputs")}  # fmt: skip
+            network = "host" if cell["apt"] else "none"
+            built[name] = docker_build(contexts[name], no_cache=False, network=network,
+                                       labels=wanted)  # fmt: skip
         docker_times.append(time.perf_counter() - start)
+        for name, image_id in built.items():
+            layers = (inspect(image_id) or {}).get("RootFS", {}).get("Layers")
+            if layers != images[name].get("RootFS", {}).get("Layers"):
+                print(f"  warning: warm docker build of {name} missed the cache")
+            if image_id != images[name].get("Id"):
+                sh(["docker", "rmi", image_id], check=False)
     n = len(cells)
     g, d = median(gpuenv_times), median(docker_times)
     print(f"\n1. No-op rebuild of the whole matrix ({n} cells), medians of {repeat}")
@@ -173,37 +218,41 @@ def no_op(matrix: Path, cells: dict[str, dict], repeat: int, ca: Path | None, tm
 HANDWRITTEN = {
     "pip": """\
 FROM {base}
-RUN set -eu; {fetch_ca}\\
+RUN {mount_ca}set -eu; {use_ca}\\
     python3 -m venv /opt/venv; \\
     /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check {packages}; \\
-    rm -rf /root/.cache{rm_ca}
+    rm -rf /root/.cache
 ENV PATH=/opt/venv/bin:$PATH
 """,
     "uv": """\
 FROM {base}
-RUN set -eu; {fetch_ca}\\
+RUN {mount_ca}set -eu; {use_ca}\\
     python3 -m venv /tmp/uv; \\
     /tmp/uv/bin/pip install --quiet --no-cache-dir --disable-pip-version-check uv=={uv}; \\
     /tmp/uv/bin/uv venv --quiet --python python3 /opt/venv; \\
     /tmp/uv/bin/uv pip install --no-cache --compile-bytecode --python /opt/venv/bin/python \\
         {packages}; \\
-    rm -rf /tmp/uv /root/.cache{rm_ca}
+    rm -rf /tmp/uv /root/.cache
 ENV PATH=/opt/venv/bin:$PATH
 """,
 }
+CA_SECRET = "/run/secrets/ca"  # where RUN --mount=type=secret,id=ca puts the bundle
+
+
+def ca_parts(ca: Path | None) -> dict[str, str]:
+    """The hand-written RUN line's CA parts: the bundle as a BuildKit secret (docker_build's
+    `ca`), trusted by pip and uv; nothing without a bundle."""
+    if ca is None:
+        return {"mount_ca": "", "use_ca": ""}
+    return {
+        "mount_ca": "--mount=type=secret,id=ca \\\n    ",
+        "use_ca": f"export SSL_CERT_FILE={CA_SECRET} PIP_CERT={CA_SECRET}; ",
+    }
 
 
 def handwritten_contexts(cell: dict, ca: Path | None, tmp: Path) -> dict[str, Path]:
-    from gpuenv.contract import CA_URL
     from gpuenv.render import UV_VERSION
 
-    fetch_ca, rm_ca = "", ""
-    if ca is not None:
-        fetch_ca = (
-            f'python3 -c \'import urllib.request as r; r.urlretrieve("{CA_URL}", '
-            '"/tmp/ca.pem")\'; export SSL_CERT_FILE=/tmp/ca.pem PIP_CERT=/tmp/ca.pem; '
-        )
-        rm_ca = " /tmp/ca.pem"
     packages = " ".join([f"{cell['framework']}=={cell['framework_version']}", *cell["pip"]])
     out = {}
     for name, template in HANDWRITTEN.items():
@@ -211,11 +260,7 @@ def handwritten_contexts(cell: dict, ca: Path | None, tmp: Path) -> dict[str, Pa
         directory.mkdir()
         (directory / "Dockerfile").write_text(
             template.format(
-                base=cell["base_image"],
-                fetch_ca=fetch_ca,
-                rm_ca=rm_ca,
-                packages=packages,
-                uv=UV_VERSION,
+                base=cell["base_image"], packages=packages, uv=UV_VERSION, **ca_parts(ca)
             )
         )
         out[name] = directory
@@ -248,10 +293,9 @@ def cold(shipped: Path, cell_name: str, repeat: int, ca: Path | None, tmp: Path)
         sizes["gpuenv"] = result["size"]
         print(f"  run {i + 1}: gpuenv {seconds:.1f} s", end="", flush=True)
         for name, context in contexts.items():
-            with ca_server(ca):
-                start = time.perf_counter()
-                image_id = docker_build(context, no_cache=True)
-                seconds = time.perf_counter() - start
+            start = time.perf_counter()
+            image_id = docker_build(context, no_cache=True, ca=ca)
+            seconds = time.perf_counter() - start
             times[name].append(seconds)
             sizes[name] = int((inspect(image_id) or {}).get("Size") or 0)
             sh(["docker", "rmi", image_id], check=False)
@@ -282,7 +326,7 @@ def sizes(images: list[str]) -> None:
         env = 0
         for line in out.splitlines():
             row = json.loads(line)
-            if "/tmp/gpuenv-uv" in row["CreatedBy"]:  # gpuenv's install steps
+            if "/mnt/uv pip install" in row["CreatedBy"]:  # gpuenv's install steps
                 env += _parse_size(row["Size"])
         total = int(info["Size"])
         r = total / (base + env) if base + env else float("inf")

@@ -16,9 +16,12 @@
    nvidia wheels; uv straight from the index, as in benchmarks/build.py) built one after
    another with `--no-cache` on that engine. Target <= 0.6x.
 
+A warm wheelhouse spares the downloads only: gpuenv fetches every wheel on the client into
+the wheelhouse, then sends them in the build context (gpuenv/sendable.py).
+
 The cells are built from a copy of the matrix renamed gpuenv-bench/wheelhouse, so the shipped
-images are not retagged; those images are removed at the end unless --keep is given. Run
-with the classic builder (DOCKER_BUILDKIT=0), which is what gpuenv drives.
+images are not retagged; those images are removed at the end unless --keep is given. Every
+build uses BuildKit through the docker CLI gpuenv picks, which is what gpuenv drives.
 """
 
 from __future__ import annotations
@@ -130,17 +133,9 @@ def cold_matrix(shipped_matrix: Path, ca: Path | None, tmp: Path) -> None:
     sys.path.insert(0, str(b.REPO / "tests" / "integration"))
     from support.dockerd import second_dockerd  # the tests' throwaway engine (root only)
 
-    from gpuenv.contract import CA_URL
     from gpuenv.render import UV_VERSION
 
     cells = b.matrix_cells(shipped_matrix)
-    fetch_ca, rm_ca = "", ""
-    if ca is not None:
-        fetch_ca = (
-            f'python3 -c \'import urllib.request as r; r.urlretrieve("{CA_URL}", '
-            '"/tmp/ca.pem")\'; export SSL_CERT_FILE=/tmp/ca.pem PIP_CERT=/tmp/ca.pem; '
-        )
-        rm_ca = " /tmp/ca.pem"
     bases = sorted({c["base_image"] for c in cells.values()})
     with second_dockerd("gpuenv-bm-") as (_client, root):
         host = {**b.DOCKER_ENV, "DOCKER_HOST": f"unix://{root}/d.sock"}
@@ -162,12 +157,11 @@ def cold_matrix(shipped_matrix: Path, ca: Path | None, tmp: Path) -> None:
             context = tmp / f"hand-{name}"
             context.mkdir()
             (context / "Dockerfile").write_text(b.HANDWRITTEN["uv"].format(
-                base=cell["base_image"], fetch_ca=fetch_ca, rm_ca=rm_ca,
-                packages=" ".join(packages), uv=UV_VERSION))  # fmt: skip
-            with b.ca_server(ca):
-                start = time.perf_counter()
-                image_id = b.docker_build(context, no_cache=True, env=host)
-                seconds = time.perf_counter() - start
+                base=cell["base_image"], packages=" ".join(packages), uv=UV_VERSION,
+                **b.ca_parts(ca)))  # fmt: skip
+            start = time.perf_counter()
+            image_id = b.docker_build(context, no_cache=True, env=host, ca=ca)
+            seconds = time.perf_counter() - start
             hand += seconds
             b.sh(["docker", "rmi", image_id], check=False, env=host)
             print(f"  hand-written uv, {name}: {seconds:.1f} s", flush=True)

@@ -10,6 +10,7 @@ build supersedes is removed once nothing tags it.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -187,7 +188,10 @@ class Sender:
         key = wheelhouse.index_key(plan.upstream_indexes(self.project.matrix, p.cell))
         target = sendable.target_of(p.cell, self.architecture)
         uv = self.fetcher.uv_file(key, UV_VERSION, target.machine)
-        root = (cache_dir() or self.store.root.parent) / "contexts"
+        # One directory per matrix and cell: builds of one cell name from two matrices
+        # neither wait for each other nor undo each other's incremental transfers.
+        project = hashlib.sha256(str(self.project.path.resolve()).encode()).hexdigest()[:16]
+        root = (cache_dir() or self.store.root.parent) / "contexts" / project
         return sendable.assembled(
             root, p.context, self.resolution(p), self.fetcher, key, uv, target
         )

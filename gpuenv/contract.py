@@ -1,9 +1,9 @@
 """The image contract: what every gpuenv image carries and where things are inside it.
 
 One module owns it so that the renderer that writes it, and the builder, publisher,
-validator, doctor, runner and CA server that read it, cannot disagree: the label keys (with
-their emit and parse), the in-image layout (the virtualenv, the default user, the NVIDIA
-library directories) and the loopback address the build fetches the CA bundle from.
+validator, doctor and runner that read it, cannot disagree: the label keys (with their emit
+and parse) and the in-image layout (the virtualenv, the default user, the NVIDIA library
+directories).
 Nothing here does I/O.
 """
 

@@ -1,8 +1,9 @@
 """Credentials for private package indexes, read on the host when a build starts.
 
-They are used only by the wheelhouse proxy (gpuenv/proxy.py), host side, to fetch pages and
-files upstream; the build talks to the proxy on loopback without any, so no layer, history
-entry or config can hold them. The matrix file never holds them (matrix.py refuses a URL
+They are used only on this machine: by gpuenv's fetches into the wheelhouse (gpuenv/fetch.py)
+and by `uv pip compile` for an unlocked cell (in its environment); the build gets wheels in
+its context and no index at all, so no layer, history entry, config or build log can hold
+them. The matrix file never holds them (matrix.py refuses a URL
 with credentials).
 
 Where they come from, first found, per index host (host:port as in the index URL):
@@ -17,7 +18,6 @@ Credentials are sent only to the host they belong to and never follow a redirect
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,14 +52,6 @@ class Credentials:
         netloc = host_of(url)
         return self.by_host.get(netloc) or self.by_host.get(netloc.split(":")[0])
 
-    def fingerprint(self) -> str:
-        """A digest that differs when any credential differs (builds share the proxy's port
-        only with the same credentials); the credentials cannot be read back from it."""
-        text = "\0".join(
-            f"{h}\0{c.username}\0{c.password}" for h, c in sorted(self.by_host.items())
-        )
-        return hashlib.sha256(text.encode()).hexdigest()
-
 
 def netrc_path() -> Path | None:
     explicit = os.environ.get("NETRC")
@@ -70,7 +62,7 @@ def netrc_path() -> Path | None:
 
 
 def load(own_indexes: tuple[str, ...]) -> Credentials:
-    """The credentials a build's proxy may use. `own_indexes` are the matrix's own index
+    """The credentials a build's fetches may use. `own_indexes` are the matrix's own index
     URLs (the environment variables apply to their hosts only)."""
     by_host: dict[str, Credential] = {}
     path = netrc_path()

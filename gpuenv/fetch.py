@@ -268,6 +268,12 @@ class Fetcher:
                     else f"{req.name}=={req.version}: not on any index of this build"
                 )
             wheel = pick_wheel(files, req, python, machine, glibc)
+            if wheel is None and not any(f.sha256 in req.hashes for f in files):
+                raise GpuenvError(
+                    f"hash mismatch for {req.name}=={req.version}: the index offers no file "
+                    "with a hash the resolution lists; if the lock is right, the index serves "
+                    "other files (else re-lock: gpuenv lock)"
+                )
             if wheel is None:
                 raise GpuenvError(
                     f"{req.name}=={req.version} has no wheel for CPython {python} on "

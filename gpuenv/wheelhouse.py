@@ -7,7 +7,7 @@ Layout under the gpuenv cache directory (gpuenv/cache.py), `wheelhouse/`:
   checked again when a build takes it. Its access time is its last use (prune keeps recent
   ones); its modification time is fixed (FILE_MTIME), see there.
 - `pages/<key>/<project>.json`: the last index page of a project seen through the upstream
-  indexes `<key>` names, as the list of files the proxy offers (what an offline build
+  indexes `<key>` names, as the list of files they offer (what an offline build
   resolves against).
 - `indexes/<key>.json`: the upstream URLs a key stands for (never credentials).
 
@@ -56,7 +56,7 @@ _KEY = re.compile(r"[0-9a-f]{16}")
 
 
 def upstreams(index_url: str | None, extra_index_urls: Iterable[str] = ()) -> tuple[str, ...]:
-    """The upstream indexes in the order the proxy asks them, as uv does: the extra indexes
+    """The upstream indexes in the order gpuenv asks them, as uv does: the extra indexes
     first, then the index (PyPI by default); the first that knows a project answers for it
     (no merging across indexes: a public name cannot shadow a private package)."""
     urls = [*extra_index_urls, index_url or PYPI]
@@ -379,7 +379,7 @@ UV_MACHINES = ("x86_64", "aarch64")  # os.uname().machine values uv publishes ma
 def uv_wheel(files: list[IndexFile], version: str, machine: str) -> IndexFile | None:
     """uv's manylinux wheel of `version` for `machine` among a page's files (the first by
     name when there are several); None when the index offers none. Its executable is what
-    an install step runs (gpuenv/proxy.py, Proxy.uv_executable)."""
+    an install step runs (gpuenv/fetch.py, Fetcher.uv_file)."""
     if machine not in UV_MACHINES:
         return None
     prefix = f"uv-{version}-py3-none-"

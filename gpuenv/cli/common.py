@@ -168,7 +168,7 @@ CaOption = Annotated[
     Path | None,
     typer.Option(
         "--ca-bundle",
-        help="PEM bundle to trust while installing [default: build.ca_bundle, "
+        help="PEM bundle gpuenv's own package fetches trust [default: build.ca_bundle, "
         "$GPUENV_CA_BUNDLE, $PIP_CERT]",
         show_default=False,
     ),

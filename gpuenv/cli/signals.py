@@ -12,9 +12,9 @@ __all__ = ["Terminated", "interrupted_code", "interrupted_message", "on_sigterm_
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the main thread is, like Ctrl-C's KeyboardInterrupt: every
-    `finally` and `with` on the way out runs (containers removed, temporary files and the
-    CA server gone, streams closed so the engine cancels a build). Python's default for
-    SIGTERM ends the process at once and would skip all of them."""
+    `finally` and `with` on the way out runs (containers removed, temporary files gone, a
+    build's docker CLI told to cancel, streams closed so the engine cancels a build).
+    Python's default for SIGTERM ends the process at once and would skip all of them."""
 
 
 def _raise_terminated(signum: int, frame: object) -> None:

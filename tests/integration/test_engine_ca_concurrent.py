@@ -33,7 +33,7 @@ pytestmark = pytest.mark.engine
 
 CELLS = (CPU_CELL, GPU_CELL)
 EXTRA = "iniconfig==2.1.0"  # tiny, pure Python, not in TensorFlow's resolution
-ALONE = 180  # seconds a cached build may take here, alone (it takes ~10-20)
+ALONE = 120  # seconds a cached build may take here, alone (it takes ~3-20)
 
 
 def public_roots() -> Path:
@@ -108,12 +108,26 @@ def finish(proc: subprocess.Popen[str], timeout: float = 600) -> dict[str, dict]
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        waits = waiting_on(proc.pid)
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError(f"the build did not end within {timeout} s: {err[-3000:]}") from None
+        raise AssertionError(
+            f"the build did not end within {timeout} s ({waits}): {err[-3000:]}"
+        ) from None
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert done.returncode == 0, output(done)
     return {r["cell"]: r for r in json.loads(out)["results"]}
+
+
+def waiting_on(pid: int) -> str:
+    """What a process waits in (the kernel's wchan), and the lock files it has open."""
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+        fds = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+    except OSError as exc:
+        return f"not known: {exc}"
+    locks = [fd for fd in fds if fd.endswith(".lock")]
+    return f"waiting in {wchan or '?'}, lock files open: {locks}"
 
 
 def poll(what: str, ready, proc: subprocess.Popen[str], timeout: float = ALONE) -> None:

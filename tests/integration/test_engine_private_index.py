@@ -275,6 +275,8 @@ def test_a_wrong_password_is_one_error_line_and_no_tag(private, built):
     assert proc.returncode == 1, output(proc)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, output(proc)
-    assert f"refused the credentials of user '{USER}'" in errors[0]
-    assert "GPUENV_INDEX_USERNAME" in errors[0] and "wrong" not in errors[0]
+    assert "wrong" not in proc.stdout + proc.stderr and PASSWORD not in proc.stdout + proc.stderr
     assert inspect(IMAGE) is None
+    # The line says whose credentials were refused, and where they came from.
+    assert f"refused the credentials of user '{USER}'" in errors[0], errors[0]
+    assert "GPUENV_INDEX_USERNAME" in errors[0], errors[0]
