@@ -15,7 +15,11 @@
 #   2. if `docker info` does not answer, starts
 #        dockerd --bridge=none --iptables=false --ip-masq=false
 #      in the background with nohup, logging to $GPUENV_DOCKERD_LOG and
-#      recording its PID in $GPUENV_DOCKERD_PIDFILE;
+#      recording its PID in $GPUENV_DOCKERD_PIDFILE; where the machine has no
+#      /etc/docker/daemon.json, with a config file of ours that turns on the
+#      builder's garbage collection (BuildKit keeps every build's layers and
+#      contexts in its cache, images removed or not; a test run builds tens of
+#      GB of them), keeping $GPUENV_BUILD_CACHE (20GB);
 #   3. waits up to $GPUENV_DOCKERD_TIMEOUT seconds for `docker info` to answer,
 #      and fails with a one-line message plus the tail of the log otherwise.
 #
@@ -30,12 +34,15 @@
 #   GPUENV_DOCKERD_LOG      dockerd's log file  (/var/log/gpuenv-dockerd.log)
 #   GPUENV_DOCKERD_PIDFILE  dockerd's pid file  (/run/gpuenv-dockerd.pid)
 #   GPUENV_DOCKERD_TIMEOUT  seconds to wait for the engine (60)
+#   GPUENV_BUILD_CACHE      the build cache the builder keeps (20GB)
 #   GPUENV_SKIP_APT=1       never touch apt (just start/check the engine)
 set -euo pipefail
 
 readonly LOG="${GPUENV_DOCKERD_LOG:-/var/log/gpuenv-dockerd.log}"
 readonly PIDFILE="${GPUENV_DOCKERD_PIDFILE:-/run/gpuenv-dockerd.pid}"
 readonly TIMEOUT="${GPUENV_DOCKERD_TIMEOUT:-60}"
+readonly BUILD_CACHE="${GPUENV_BUILD_CACHE:-20GB}"
+readonly CONFIG=/etc/gpuenv/dockerd.json
 # Debian packages we need; each is checked on its own.
 readonly PACKAGES=(docker.io debootstrap mmdebstrap docker-registry iproute2 e2fsprogs openssl
     rootlesskit slirp4netns uidmap podman catatonit)
@@ -95,16 +102,23 @@ start_dockerd() {
     dockerd="$(PATH="${PATH}:/usr/sbin:/sbin" command -v dockerd)" \
         || die "dockerd not found (is docker.io installed?)"
     as_root mkdir -p "$(dirname "${LOG}")" "$(dirname "${PIDFILE}")"
+    local config=()
+    if [[ ! -e /etc/docker/daemon.json ]]; then
+        as_root mkdir -p "$(dirname "${CONFIG}")"
+        printf '{"builder": {"gc": {"enabled": true, "defaultKeepStorage": "%s"}}}\n' \
+            "${BUILD_CACHE}" | as_root tee "${CONFIG}" >/dev/null
+        config=(--config-file "${CONFIG}")
+    fi
     say "starting ${dockerd} (log: ${LOG})"
     # setsid: dockerd must outlive the shell (and process group) that started it.
     # The subshell runs as root so that the log redirection and the pid file
     # are written with root's rights; $! is the pid of dockerd itself.
     # shellcheck disable=SC2016  # expanded by the inner shell, on purpose
     as_root bash -c '
-        setsid nohup "$1" --bridge=none --iptables=false --ip-masq=false \
+        setsid nohup "$1" --bridge=none --iptables=false --ip-masq=false "${@:4}" \
             >>"$2" 2>&1 </dev/null &
         echo "$!" >"$3"
-    ' _ "${dockerd}" "${LOG}" "${PIDFILE}"
+    ' _ "${dockerd}" "${LOG}" "${PIDFILE}" "${config[@]}"
 }
 
 # Step 3: wait until the engine answers, or fail with the log's tail.
