@@ -187,9 +187,12 @@ def normalize(engine: Engine, ref: str, epoch: int) -> str:
             blob = json.dumps(new_config, sort_keys=True, separators=(",", ":")).encode()
             config_name = f"{hashlib.sha256(blob).hexdigest()}.json"
             _add_bytes(dst, config_name, blob, epoch)
-            new_manifest = [{"Config": config_name, "RepoTags": [ref], "Layers": layer_names}]
+            # Loaded untagged, then tagged by the engine's own rule: podman names a loaded
+            # `a/b:t` docker.io/a/b:t but a built one localhost/a/b:t, and would keep both.
+            new_manifest = [{"Config": config_name, "RepoTags": None, "Layers": layer_names}]
             _add_bytes(dst, "manifest.json", json.dumps(new_manifest).encode(), epoch)
         engine.load(str(out))
+    engine.tag(f"sha256:{config_name.removesuffix('.json')}", ref)
     info = engine.image(ref)
     if info is None:
         raise GpuenvError(f"normalising {ref}: the engine lost the image on load")

@@ -9,7 +9,8 @@ shares this machine's loopback, each started and torn down here:
 
 The namespaced engines have no route to any index: the build succeeds because the engine
 fetches nothing (the wheels travel in the build context). `--reproducible` gives every
-engine the image ID the local engine gives (gpuenv/reproducible.py's canonical form).
+engine the image ID the local engine gives (gpuenv/reproducible.py's canonical form), online
+and `--offline` (from the wheelhouse alone).
 
 The cell is JAX 0.7 on CPU, the smallest framework cell (~120 MB of wheels), fetched once
 into a wheelhouse the module shares.
@@ -130,3 +131,9 @@ def test_a_locked_cell_builds_runs_and_validates_with_the_local_image_id(
     assert ran.stdout.strip().splitlines()[-1] == "6", output(ran)
     validated = gpuenv_cmd("validate", CELL, cwd=cwd, env=env, check=False)
     assert validated.returncode == 0, output(validated)
+    # Offline, from the wheelhouse alone (the engine never had an index to reach anyway).
+    run(["docker", "rmi", IMAGE], env=clean_env(**lab.env))
+    offline = gpuenv_cmd("build", "--offline", "--reproducible", "--json", CELL, cwd=cwd,
+                         env=env)  # fmt: skip
+    again = json.loads(offline.stdout)["results"][0]
+    assert (again["status"], again["image_id"]) == ("built", local_id), output(offline)
