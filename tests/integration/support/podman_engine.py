@@ -101,7 +101,6 @@ def podman_engine() -> Iterator[PodmanEngine]:
                 proc.wait()
         poll_gone(proc.pid, timeout=5)
         end_processes_under(root)  # conmon of a container that outlived the service
-        with contextlib.suppress(Exception):
-            engine.podman("system", "reset", "--force")
+        # Not `podman system reset`: it removes more than this lab's storage.
         unmount_under(root)
         shutil.rmtree(root, ignore_errors=True)
