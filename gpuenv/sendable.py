@@ -55,7 +55,8 @@ def target_of(cell: Cell, engine_arch: str) -> Target:
     machine = MACHINES.get(engine_arch)
     if machine is None:
         raise GpuenvError(
-            f"the engine runs on {engine_arch!r}; gpuenv builds for x86_64 and aarch64 engines"
+            f"the engine runs on {engine_arch!r}; gpuenv picks wheels for x86_64 and aarch64 "
+            "engines only (aarch64 builds have not been shown: docs/proven.md)"
         )
     glibc = GLIBC.get(cell.base.value, DEFAULT_GLIBC) if cell.base.kind == "debian" else None
     return Target(cell.python, machine, glibc or DEFAULT_GLIBC)
