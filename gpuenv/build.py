@@ -182,7 +182,6 @@ class Sender:
     def context(self, p: CellPlan) -> AbstractContextManager[Path]:
         """The cell's context directory, assembled (a context manager)."""
         from gpuenv import plan, sendable, wheelhouse
-        from gpuenv.cache import cache_dir
         from gpuenv.render import UV_VERSION
 
         key = wheelhouse.index_key(plan.upstream_indexes(self.project.matrix, p.cell))
@@ -191,7 +190,7 @@ class Sender:
         # One directory per matrix and cell: builds of one cell name from two matrices
         # neither wait for each other nor undo each other's incremental transfers.
         project = hashlib.sha256(str(self.project.path.resolve()).encode()).hexdigest()[:16]
-        root = (cache_dir() or self.store.root.parent) / "contexts" / project
+        root = sendable.contexts_root(self.store.root) / project
         return sendable.assembled(
             root, p.context, self.resolution(p), self.fetcher, key, uv, target
         )

@@ -100,6 +100,30 @@ def assembled(
         yield here
 
 
+def contexts_root(wheelhouse_root: Path) -> Path:
+    """Where the context directories live: beside the wheelhouse (hard links need one
+    filesystem), `<cache>/contexts/<matrix>/<cell>/`."""
+    return wheelhouse_root.parent / "contexts"
+
+
+def prune(root: Path) -> int:
+    """Remove the context directories no build holds (they are made again by the next build
+    of their cell; kept, their hard links would keep pruned wheels on disk). Returns how
+    many went."""
+    removed = 0
+    for lock_path in sorted(root.glob("*/.*.lock")):
+        with lock_path.open("w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a build is reading it
+            directory = lock_path.parent / lock_path.name[1:].removesuffix(".lock")
+            if directory.is_dir():
+                shutil.rmtree(directory)
+                removed += 1
+    return removed
+
+
 def _link(source: Path, target: Path) -> None:
     """A hard link where the filesystem allows (no copy of a 600 MB wheel), else a copy."""
     try:

@@ -47,7 +47,7 @@ def prune_cmd(
 ) -> None:
     """Drop the files no entry of the matrix's lock names and no build used recently, and
     the resolved matrices and no-op answers kept for matrices not used as long."""
-    from gpuenv import cache, snapshot, verdict, wheelhouse
+    from gpuenv import cache, sendable, snapshot, verdict, wheelhouse
     from gpuenv.project import open_project
     from gpuenv.results import human_size
 
@@ -55,9 +55,14 @@ def prune_cmd(
         project = open_project(file)
         lock = project.lock
         texts = [e.python_env + "\n" + e.cuda for e in lock.cells.values()] if lock else []
-        files, size = wheelhouse.prune(wheelhouse.Store.default(), texts, keep_days)
+        store = wheelhouse.Store.default()
+        files, size = wheelhouse.prune(store, texts, keep_days)
+        contexts = sendable.prune(sendable.contexts_root(store.root))
         records, _ = cache.prune_records((snapshot.PREFIX, verdict.PREFIX), keep_days)
-    print(f"pruned {files} file(s), {human_size(size)}; {records} cached answer(s)")
+    print(
+        f"pruned {files} file(s), {human_size(size)}; {contexts} build context(s); "
+        f"{records} cached answer(s)"
+    )
 
 
 @cache_app.command("export")

@@ -59,5 +59,5 @@ def test_cache_prune_says_how_many_answers_it_dropped(tmp_path, minimal_matrix):
         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "pruned 0 file(s), 0 B; 2 cached answer(s)"
+    assert proc.stdout.strip() == "pruned 0 file(s), 0 B; 0 build context(s); 2 cached answer(s)"
     assert not any(root.glob("*old.json"))

@@ -169,3 +169,20 @@ def test_a_wheel_that_cannot_be_had_stops_the_assembly(cells, tmp_path):
         with sendable.assembled(tmp_path / "c", render(cell), RESOLUTION, Failing(), "0" * 16,
                                 uv, target):  # type: ignore[arg-type]  # fmt: skip
             pytest.fail("a context without its wheels was handed to the build")
+
+
+def test_prune_removes_the_context_directories_no_build_holds(tmp_path):
+    import fcntl
+
+    root = tmp_path / "contexts"
+    for cell in ("a", "b"):
+        (root / "m" / cell / "python-env").mkdir(parents=True)
+        (root / "m" / f".{cell}.lock").touch()
+    with (root / "m" / ".b.lock").open("w") as held:  # a build of b is reading its context
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert sendable.prune(root) == 1
+    assert not (root / "m" / "a").exists() and (root / "m" / "b" / "python-env").is_dir()
+    assert sendable.prune(root) == 1 and not (root / "m" / "b").exists()
+    assert (
+        sendable.contexts_root(tmp_path / "cache" / "wheelhouse") == tmp_path / "cache" / "contexts"
+    )
