@@ -83,8 +83,9 @@ def main() -> None:
                                          capture_output=True, text=True).stdout)[0]  # fmt: skip
         with remote_engine() as remote:
             load_image(remote.sock, base["RepoTags"][0])
-            subprocess.run(["tc", "qdisc", "add", "dev", remote.host_if, "root", "tbf", "rate",
-                            args.rate, "burst", "64kb", "latency", "400ms"], check=True)  # fmt: skip
+            limit = ["tbf", "rate", args.rate, "burst", "64kb", "latency", "400ms"]
+            subprocess.run(["tc", "qdisc", "add", "dev", remote.host_if, "root", *limit],
+                           check=True)  # fmt: skip
             renv = {**env, **remote.env()}
             rows.append((f"remote cold ({args.rate})",
                          *gpuenv("build", args.cell, cwd=work, env=renv)))  # fmt: skip
