@@ -16,6 +16,8 @@
 
 Every command runs the installed CLI in a subprocess with XDG_CACHE_HOME in a temporary
 directory, so validation records from this machine's real cache never decide a refusal.
+A build there fetches its wheels into that directory's wheelhouse (TensorFlow's once per
+session); a cell whose layers the engine has is still a cache hit.
 """
 
 from __future__ import annotations

@@ -108,8 +108,7 @@ JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
 
 def json_page(filename: str, sha: str) -> bytes:
-    """A PEP 691 project page with PEP 700's upload time: an unlocked cell is resolved with
-    an exclude-newer date, and uv ignores files whose upload time it does not know."""
+    """A PEP 691 project page, with PEP 700's upload time (as PyPI serves them)."""
     return json.dumps({
         "meta": {"api-version": "1.1"}, "name": PACKAGE, "versions": [VERSION],
         "files": [{"filename": filename, "url": f"/files/{filename}", "hashes": {"sha256": sha},
@@ -338,7 +337,7 @@ def test_test_ca_is_not_in_the_history_the_build_log_or_its_command(ca_build, ca
 
 
 def test_the_context_sent_holds_no_trace_of_the_bundle(ca_build, ca_index):
-    sent = ca_index["cache"] / "gpuenv" / "contexts" / cells.CPU_CELL
+    sent = cells.context_dir(ca_index["cache"], ca_index["matrix"], cells.CPU_CELL)
     files = [p for p in sent.rglob("*") if p.is_file()]
     names = {p.relative_to(sent).as_posix() for p in files}
     # Positive control: this build's context (the probe's wheel, fetched over TLS).

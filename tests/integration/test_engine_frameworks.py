@@ -25,7 +25,7 @@ import pytest
 
 pytest.register_assert_rewrite("validate_fixtures")
 
-from support.cells import REPO, TEST_REPOSITORY_PREFIX  # noqa: E402
+from support.cells import REPO, TEST_REPOSITORY_PREFIX, context_dir  # noqa: E402
 from support.cli import build_cells, gpuenv_cmd  # noqa: E402
 from support.engine import docker, run_in_image  # noqa: E402
 from validate_fixtures import DEVICE_CHECKS, GPU_CHECKS, IMAGE_CHECKS  # noqa: E402
@@ -190,7 +190,7 @@ def test_layers(built) -> None:
     assert "--mount=type=bind,source=python-env," in dockerfile
     # What that step mounted (the build's context, kept in gpuenv's cache): torch and its
     # CUDA wheels in one resolution, their wheels beside it.
-    sent = cache_dir() / "contexts" / TORCH_GPU
+    sent = context_dir(cache_dir().parent, built["matrix"], TORCH_GPU)
     assert not (sent / "cuda").exists()
     requirements = (sent / "python-env" / "requirements.txt").read_text()
     assert "torch==2.11.0 " in requirements and "nvidia-cudnn-cu13==9.19.0.56 " in requirements

@@ -69,8 +69,8 @@ JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
 class PrivateIndex:
     """Project pages on 127.0.0.1:<free port>, every request checked for basic auth: PEP 691
-    JSON with PEP 700's upload time (an unlocked cell is resolved with an exclude-newer
-    date), or, with `html_only`, PEP 503 HTML alone, as many private indexes serve."""
+    JSON with PEP 700's upload time (as PyPI serves them), or, with `html_only`, PEP 503
+    HTML alone, with no upload time (as a directory behind a web server does)."""
 
     def __init__(self) -> None:
         self.html_only = False
@@ -203,7 +203,7 @@ def test_the_package_came_from_the_private_index(built, private):
     assert (f"/files/{private['index'].filename}", 200) in private["index"].requests
     assert all(code != 401 for path, code in private["index"].requests), "sent without creds"
     # The engine got the wheel in the build context, fetched with the credentials.
-    sent = private["cache"] / "gpuenv" / "contexts" / cells.CPU_CELL / "python-env"
+    sent = cells.context_dir(private["cache"], private["matrix"], cells.CPU_CELL) / "python-env"
     assert (sent / private["index"].filename).read_bytes() == private["index"].wheel
 
 
@@ -241,7 +241,7 @@ def test_credentials_are_not_in_the_build_log_its_command_or_what_was_sent(built
     assert b"io.gpuenv.spec-hash=" in args
     assert found_in(log) == set() and found_in(args) == set()
     assert found_in(built["output"].encode()) == set()
-    sent = private["cache"] / "gpuenv" / "contexts" / cells.CPU_CELL
+    sent = cells.context_dir(private["cache"], private["matrix"], cells.CPU_CELL)
     files = [p for p in sent.rglob("*") if p.is_file()]
     assert {p.relative_to(sent).as_posix() for p in files} >= {
         "Dockerfile", "python-env/requirements.txt", "python-env/uv",

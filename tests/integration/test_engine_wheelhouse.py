@@ -96,7 +96,8 @@ def test_the_install_step_names_no_index_and_gets_the_locked_wheels(online):
     assert info["files"] >= 20 and info["bytes"] > 100_000_000, info  # TF and its deps
     # What the step mounted: the lock's resolution and, per locked requirement, one wheel
     # whose bytes have one of its locked hashes (checked here, not taken from gpuenv).
-    sent = Path(online["env"]["XDG_CACHE_HOME"]) / "gpuenv" / "contexts" / cells.CPU_CELL
+    cache_home = Path(online["env"]["XDG_CACHE_HOME"])
+    sent = cells.context_dir(cache_home, online["matrix"], cells.CPU_CELL)
     part = sent / "python-env"
     entry = locked_hashes(online["matrix"])
     assert len(entry) >= 20 and "tensorflow==2.21.0" in entry, sorted(entry)

@@ -196,8 +196,9 @@ def _self_signed_cert(context: Path, name: str) -> None:
 
 
 def _proxy_ca(context: Path, name: str) -> None:
-    # The package index is reached through a TLS-intercepting proxy: the throw-away image
-    # gets its CA for one RUN step (deleted in the same step).
+    # The package index may be reached through a TLS-intercepting proxy: the throw-away
+    # image's RUN step trusts its CA (copied in by a COPY step, so it stays in that layer of
+    # an image that is never published, and that no check of the trust store looks at).
     source = os.environ.get("PIP_CERT") or "/etc/ssl/certs/ca-certificates.crt"
     shutil.copyfile(source, context / name)
 

@@ -3,6 +3,7 @@ test-only repositories (the only ones the session janitor removes images from)."
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,13 @@ TEST_REPOSITORIES = frozenset(
         "gpuenv-test/other-user",  # test_engine_other_user.py: a second local user
     }
 )
+
+
+def context_dir(cache_home: Path, matrix: Path, cell: str) -> Path:
+    """Where gpuenv assembles the build context of a matrix's cell, with XDG_CACHE_HOME
+    `cache_home` (gpuenv/build.py, Sender.context: one directory per matrix and cell)."""
+    project = hashlib.sha256(str(matrix.resolve()).encode()).hexdigest()[:16]
+    return cache_home / "gpuenv" / "contexts" / project / cell
 
 
 def repository(ref: str) -> str:
