@@ -34,6 +34,15 @@ from gpuenv.wire import frames as _frames
 from gpuenv.wire import quote_segment as _q
 
 LogSink = Callable[[str], None]
+# What the docker CLI ends a build with when the engine went away under it (restarted,
+# killed, the link down), not because a step failed: the session's stream ended unanswered.
+_ENGINE_GONE = (
+    "did not provide an image ID",
+    "Cannot connect to the Docker daemon",
+    "error during connect",
+    "transport is closing",
+    "connection reset by peer",
+)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -522,7 +531,7 @@ class Engine:
             if code != 0:
                 errors = [t for t in tail if t.startswith(("ERROR", "error", "failed to"))]
                 why = (errors or tail or [f"exit {code}"])[-1]
-                if "Cannot connect" in why or "error during connect" in why:
+                if any(sign in line for line in tail[-3:] for sign in _ENGINE_GONE):
                     raise EngineError(f"the Docker Engine at {self.url} went away during the "
                                       "build; nothing was tagged", detail=why)  # fmt: skip
                 raise BuildFailed(why.removeprefix("ERROR: ").strip())
