@@ -165,20 +165,26 @@ def test_images_hold_what_the_catalog_says(built) -> None:
     assert out.splitlines()[-1] == "0.7.2 0.7.2 cpu"
 
 
+# The diff ID of a layer that holds nothing (an empty tar): BuildKit writes one for WORKDIR.
+EMPTY_LAYER = "sha256:5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef"
+
+
 def layers(ref: str) -> list[str]:
     out = docker("image", "inspect", "-f", "{{json .RootFS.Layers}}", ref).stdout
     return list(json.loads(out))
 
 
 def test_layers(built) -> None:
-    """JAX's GPU image is its CPU image plus the CUDA layer(s) on top (the layer cache
-    shares them); torch's GPU image installs torch and its CUDA wheels in one layer: one
-    install step, which mounts one part of the context (python-env/: torch and the CUDA
-    wheels together), and whose layer is nearly all of the image above the base."""
+    """JAX's GPU image is its CPU image's layers plus the CUDA layer(s) on top (the layer
+    cache shares them; BuildKit's empty layers, WORKDIR's, are no content of either); torch's
+    GPU image installs torch and its CUDA wheels in one layer: one install step, which
+    mounts one part of the context (python-env/: torch and the CUDA wheels together), and
+    whose layer is nearly all of the image above the base."""
     from gpuenv.cache import cache_dir
 
-    cpu, gpu = layers(image(JAX_CPU)), layers(image(JAX_GPU))
-    assert gpu[: len(cpu)] == cpu and len(gpu) > len(cpu)
+    cpu = [d for d in layers(image(JAX_CPU)) if d != EMPTY_LAYER]
+    gpu = [d for d in layers(image(JAX_GPU)) if d != EMPTY_LAYER]
+    assert gpu[: len(cpu)] == cpu and len(gpu) > len(cpu), (cpu, gpu)
     rows = docker("history", "--no-trunc", "--format", "{{json .}}", image(TORCH_GPU)).stdout
     history = [json.loads(line) for line in rows.splitlines()]
     installs = [h for h in history if "uv pip install" in h["CreatedBy"]]
@@ -247,7 +253,7 @@ def test_torch_cpu_cell_is_planned_with_pytorchs_index(built) -> None:
     dockerfile = (out / "torch2.11-py3.11-cpu" / "Dockerfile").read_text()
     project = open_project(path)
     urls = plans.upstream_indexes(project.matrix, project.one_cell("torch2.11-py3.11-cpu", "-i"))
-    assert urls[-1] == "https://mirror.example/whl/cpu", urls
+    assert "https://mirror.example/whl/cpu" in [u.rstrip("/") for u in urls], urls
     others = plans.upstream_indexes(project.matrix, project.one_cell(TORCH_GPU, "-i"))
     assert wheelhouse.index_key(urls) != wheelhouse.index_key(others)
     assert f"indexes keyed {wheelhouse.index_key(urls)} " in dockerfile
