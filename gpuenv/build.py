@@ -203,8 +203,8 @@ def check_offline(engine: Engine, project: Project, cells: list[Cell]) -> None:
     """What --offline cannot do, as one error before anything is built: a cell that is not
     locked, apt packages (Debian's archive), a base not in the engine (it would have to be
     bootstrapped), or locked distributions (or uv itself) the wheelhouse does not hold."""
+    from gpuenv import fetch, sendable, wheelhouse
     from gpuenv import plan as plans
-    from gpuenv import sendable, wheelhouse
     from gpuenv.render import UV_VERSION
 
     with_apt = [c.name for c in cells if c.apt]
@@ -235,7 +235,8 @@ def check_offline(engine: Engine, project: Project, cells: list[Cell]) -> None:
         missing = wheelhouse.offline_misses(store, key, needed)
         machine = sendable.target_of(cell, engine.architecture()).machine
         uv = wheelhouse.uv_wheel(store.page(key, "uv") or [], UV_VERSION, machine)
-        if uv is None or not store.has(uv.sha256):
+        kept = fetch.uv_path(store, UV_VERSION, machine).is_file()  # taken out of any key's
+        if not kept and (uv is None or not store.has(uv.sha256)):
             missing.append(f"uv=={UV_VERSION} (the installer the build bootstraps)")
         if missing:
             more = (

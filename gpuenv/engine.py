@@ -211,6 +211,7 @@ class Engine:
         self._socket = Socket(socket_path) if socket_path else None
         self._tty: dict[str, bool] = {}  # containers this engine created -> Tty
         self._podman: bool | None = None
+        self._builds: set[Any] = set()  # the docker CLIs building now (subprocess.Popen)
 
     @property
     def _api(self) -> Any:
@@ -263,7 +264,9 @@ class Engine:
 
     def close(self) -> None:
         """Close the client's connections; streams in flight (a build) end, and the engine
-        cancels what they were doing."""
+        cancels what they were doing. The docker CLIs building (other threads' cells under
+        `build -j`) are told to cancel too: they would outlive gpuenv."""
+        _cancel(list(self._builds))
         if self._client is not None:
             self._client.api.close()
 
@@ -492,7 +495,6 @@ class Engine:
         self, directory: Path, labels: dict[str, str], nocache: bool, network: str,
         on_log: LogSink,
     ) -> str:  # fmt: skip
-        import signal
         import subprocess
         import tempfile
 
@@ -511,6 +513,7 @@ class Engine:
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, errors="replace")  # fmt: skip
             assert proc.stdout is not None
+            self._builds.add(proc)
             try:
                 for line in proc.stdout:
                     line = _ANSI.sub("", line.rstrip("\n"))
@@ -518,16 +521,11 @@ class Engine:
                     tail.append(line)
                     del tail[:-20]
             except BaseException:
-                # Ctrl-C or SIGTERM to gpuenv alone: the CLI cancels the build on SIGINT (the
-                # engine stops the step, nothing is tagged), as it does at a terminal.
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                _cancel([proc])
                 raise
             finally:
                 code = proc.wait()
+                self._builds.discard(proc)
             if code != 0:
                 errors = [t for t in tail if t.startswith(("ERROR", "error", "failed to"))]
                 why = (errors or tail or [f"exit {code}"])[-1]
@@ -748,6 +746,25 @@ def _device_request(body: dict[str, Any]) -> Any:
         capabilities=body["Capabilities"],
         options=body["Options"],
     )
+
+
+def _cancel(builds: list[Any]) -> None:
+    """Ctrl-C or SIGTERM to gpuenv alone: each docker CLI building is sent SIGINT, on which it
+    cancels its build (the engine stops the step, nothing is tagged), as at a terminal;
+    killed if it has not ended within 30 s."""
+    import signal
+    import subprocess
+
+    for proc in builds:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 30
+    for proc in builds:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def buildkit_cli(engine: Engine) -> tuple[list[str], dict[str, str]]:

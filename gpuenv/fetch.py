@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import os
 import ssl
+import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -230,7 +231,7 @@ class Fetcher:
     def uv_file(self, key: str, version: str, machine: str) -> Path:
         """uv's executable for `machine`, kept in the wheelhouse (tools/) once taken out
         of its checked wheel."""
-        path = self.store.root / "tools" / f"uv-{version}-{machine}"
+        path = uv_path(self.store, version, machine)
         if path.is_file():
             return path
         try:
@@ -245,9 +246,10 @@ class Fetcher:
             )
         self.store.make_private()
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_bytes(executable)
-        tmp.chmod(0o755)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # one per thread
+        with os.fdopen(fd, "wb") as out:
+            out.write(executable)
+        os.chmod(tmp, 0o755)
         os.replace(tmp, path)
         return path
 
@@ -292,6 +294,11 @@ class Fetcher:
                 return list(pool.map(one, requirements))
         except _Upstream:
             raise GpuenvError(self.problems[0] if self.problems else "upstream failed") from None
+
+
+def uv_path(store: Store, version: str, machine: str) -> Path:
+    """Where uv's executable for `machine` is kept once taken out of its checked wheel."""
+    return store.root / "tools" / f"uv-{version}-{machine}"
 
 
 class _Upstream(Exception):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -68,7 +69,8 @@ class ConsoleReporter(Reporter):
             self.current[cell.name] = line
             if self.live:
                 self.live.update(self._render())
-            elif line.startswith("Step "):
+            elif line.startswith("Step ") or re.match(r"#\d+ \[[^\]]*\d+/\d+\]", line):
+                # A step starting: the classic builder's "Step 2/5 :", BuildKit's "#6 [2/5] RUN".
                 self._print(f"    {cell.name}: {line[:160]}")
 
     def finished(self, result: CellResult) -> None:
