@@ -147,17 +147,7 @@ class Fetcher:
         return None
 
     def _refused(self, base: str, code: int) -> str:
-        credential = self.credentials.for_url(base)
-        if credential is None:
-            return (
-                f"the index {base} requires credentials (HTTP {code}): put them in ~/.netrc "
-                "(machine HOST login USER password PASSWORD) or set GPUENV_INDEX_USERNAME and "
-                "GPUENV_INDEX_PASSWORD"
-            )
-        return (
-            f"the index {base} refused the credentials of user {credential.username!r} from "
-            f"{credential.source} (HTTP {code}); correct them"
-        )
+        return refused(base, code, self.credentials)
 
     # ---------------------------------------------------------------- files
 
@@ -294,6 +284,21 @@ class Fetcher:
                 return list(pool.map(one, requirements))
         except _Upstream:
             raise GpuenvError(self.problems[0] if self.problems else "upstream failed") from None
+
+
+def refused(base: str, code: int, credentials: Credentials) -> str:
+    """Why an index answered 401/403, and the fix: whose credentials it refused, from where."""
+    credential = credentials.for_url(base)
+    if credential is None:
+        return (
+            f"the index {base} requires credentials (HTTP {code}): put them in ~/.netrc "
+            "(machine HOST login USER password PASSWORD) or set GPUENV_INDEX_USERNAME and "
+            "GPUENV_INDEX_PASSWORD"
+        )
+    return (
+        f"the index {base} refused the credentials of user {credential.username!r} from "
+        f"{credential.source} (HTTP {code}); correct them"
+    )
 
 
 def uv_path(store: Store, version: str, machine: str) -> Path:

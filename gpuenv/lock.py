@@ -131,6 +131,14 @@ def compile_requirements(
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
         reason = " ".join(line.strip() for line in lines[-3:]) or f"exit {proc.returncode}"
+        refusal = re.search(r"\b(401|403)\b", proc.stderr)
+        if refusal and credentials is not None:
+            # uv says only "401 Unauthorized"; gpuenv knows whose credentials it passed.
+            from gpuenv.fetch import refused
+
+            urls = [*extra_index_urls, *([index_url] if index_url else [])]
+            base = next((u for u in urls if credentials.for_url(u)), urls[0] if urls else "")
+            raise GpuenvError(refused(base, int(refusal.group(1)), credentials))
         raise GpuenvError(f"cannot resolve {', '.join(requirements)} for Python {python}: {reason}")
     return proc.stdout
 

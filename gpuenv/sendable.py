@@ -82,7 +82,8 @@ def assembled(
 ) -> Iterator[Path]:
     """The cell's build context as a directory under `root`, held (a lock per cell) while
     the build reads it: the rendered files, then each part's requirements, wheels and uv."""
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    root.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # contexts/: no one else's
+    root.mkdir(exist_ok=True, mode=0o700)
     here = root / ctx.cell.name
     with (root / f".{ctx.cell.name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another gpuenv building this cell waits here

@@ -39,6 +39,7 @@ from typing import Any
 import pytest
 from support import cells
 from support.cli import clean_env, gpuenv_cmd, output
+from support.engine import logging_docker_cli
 
 pytestmark = pytest.mark.engine
 
@@ -222,28 +223,6 @@ def scan_saved_image(image_id: str, wanted: dict[str, bytes]) -> dict[str, set[s
         proc.stdout.close()
         assert proc.wait(timeout=300) == 0
     return hits
-
-
-def logging_docker_cli(tmp: Path) -> dict[str, Path]:
-    """A stand-in for the docker CLI gpuenv builds with: the same CLI (the one gpuenv picks
-    here), with what each build prints (the engine's build log) and its arguments kept."""
-    from gpuenv.engine import buildkit_cli, connect
-
-    real = buildkit_cli(connect())[0][0]
-    log, args = tmp / "build.log", tmp / "build.args"
-    wrapper = tmp / "docker"
-    wrapper.write_text(
-        "#!/bin/bash\n"
-        'if [ "$1" = build ] || [ "$1 $2" = "buildx build" ]; then\n'
-        f'  printf "%s\\n" "$*" >> {args}\n'
-        "  set -o pipefail\n"
-        f'  {real} "$@" 2>&1 | tee -a {log}\n'
-        "  exit $?\n"
-        "fi\n"
-        f'exec {real} "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    return {"wrapper": wrapper, "log": log, "args": args}
 
 
 @pytest.fixture(scope="module")

@@ -15,124 +15,18 @@ docker CLI gpuenv builds with is wrapped (GPUENV_DOCKER_CLI) to keep its log and
 from __future__ import annotations
 
 import base64
-import hashlib
-import io
 import json
-import secrets
 import subprocess
 import tarfile
-import threading
-import zipfile
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 from support import cells
 from support.cli import clean_env, gpuenv_cmd, output
-from support.engine import docker, inspect, run_in_image
+from support.engine import docker, inspect, logging_docker_cli, run_in_image
+from support.private_index import PACKAGE, PASSWORD, USER, VERSION, PrivateIndex
 
 REPOSITORY = "gpuenv-test/private"
 IMAGE = f"{REPOSITORY}:{cells.CPU_CELL}"
-PACKAGE, VERSION = "gpuenv-private-probe", "1.0"
-USER = f"gpuenv-user-{secrets.token_hex(4)}"
-PASSWORD = f"pw-{secrets.token_hex(12)}"
-
-
-def make_wheel() -> tuple[str, bytes]:
-    """A minimal pure-Python wheel: a module, METADATA, WHEEL and RECORD."""
-    dist = f"{PACKAGE.replace('-', '_')}-{VERSION}"
-    files = {
-        "gpuenv_private_probe.py": b"ANSWER = 42\n",
-        f"{dist}.dist-info/METADATA": (
-            f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {VERSION}\n".encode()
-        ),
-        f"{dist}.dist-info/WHEEL": (
-            b"Wheel-Version: 1.0\nGenerator: gpuenv-test\nRoot-Is-Purelib: true\n"
-            b"Tag: py3-none-any\n"
-        ),
-    }
-    record = []
-    for name, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(data)}")
-    record.append(f"{dist}.dist-info/RECORD,,")
-    files[f"{dist}.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for name, data in files.items():
-            zf.writestr(name, data)
-    return f"{dist}-py3-none-any.whl", buf.getvalue()
-
-
-JSON_TYPE = "application/vnd.pypi.simple.v1+json"
-
-
-class PrivateIndex:
-    """Project pages on 127.0.0.1:<free port>, every request checked for basic auth: PEP 691
-    JSON with PEP 700's upload time (as PyPI serves them), or, with `html_only`, PEP 503
-    HTML alone, with no upload time (as a directory behind a web server does)."""
-
-    def __init__(self) -> None:
-        self.html_only = False
-        self.filename, self.wheel = make_wheel()
-        self.sha = hashlib.sha256(self.wheel).hexdigest()
-        self.requests: list[tuple[str, int]] = []
-        expected = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-        index = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_HEAD(self) -> None:  # uv asks before it downloads
-                self.answer(send_body=False)
-
-            def do_GET(self) -> None:
-                self.answer(send_body=True)
-
-            def answer(self, send_body: bool) -> None:
-                if self.headers.get("Authorization") != expected:
-                    code, body = 401, b"credentials required\n"
-                elif self.path == f"/simple/{PACKAGE}/" and index.html_only:
-                    code = 200
-                    body = (f'<a href="/files/{index.filename}#sha256={index.sha}">'
-                            f"{index.filename}</a>").encode()  # fmt: skip
-                elif self.path == f"/simple/{PACKAGE}/":
-                    code = 200
-                    body = json.dumps({
-                        "meta": {"api-version": "1.1"}, "name": PACKAGE, "versions": [VERSION],
-                        "files": [{"filename": index.filename, "hashes": {"sha256": index.sha},
-                                   "url": f"/files/{index.filename}",
-                                   "upload-time": "2026-01-01T00:00:00.000000Z"}],
-                    }).encode()  # fmt: skip
-                elif self.path == f"/files/{index.filename}":
-                    code, body = 200, index.wheel
-                else:
-                    code, body = 404, b"not here\n"
-                index.requests.append((self.path, code))
-                self.send_response(code)
-                if code == 401:
-                    self.send_header("WWW-Authenticate", 'Basic realm="private"')
-                kind = "application/zip"
-                if self.path.startswith("/simple/"):
-                    kind = "text/html" if index.html_only or code != 200 else JSON_TYPE
-                self.send_header("Content-Type", kind)  # uv requires one
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if send_body:
-                    self.wfile.write(body)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/simple/"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> PrivateIndex:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -154,28 +48,6 @@ def private(tmp_path_factory):
         for name in ("no_proxy", "NO_PROXY"):  # the index is on this machine's loopback
             env[name] = ",".join(filter(None, (env.get(name), "127.0.0.1")))
         yield {"index": index, "matrix": matrix, "env": env, "cache": cache, **cli}
-
-
-def logging_docker_cli(tmp: Path) -> dict[str, Path]:
-    """A stand-in for the docker CLI gpuenv builds with: the same CLI (the one gpuenv picks
-    here), with what each build prints (the engine's build log) and its arguments kept."""
-    from gpuenv.engine import buildkit_cli, connect
-
-    real = buildkit_cli(connect())[0][0]
-    log, args = tmp / "build.log", tmp / "build.args"
-    wrapper = tmp / "docker"
-    wrapper.write_text(
-        "#!/bin/bash\n"
-        'if [ "$1" = build ] || [ "$1 $2" = "buildx build" ]; then\n'
-        f'  printf "%s\\n" "$*" >> {args}\n'
-        "  set -o pipefail\n"
-        f'  {real} "$@" 2>&1 | tee -a {log}\n'
-        "  exit $?\n"
-        "fi\n"
-        f'exec {real} "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    return {"wrapper": wrapper, "log": log, "args": args}
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import functools
 import json
 import subprocess
 import uuid
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -112,3 +113,25 @@ def run_in_image(image: str, *cmd: str, user: str | None = None, timeout: float 
     """stdout of CMD in a fresh container of IMAGE (no network), removed afterwards."""
     with TrackedContainer(image, *cmd, user=user) as container:
         return container.run(timeout=timeout).stdout
+
+
+def logging_docker_cli(tmp: Path) -> dict[str, Path]:
+    """A stand-in for the docker CLI gpuenv builds with: the same CLI (the one gpuenv picks
+    here), with what each build prints (the engine's build log) and its arguments kept."""
+    from gpuenv.engine import buildkit_cli, connect
+
+    real = buildkit_cli(connect())[0][0]
+    log, args = tmp / "build.log", tmp / "build.args"
+    wrapper = tmp / "docker"
+    wrapper.write_text(
+        "#!/bin/bash\n"
+        'if [ "$1" = build ] || [ "$1 $2" = "buildx build" ]; then\n'
+        f'  printf "%s\\n" "$*" >> {args}\n'
+        "  set -o pipefail\n"
+        f'  {real} "$@" 2>&1 | tee -a {log}\n'
+        "  exit $?\n"
+        "fi\n"
+        f'exec {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return {"wrapper": wrapper, "log": log, "args": args}

@@ -49,8 +49,8 @@ JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
 class PrivateIndex:
     """Project pages on 127.0.0.1:<free port>, every request checked for basic auth: PEP 691
-    JSON with PEP 700's upload time (an unlocked cell is resolved with an exclude-newer
-    date), or, with `html_only`, PEP 503 HTML alone, as many private indexes serve."""
+    JSON with PEP 700's upload time (as PyPI serves them), or, with `html_only`, PEP 503
+    HTML alone, with no upload time (as a directory behind a web server does)."""
 
     def __init__(self) -> None:
         self.html_only = False
