@@ -16,6 +16,7 @@ wheelhouse alone and a miss is recorded, naming the distribution.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import ssl
@@ -223,6 +224,11 @@ class Fetcher:
         of its checked wheel."""
         path = uv_path(self.store, version, machine)
         if path.is_file():
+            if not self.offline:
+                # Its wheel stored under this key too, so an export of the wheelhouse lets an
+                # offline build of these indexes find it (best effort: the file is here).
+                with contextlib.suppress(GpuenvError, _Upstream):
+                    self.uv_executable(key, version, machine)
             return path
         try:
             executable = self.uv_executable(key, version, machine)

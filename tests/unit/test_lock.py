@@ -353,3 +353,14 @@ def test_reproducible_epoch_comes_from_the_lock():
 
     assert reproducible.epoch_for("2026-11-22T00:00:00Z", 1) == 1795305600
     assert reproducible.epoch_for(None, 1735689600) == 1735689600
+
+
+def test_a_size_under_the_reports_resolution_is_not_a_difference():
+    """Two builds of one lock: the same files, layer archives whose headers carry each
+    build's times, so the engine's sizes differ by bytes; a real change is reported."""
+    a = inventory("a")
+    assert "size" not in compare(a, inventory("b", size=a.size + 4_096))
+    assert compare(a, inventory("b", size=a.size + 2_000_000))["size"] == [
+        a.size,
+        a.size + 2_000_000,
+    ]
