@@ -153,28 +153,38 @@ class Sender:
             self.store, credentials=self.credentials, ca_bundle=ca_bundle, offline=offline
         )
         self.architecture = engine.architecture()
-        self._resolved: dict[str, CellLock] = {}
+        self._resolved: dict[str, str] = {}  # requirements, Python, indexes -> resolution
         self._lock = threading.Lock()
 
     def resolution(self, p: CellPlan) -> CellLock:
-        """The lock's entry, or (an unlocked cell) a resolution made now, once per set of
-        requirements: a GPU cell's environment step then matches its CPU sibling's."""
+        """The lock's entry, or (an unlocked cell) a resolution made now, each part once per
+        set of requirements: a GPU cell's environment step then gets exactly its CPU
+        sibling's, and shares its layer."""
         if p.lock is not None:
             return p.lock
         from gpuenv import lock as locks
-        from gpuenv import plan
 
         cell = p.cell
-        indexes = plan.upstream_indexes(self.project.matrix, cell)
-        memo = json.dumps([cell.python, locks.env_requirements(cell),
-                           locks.cuda_requirements(cell), indexes, cell.is_gpu])  # fmt: skip
+        b = self.project.matrix.model.build
+        indexes = (b.index_url, tuple(dict.fromkeys((*b.extra_index_urls, *cell.indexes))))
+        env = self._resolve(locks.env_requirements(cell), cell.python, indexes)
+        cuda = ""
+        if cell.is_gpu and not cell.cuda_with_framework:
+            cuda = self._resolve(locks.cuda_requirements(cell), cell.python, indexes)
+        return locks.CellLock(locks.inputs_digest(cell, None), env, cuda)
+
+    def _resolve(
+        self, requirements: list[str], python: str, indexes: tuple[str | None, tuple[str, ...]]
+    ) -> str:
+        from gpuenv import lock as locks
+
+        memo = json.dumps([python, requirements, indexes])
         with self._lock:
             if memo not in self._resolved:
-                b = self.project.matrix.model.build
                 # No exclude-newer date: what the indexes offer now, and an index that gives
                 # no upload times (PEP 503 HTML alone, as many private ones) still resolves.
-                self._resolved[memo] = locks.lock_cell(
-                    cell, None, b.index_url, tuple(b.extra_index_urls),
+                self._resolved[memo] = locks.compile_requirements(
+                    requirements, python, None, *indexes,
                     credentials=self.credentials, ca_bundle=self.ca_bundle,
                 )  # fmt: skip
             return self._resolved[memo]
