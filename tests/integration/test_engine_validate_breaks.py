@@ -312,12 +312,16 @@ def validate_image(
     also asserts it left no validation container of that image."""
 
     def validate(ref: str, *args: str) -> tuple[Any, dict[str, Outcome]]:
+        def of_image() -> set[str]:
+            return set(docker("ps", "-a", "-q", "--filter", "label=io.gpuenv.validate=1",
+                              "--filter", f"ancestor={ref}").stdout.split())  # fmt: skip
+
+        before = of_image()  # an earlier, killed session's are not this validation's
         xml = tmp_path_factory.mktemp("junit") / "junit.xml"
         proc = gpuenv("validate", "-i", ref, *args, "--junitxml", str(xml), check=False,
                       timeout=900)  # fmt: skip
         assert xml.is_file(), f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-        left = docker("ps", "-a", "-q", "--filter", "label=io.gpuenv.validate=1",
-                      "--filter", f"ancestor={ref}").stdout.split()  # fmt: skip
+        left = sorted(of_image() - before)
         for cid in left:
             docker("rm", "-f", cid, check=False)
         assert not left, f"gpuenv validate left containers of {ref}: {left}"
