@@ -116,7 +116,6 @@ def image_janitor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
         return
     cleanup.claim_dir(tmp_path_factory.getbasetemp())
-    cleanup.clear_stale()
     before = cleanup.Snapshot.take()
     try:
         with cleanup.fails_on_leftovers(cleanup.session_containers):

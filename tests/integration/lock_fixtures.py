@@ -34,6 +34,7 @@ from typing import IO, Any
 
 import pytest
 from support import cells, cleanup
+from support.cells import test_repository
 from support.cli import Proc, gpuenv_cmd
 from support.cli import output as output
 from support.dockerd import second_dockerd
@@ -42,11 +43,11 @@ from support.engine import image_id as image_id
 
 CELL = cells.CPU_CELL
 BASE = cells.BASE_IMAGE
-REPOSITORY = "gpuenv-test/lock"  # the locked cell's images
-BAD_REPOSITORY = "gpuenv-test/lock-bad"  # builds that must fail (drift, tampered hash)
+REPOSITORY = test_repository("lock")  # the locked cell's images
+BAD_REPOSITORY = test_repository("lock-bad")  # builds that must fail (drift, tampered hash)
 # Other tags of the cell's builds. Another repository: removing an image by ID (as a rebuild
 # does with the build it supersedes) also removes its other tags in the same repository.
-KEEP_REPOSITORY = "gpuenv-test/lock-keep"
+KEEP_REPOSITORY = test_repository("lock-keep")
 OUR_REPOSITORIES = (REPOSITORY, BAD_REPOSITORY, KEEP_REPOSITORY)
 IMAGE = f"{REPOSITORY}:{CELL}"
 FIRST = f"{KEEP_REPOSITORY}:first"

@@ -46,12 +46,12 @@ from support.cells import CPU_CELL as CPU_CELL
 from support.cells import CPU_IMAGE as CPU_IMAGE
 from support.cells import EXTRA_PIP as EXTRA_PIP
 from support.cells import REPO as REPO
-from support.cells import SHIPPED_MATRIX
+from support.cells import SHIPPED_MATRIX, test_repository
 from support.cli import Proc, build_json, clean_env, gpuenv_cmd
 from support.engine import docker as docker_cmd
 from support.engine import inspect as inspect
 
-PUSHPULL = "gpuenv-test/pushpull"  # a repository of its own for the pull-before-build test
+PUSHPULL = test_repository("pushpull")  # a repository of its own for the pull-before-build test
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
 BUILD_TIMEOUT = 1800
 

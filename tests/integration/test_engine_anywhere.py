@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support.cells import BASE_IMAGE
+from support.cells import BASE_IMAGE, test_repository
 from support.cli import clean_env, gpuenv_cmd, output, run
 from support.netns_engine import remote_engine
 from support.podman_engine import load_into_podman, podman_engine
@@ -35,7 +35,7 @@ from support.rootless_engine import rootless_engine
 
 pytestmark = pytest.mark.engine
 
-NAME = "gpuenv-test/anywhere"
+NAME = test_repository("anywhere")
 CELL = "jax0.7-py3.11-cpu"
 IMAGE = f"{NAME}:{CELL}"
 MATRIX = f"""\

@@ -38,13 +38,14 @@ from typing import Any
 
 import pytest
 from support import cells
+from support.cells import test_repository
 from support.cli import clean_env, gpuenv_cmd, output
 from support.engine import logging_docker_cli
 
 pytestmark = pytest.mark.engine
 
 CHUNK = 16 << 20
-REPOSITORY = "gpuenv-test/ca"
+REPOSITORY = test_repository("ca")
 IMAGE = f"{REPOSITORY}:{cells.CPU_CELL}"
 PACKAGE, VERSION = "gpuenv-ca-probe", "1.0"
 TOKEN = secrets.token_hex(12)  # in the probe's module: this session's wheel, and no other

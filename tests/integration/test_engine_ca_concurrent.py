@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.cells import CPU_CELL, GPU_CELL, matrix_text
+from support.cells import CPU_CELL, GPU_CELL, TEST_REPOSITORY_PREFIX, matrix_text
 from support.cli import GPUENV, REPO, clean_env, output
 
 pytestmark = pytest.mark.engine
@@ -51,7 +51,9 @@ def matrices(tmp_path: Path, docker) -> Iterator[dict[str, Path]]:
     for key in ("a", "b"):
         path = tmp_path / key / "matrix.yaml"
         path.parent.mkdir()
-        path.write_text(matrix_text(name=f"gpuenv-test/harden-{key}"), encoding="utf-8")
+        path.write_text(
+            matrix_text(name=f"{TEST_REPOSITORY_PREFIX}/harden-{key}"), encoding="utf-8"
+        )
         paths[key] = path
     for key in paths:
         untag(docker, key)
@@ -62,7 +64,7 @@ def matrices(tmp_path: Path, docker) -> Iterator[dict[str, Path]]:
 
 def untag(docker, key: str) -> None:
     """Remove the matrix's tags, so that its cells need building (the layers stay cached)."""
-    docker("rmi", *(f"gpuenv-test/harden-{key}:{c}" for c in CELLS), check=False)
+    docker("rmi", *(f"{TEST_REPOSITORY_PREFIX}/harden-{key}:{c}" for c in CELLS), check=False)
 
 
 class Held:
@@ -194,11 +196,11 @@ def test_builds_of_one_cell_at_once_do_not_interfere(shipped_gpu, matrices, in_i
         "print(m.version('tensorflow'), u.find_spec('iniconfig') is not None)"
     )
     for key, has_extra in (("a", False), ("b", True)):
-        image = f"gpuenv-test/harden-{key}:{CPU_CELL}"
+        image = f"{TEST_REPOSITORY_PREFIX}/harden-{key}:{CPU_CELL}"
         got = in_image(image, "python", "-c", code).split()
         assert got == ["2.21.0", str(has_extra)], (image, got)
         labels = inspect(image)["Config"]["Labels"]
         assert labels["org.opencontainers.image.title"] == image
     a_ids = {results[0]["image_id"], results[2]["image_id"]}
-    assert inspect(f"gpuenv-test/harden-a:{CPU_CELL}")["Id"] in a_ids
+    assert inspect(f"{TEST_REPOSITORY_PREFIX}/harden-a:{CPU_CELL}")["Id"] in a_ids
     assert results[1]["image_id"] not in a_ids

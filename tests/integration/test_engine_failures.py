@@ -9,13 +9,14 @@ build step fails, none is reported, and the error is the resolver's, naming the 
 from __future__ import annotations
 
 import pytest
+from support.cells import test_repository
 
 pytestmark = pytest.mark.engine
 
 MISSING = "gpuenv-no-such-package-xyz"
 CPU = "tf2.21-py3.11-cpu"
 GPU = "tf2.21-py3.11-cuda12.5-gpu"
-REPOSITORY = "gpuenv-test/fail"
+REPOSITORY = test_repository("fail")
 
 
 @pytest.fixture

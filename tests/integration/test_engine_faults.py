@@ -37,12 +37,12 @@ from pathlib import Path
 
 import pytest
 from support import private_engine as private_engine_module
-from support.cells import BASE_IMAGE, matrix_text
+from support.cells import BASE_IMAGE, matrix_text, test_repository
 from support.cli import GPUENV, clean_env
 from support.private_engine import PrivateEngine, load_image, private_engine
 
-REPO_NAME = "gpuenv-test/faults"
-PUSH_NAME = "gpuenv-test/faults-push"
+REPO_NAME = test_repository("faults")
+PUSH_NAME = test_repository("faults-push")
 CELL = "tf2.21-py3.11-cpu"
 CELL_B = "tf2.20-py3.11-cpu"
 ERROR_LINE_TIMEOUT = 120

@@ -10,12 +10,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.cells import CPU_IMAGE
+from support.cells import CPU_IMAGE, test_repository
 from support.cli import clean_env, output
 
 pytestmark = pytest.mark.engine
 
-REPO_NAME = "gpuenv-test/harden-labels"
+REPO_NAME = test_repository("harden-labels")
 
 HOSTILE_LABELS = {
     "newline-in-cell": {"io.gpuenv.cell": "tf2.21-py3.11-cpu\nRUN id"},

@@ -22,12 +22,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cells import test_repository
 from support.cli import GPUENV, clean_env, output, run
 from support.private_index import PACKAGE, PASSWORD, USER, VERSION, PrivateIndex
 
 pytestmark = pytest.mark.engine
 
-NAME = "gpuenv-test/other-user"
+NAME = test_repository("other-user")
 CELL = "jax0.7-py3.11-cpu"
 
 

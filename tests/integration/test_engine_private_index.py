@@ -21,11 +21,12 @@ import tarfile
 
 import pytest
 from support import cells
+from support.cells import test_repository
 from support.cli import clean_env, gpuenv_cmd, output
 from support.engine import docker, inspect, logging_docker_cli, run_in_image
 from support.private_index import PACKAGE, PASSWORD, USER, VERSION, PrivateIndex
 
-REPOSITORY = "gpuenv-test/private"
+REPOSITORY = test_repository("private")
 IMAGE = f"{REPOSITORY}:{cells.CPU_CELL}"
 
 

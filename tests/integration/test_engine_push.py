@@ -14,6 +14,7 @@ import time
 import urllib.error
 
 import pytest
+from support.cells import test_repository
 
 pytest.register_assert_rewrite("push_fixtures")
 
@@ -35,7 +36,7 @@ pytest_plugins = ["push_fixtures"]
 
 pytestmark = [pytest.mark.engine]
 
-PEEK = "gpuenv-test/peek"  # a repository of its own for the candidate that is not pulled
+PEEK = test_repository("peek")  # a repository of its own for the candidate that is not pulled
 
 
 def no_traceback(proc) -> None:

@@ -15,14 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.cells import BASE_IMAGE, matrix_text
+from support.cells import BASE_IMAGE, matrix_text, test_repository
 from support.cli import GPUENV, clean_env
 from support.engine import docker
 from support.netns_engine import RemoteEngine, remote_engine
 from support.private_engine import load_image
 
 CELL = "tf2.21-py3.11-cpu"
-NAME = "gpuenv-test/faults"
+NAME = test_repository("faults")
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import subprocess
 import uuid
 
 import pytest
+from support.cells import TEST_REPOSITORY_PREFIX
 
 pytestmark = pytest.mark.engine
 
@@ -38,7 +39,7 @@ def test_two_no_cache_builds_normalise_to_the_same_image(tmp_path, gpuenv, in_im
         "&& useradd -u 1234 zed\n"
         "ENV A=1\nLABEL x=y\n"
     )
-    repo = f"gpuenv-test/repro-{uuid.uuid4().hex[:8]}"
+    repo = f"{TEST_REPOSITORY_PREFIX}/repro-{uuid.uuid4().hex[:8]}"
     refs = [f"{repo}:a", f"{repo}:b"]
     originals = []
     try:

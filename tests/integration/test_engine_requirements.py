@@ -14,11 +14,11 @@ import json
 from pathlib import Path
 
 import pytest
-from support.cells import BUILD_TIMEOUT, matrix_text
+from support.cells import BUILD_TIMEOUT, matrix_text, test_repository
 
 pytestmark = pytest.mark.engine
 
-REPOSITORY = "gpuenv-test/reqs"
+REPOSITORY = test_repository("reqs")
 CELL = "tf2.21-py3.11-cpu"
 IMAGE = f"{REPOSITORY}:{CELL}"
 PACKAGE, VERSION = "iniconfig", "2.1.0"  # tiny, pure Python, not a TensorFlow dependency

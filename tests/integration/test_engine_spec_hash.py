@@ -31,12 +31,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from support.cells import test_repository
 
 pytestmark = pytest.mark.engine
 
 CPU = "tf2.21-py3.11-cpu"
 GPU = "tf2.21-py3.11-cuda12.5-gpu"
-REPOSITORY = "gpuenv-test/tf"
+REPOSITORY = test_repository("tf")
 
 
 def _load(path: Path):

@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cells import test_repository
 
 pytestmark = pytest.mark.engine
 
 CPU_IMAGE = "gpuenv/tensorflow:tf2.21-py3.11-cpu"
 GPU_IMAGE = "gpuenv/tensorflow:tf2.21-py3.11-cuda12.5-gpu"
-REPOSITORY = "gpuenv-test/broken-checks"
+REPOSITORY = test_repository("broken-checks")
 SP = "/opt/venv/lib/python3.11/site-packages"
 USER = "USER 1000:1000\n"  # the shipped images' default user, restored after a root step
 # Another CUDA release's wheels (the catalog's 12.6 set): real files of another version.

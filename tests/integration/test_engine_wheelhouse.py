@@ -20,11 +20,12 @@ from pathlib import Path
 
 import pytest
 from support import cells
+from support.cells import test_repository
 from support.cli import clean_env, gpuenv_cmd, output
 from support.engine import docker, inspect
 
-REPOSITORY = "gpuenv-test/wheelhouse"
-KEEP = "gpuenv-test/wheelhouse-keep:online"
+REPOSITORY = test_repository("wheelhouse")
+KEEP = f"{test_repository('wheelhouse-keep')}:online"
 IMAGE = f"{REPOSITORY}:{cells.CPU_CELL}"
 EXCLUDE_NEWER = "2026-11-01"
 

@@ -31,10 +31,11 @@ from support.cells import CPU_IMAGE as CPU_IMAGE
 from support.cells import GPU_CELL as GPU_CELL
 from support.cells import GPU_IMAGE as GPU_IMAGE
 from support.cells import SHIPPED_MATRIX as SHIPPED_MATRIX
+from support.cells import test_repository
 from support.cli import build_cells, gpuenv_cmd
 from support.engine import docker, has_image
 
-BROKEN_REPOSITORY = "gpuenv-test/broken"
+BROKEN_REPOSITORY = test_repository("broken")
 VALIDATE_LABEL = "io.gpuenv.validate"
 # The cuDNN release the broken GPU image gets instead of the cell's 9.3.0.75: the catalog's
 # pin for CUDA 12.6 / cuDNN 9.5, so a real wheel (~545 MB).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,33 +25,49 @@ BASE_IMAGE = "gpuenv/debian:bookworm"  # the cells' base: ~125 MB
 EXTRA_PIP = "certifi==2026.10.18"
 BUILD_TIMEOUT = 1800  # seconds; a cold GPU build downloads ~3 GB of wheels
 
-TEST_REPOSITORY_PREFIX = "gpuenv-test"
-# Every repository these tests build or tag into. Other suites may use other gpuenv-test/*
-# names on the same engine at the same time; the janitor leaves those alone.
+# Every session tags into repositories of its own (gpuenv-test-<session>/...): two sessions on
+# one engine (a developer's and CI's, or one killed before its janitor ran and the next) never
+# see, sweep or collide with each other's tags. What a killed session left stays until removed
+# by hand (`docker images 'gpuenv-test-*/*'`); it is only disk, never a wrong answer.
+SESSION_ID = uuid.uuid4().hex  # this test session (containers are labelled with it too)
+TEST_REPOSITORY_PREFIX = f"gpuenv-test-{SESSION_ID[:8]}"
+
+
+def test_repository(name: str) -> str:
+    """This session's repository `name` (say "tf" -> gpuenv-test-1a2b3c4d/tf)."""
+    return f"{TEST_REPOSITORY_PREFIX}/{name}"
+
+
+test_repository.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
+
+# Every repository these tests build or tag into; the janitor removes new images there.
 TEST_REPOSITORIES = frozenset(
-    {
-        "gpuenv-test/tf",  # test matrices (conftest.py)
-        "gpuenv-test/ca",  # test_engine_ca.py
-        "gpuenv-test/fail",  # test_engine_failures.py
-        "gpuenv-test/lock",  # lock_fixtures.py: the locked cell
-        "gpuenv-test/lock-bad",  # builds that must fail
-        "gpuenv-test/lock-keep",  # other tags of the locked cell's builds
-        "gpuenv-test/broken",  # validate_fixtures.py: images broken in one respect
-        "gpuenv-test/pushpull",  # test_engine_push.py: pull before build
-        "gpuenv-test/harden-a",  # test_engine_ca_concurrent.py: concurrent builds
-        "gpuenv-test/harden-b",
-        "gpuenv-test/harden-labels",  # test_engine_hostile.py: images with hostile labels
-        "gpuenv-test/faults",  # test_engine_faults.py (a private engine; never the shared one)
-        "gpuenv-test/faults-push",
-        "gpuenv-test/frameworks",  # test_engine_frameworks.py: the torch and JAX cells
-        "gpuenv-test/wheelhouse",  # test_engine_wheelhouse.py: online, then offline
-        "gpuenv-test/wheelhouse-keep",  # its online build, kept for the diff
-        "gpuenv-test/private",  # test_engine_private_index.py: a basic-auth index
-        "gpuenv-test/reqs",  # test_engine_requirements.py: a cell with a requirements file
-        "gpuenv-test/peek",  # test_engine_push.py: a candidate with another spec hash
-        "gpuenv-test/anywhere",  # test_engine_anywhere.py: the locked JAX cell on every engine
-        "gpuenv-test/other-user",  # test_engine_other_user.py: a second local user
-    }
+    test_repository(name)
+    for name in (
+        "tf",  # test matrices (conftest.py)
+        "ca",  # test_engine_ca.py
+        "fail",  # test_engine_failures.py
+        "lock",  # lock_fixtures.py: the locked cell
+        "lock-bad",  # builds that must fail
+        "lock-keep",  # other tags of the locked cell's builds
+        "broken",  # validate_fixtures.py: images broken in one respect
+        "broken-checks",  # test_engine_validate_breaks.py: one check broken per image
+        "pushpull",  # test_engine_push.py: pull before build
+        "harden-a",  # test_engine_ca_concurrent.py: concurrent builds
+        "harden-b",
+        "harden-labels",  # test_engine_hostile.py: images with hostile labels
+        "faults",  # test_engine_faults.py (a private engine; never the shared one)
+        "faults-push",
+        "frameworks",  # test_engine_frameworks.py: the torch and JAX cells
+        "wheelhouse",  # test_engine_wheelhouse.py: online, then offline
+        "wheelhouse-keep",  # its online build, kept for the diff
+        "private",  # test_engine_private_index.py: a basic-auth index
+        "reqs",  # test_engine_requirements.py: a cell with a requirements file
+        "peek",  # test_engine_push.py: a candidate with another spec hash
+        "anywhere",  # test_engine_anywhere.py: the locked JAX cell on every engine
+        "other-user",  # test_engine_other_user.py: a second local user
+        "attest",  # test_engine_attest.py: the locked JAX cell pushed with attestations
+    )
 )
 
 

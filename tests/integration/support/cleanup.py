@@ -14,11 +14,7 @@ this session" from a snapshot taken when the session (or a module) starts:
 3. An untagged image whose ID did not exist at the start and whose OCI title names one of
    those repositories (a build the session superseded): removed.
 
-Before the snapshot, ``clear_stale`` untags what an earlier session of this suite left in the
-test repositories (one killed before its janitor ran): a test that asserts a tag is absent,
-or a dry run that must say "build", would otherwise see last run's image.
-
-Never removed: anything that existed at the start (stale test tags aside), anything outside
+Never removed: anything that existed at the start, anything outside
 the test repositories (the shipped cells and their base stay, as a cache, whoever built
 them), and nothing by
 force (``docker rmi`` refuses an image a container uses). Two sessions of this same suite on
@@ -48,6 +44,7 @@ from support.engine import SESSION_LABEL, docker
 
 GPUENV_LABELS = (
     "io.gpuenv.run", "io.gpuenv.probe", "io.gpuenv.validate", "io.gpuenv.diff", "io.gpuenv.monitor",
+    "io.gpuenv.export",
 )  # fmt: skip
 TITLE = "org.opencontainers.image.title"
 
@@ -106,17 +103,6 @@ def _title(image: str) -> str:
     proc = docker("image", "inspect", "-f", f'{{{{index .Config.Labels "{TITLE}"}}}}', image,
                   check=False)  # fmt: skip
     return proc.stdout.strip() if proc.returncode == 0 else ""
-
-
-def clear_stale(repositories: Collection[str] = TEST_REPOSITORIES) -> list[str]:
-    """Untag every reference in the test repositories (an earlier, killed session's); the
-    images themselves go only when nothing else names them."""
-    removed = []
-    for refs in _image_refs().values():
-        for ref in sorted(refs, key=lambda r: "@" in r):
-            if repository(ref) in repositories and docker("rmi", ref, check=False).returncode == 0:
-                removed.append(ref)
-    return removed
 
 
 def sweep(before: Snapshot, repositories: Collection[str] = TEST_REPOSITORIES) -> list[str]:

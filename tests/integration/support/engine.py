@@ -11,16 +11,15 @@ from __future__ import annotations
 import functools
 import json
 import subprocess
-import uuid
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from support.cells import SESSION_ID
 from support.cli import Proc, output
 
 # This pytest session, on an engine others may share: the label of every container it starts
 # by hand (support.cleanup removes what is left with it).
-SESSION_ID = uuid.uuid4().hex
 SESSION_LABEL_KEY = "io.gpuenv.test-session"
 SESSION_LABEL = f"{SESSION_LABEL_KEY}={SESSION_ID}"
 
