@@ -59,9 +59,17 @@ class Lock:
     bases: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def env_requirements(cell: Cell) -> list[str]:
+def framework_requirements(cell: Cell) -> list[str]:
+    """The framework, and for PyTorch GPU cells the CUDA wheels it requires: the roots of
+    the environment's first install step (gpuenv/layers.py)."""
     pins = _pins(cell) if cell.cuda_with_framework else []
-    return [cell.framework_requirement, *pins, *cell.pip]
+    return [cell.framework_requirement, *pins]
+
+
+def env_requirements(cell: Cell) -> list[str]:
+    """What the environment's one resolution is made from: the framework, then the
+    matrix's and the cell's own packages."""
+    return [*framework_requirements(cell), *cell.pip]
 
 
 def cuda_requirements(cell: Cell) -> list[str]:

@@ -25,7 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuenv import layers
 from gpuenv.errors import GpuenvError
+from gpuenv.lock import framework_requirements
+from gpuenv.wheelhouse import locked_requirements
 
 if TYPE_CHECKING:
     from gpuenv.cell import Cell
@@ -63,7 +66,8 @@ def target_of(cell: Cell, engine_arch: str) -> Target:
 
 
 def parts(cell: Cell, resolution: CellLock) -> dict[str, str]:
-    """The install steps' parts and their requirements text, as the templates mount them."""
+    """The resolutions the install steps' parts are made from: the environment's (split in
+    two by gpuenv/layers.py when the cell has packages of its own) and the CUDA wheels'."""
     out = {"python-env": resolution.python_env}
     if cell.is_gpu and not cell.cuda_with_framework:
         out["cuda"] = resolution.cuda
@@ -91,14 +95,35 @@ def assembled(
         here.mkdir(mode=0o700)
         ctx.write(root)
         for part, text in parts(ctx.cell, resolution).items():
-            wheels = fetcher.wheels(key, text, target.python, target.machine, target.glibc)
-            directory = here / part
-            directory.mkdir(mode=0o700)
-            (directory / "requirements.txt").write_text(text, encoding="utf-8")
-            _link(uv, directory / "uv")
-            for filename, stored in wheels:
-                _link(stored, directory / filename)
+            fetched = fetcher.wheels(key, text, target.python, target.machine, target.glibc)
+            # One wheel per requirement, in the resolution's order.
+            wheels = {r.name: w for r, w in zip(locked_requirements(text), fetched, strict=True)}
+            if part == layers.FRAMEWORK and ctx.cell.pip:
+                split = layers.split(
+                    text,
+                    framework_requirements(ctx.cell),
+                    lambda name, wheels=wheels: layers.requires_dist(wheels[name][1]),
+                    target.python,
+                    target.machine,
+                )
+                _write_part(here / layers.FRAMEWORK, split.framework, wheels, uv)
+                _write_part(here / layers.PACKAGES, split.packages, wheels, uv)
+                (here / layers.PACKAGES / layers.COMPILE).write_text(layers.COMPILE_SCRIPT)
+            else:
+                _write_part(here / part, text, wheels, uv)
         yield here
+
+
+def _write_part(
+    directory: Path, text: str, wheels: dict[str, tuple[str, Path]], uv: Path
+) -> None:
+    """A part: its requirements, the wheel of each (fetched and checked), and uv."""
+    directory.mkdir(mode=0o700)
+    (directory / "requirements.txt").write_text(text, encoding="utf-8")
+    _link(uv, directory / "uv")
+    for req in locked_requirements(text):
+        filename, stored = wheels[req.name]
+        _link(stored, directory / filename)
 
 
 def contexts_root(wheelhouse_root: Path) -> Path:
