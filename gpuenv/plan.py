@@ -33,15 +33,25 @@ if TYPE_CHECKING:
 Action = Literal["up-to-date", "pull", "build"]
 
 # The inputs a rebuild can be blamed on, in the order they are reported.
-INPUTS = ("template", "base", "packages", "requirements", "lock", "context")
+INPUTS = ("template", "base", "apt", "framework", "packages", "requirements", "lock", "context")
 REASONS = {
     "template": "template (images/) changed",
     "base": "base image changed",
+    "apt": "apt packages changed",
+    "framework": "framework, its CUDA wheels or the indexes changed",
     "packages": "packages changed",
     "requirements": "requirements file changed",
     "lock": "lock entry changed",
     "context": "rendered build context changed",
 }
+# The image's layers, bottom up (images/Dockerfile.j2): an edit rebuilds the first layer it
+# touches and every one above it; the engine's cache keeps those below.
+LAYERS = ("base", "apt", "framework", "packages")
+FIRST_LAYER = {
+    "template": "base", "base": "base", "context": "base", "apt": "apt",
+    "framework": "framework", "lock": "framework", "packages": "packages",
+    "requirements": "packages",
+}  # fmt: skip
 
 
 def spec_hash(context_digest: str, base_id: str) -> str:
@@ -62,17 +72,17 @@ def input_digests(
     from gpuenv.render import templates_digest
 
     cell = ctx.cell
-    packages = {
+    framework = {
         "framework": cell.framework_requirement,
-        "pip": list(cell.pip),
-        "apt": list(cell.apt),
         "wheels": cell.wheels,
         "index": [options.index_url, *options.extra_index_urls, *cell.indexes],
     }
     return {
         "template": templates_digest()[:16],
         "base": base_id,
-        "packages": _short(json.dumps(packages, sort_keys=True)),
+        "apt": _short(json.dumps(list(cell.apt))),
+        "framework": _short(json.dumps(framework, sort_keys=True)),
+        "packages": _short(json.dumps(list(cell.pip))),
         # path=digest per requirements file, so a rebuild names the file that changed.
         "requirements": ",".join(f"{p}={d[:12]}" for p, d in sorted(cell.requirements.items())),
         "lock": _short(f"{lock.python_env}\0{lock.cuda}") if lock else "",
@@ -92,6 +102,7 @@ class CellPlan:
     action: Action = "build"
     reasons: list[str] = field(default_factory=list)
     pull_ref: str | None = None
+    rebuilds_from: str | None = None  # the first layer (LAYERS) a rebuild cannot take cached
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -99,6 +110,7 @@ class CellPlan:
             "image": self.cell.image,
             "action": self.action,
             "reasons": self.reasons,
+            "rebuilds_from": self.rebuilds_from,
             "spec_hash": self.spec_hash,
             "base": self.cell.base.image,
             "base_id": self.base_id,
@@ -194,22 +206,32 @@ def _base_ids(engine: Engine, project: Project, cells: list[Cell]) -> dict[str, 
     return out
 
 
-def _why_rebuild(existing: ImageInfo, inputs: dict[str, str]) -> list[str]:
+def _why_rebuild(existing: ImageInfo, inputs: dict[str, str]) -> tuple[list[str], str]:
+    """Why the image is rebuilt, and the first layer that rebuild cannot take cached."""
     try:
         recorded = json.loads(existing.labels.get(contract.INPUTS, ""))
     except ValueError:
         recorded = None
     if not isinstance(recorded, dict):
-        return ["spec hash differs (the image records no inputs: built by an older gpuenv)"]
-    changed = []
+        return ["spec hash differs (the image records no inputs: built by an older gpuenv)"], "base"
+    if "framework" not in recorded:  # built before layers were split by change frequency
+        return [REASONS["template"]], "base"
+    changed, blamed = [], []
     for k in INPUTS:
         if k == "context" or recorded.get(k, "" if k == "requirements" else None) == inputs[k]:
             continue
+        blamed.append(k)
         if k == "requirements":
             changed.append(_requirements_reason(str(recorded.get(k) or ""), inputs[k]))
         else:
             changed.append(REASONS[k])
-    return changed or [REASONS["context"]]
+    if not blamed:
+        return [REASONS["context"]], "base"
+    if "lock" in blamed and {"packages", "requirements"} & set(blamed):
+        # The lock was rewritten for the packages edited: their layer, unless the new
+        # resolution moved a version the framework needs (then its layer too).
+        blamed.remove("lock")
+    return changed, min((FIRST_LAYER[k] for k in blamed), key=LAYERS.index)
 
 
 def _requirements_reason(before: str, now: str) -> str:
@@ -264,7 +286,7 @@ def make_plan(
         elif existing.labels.get(contract.SPEC_HASH) == digest:
             p.action = "up-to-date"
         else:
-            p.reasons = _why_rebuild(existing, inputs)
+            p.reasons, p.rebuilds_from = _why_rebuild(existing, inputs)
         if p.action == "build" and pull_from and not no_cache and base_id:
             p.action, p.pull_ref = "pull", f"{pull_from}:{cell.name}"
         plans.append(p)
@@ -296,4 +318,18 @@ def describe(plan: BuildPlan) -> list[str]:
             lines.append(f"    because: {why}")
         else:
             lines.append(f"{p.cell.name}: build ({why})")
+        if p.rebuilds_from is not None:
+            lines.append(f"    rebuilds: {_rebuilt(p.rebuilds_from)}")
     return lines
+
+
+def _rebuilt(layer: str) -> str:
+    """What a rebuild from `layer` redoes, in words."""
+    if layer == "base":
+        return "every layer"
+    if layer == "packages":
+        return (
+            "the packages layer and the metadata (the framework's stay cached unless the new "
+            "resolution moves a version it needs)"
+        )
+    return f"the {layer} layer and every layer above it"

@@ -130,3 +130,36 @@ def test_a_cell_with_packages_installs_them_last_above_the_cuda_wheels(cells):
         # Its own bytecode only: uv's --compile-bytecode would rewrite the framework's.
         assert "--compile-bytecode" not in packages and "/mnt/compile.py" in packages
     assert framework_requirements(cells["cpu"]) == ["tensorflow==2.21.0"]
+
+
+def test_dry_run_names_the_first_layer_an_edit_rebuilds(cells, write_matrix):
+    """gpuenv build --dry-run: which input changed decides the first layer rebuilt."""
+    import json
+
+    from gpuenv import compat, matrix, plan
+    from gpuenv.engine import ImageInfo
+    from gpuenv.render import BuildContext
+
+    def inputs(text: str) -> dict[str, str]:
+        cpu = next(c for c in compat.resolve(matrix.load(write_matrix(text))).cells
+                   if c.variant == "cpu")  # fmt: skip
+        ctx = BuildContext(cpu, render(cpu, RenderOptions(), None).files)
+        return plan.input_digests(ctx, "sha256:b", None, RenderOptions())
+
+    head = 'name: t/x\nmatrix: {tensorflow: ["2.21"], python: ["3.11"], variant: [cpu]}\n'
+    head += 'bases: {"3.11": {debian: bookworm}}\n'
+    before = inputs(head + "packages: {pip: [six==1.17.0]}\n")
+    image = ImageInfo("sha256:i", labels={"io.gpuenv.inputs": json.dumps(before)})
+    for edit, layer in [
+        ("packages: {pip: [six==1.17.0, tomli-w==1.2.0]}\n", "packages"),
+        ("packages: {pip: [six==1.17.0], apt: [curl]}\n", "apt"),
+    ]:
+        reasons, first = plan._why_rebuild(image, inputs(head + edit))
+        assert first == layer, (edit, reasons)
+    # A package edit with its re-lock: still the packages layer; a re-lock alone may move any
+    # version the framework needs.
+    after = {**inputs(head + "packages: {pip: [six==1.17.0, tomli-w==1.2.0]}\n"), "lock": "x"}
+    assert plan._why_rebuild(image, after)[1] == "packages"
+    assert plan._why_rebuild(image, {**before, "lock": "x"})[1] == "framework"
+    assert plan._why_rebuild(image, {**before, "framework": "x"})[1] == "framework"
+    assert plan._why_rebuild(image, {**before, "base": "sha256:c"})[1] == "base"

@@ -87,7 +87,9 @@ def test_an_edit_changes_the_plan_inputs_and_names_the_file(tmp_path):
     assert before["requirements"] != after["requirements"]
     assert context_before != context_after  # so the spec hash differs: a rebuild
     image = ImageInfo("sha256:i", labels={"io.gpuenv.inputs": json.dumps(before)})
-    assert "requirements file reqs.txt changed" in plan._why_rebuild(image, after)
+    reasons, layer = plan._why_rebuild(image, after)
+    assert "requirements file reqs.txt changed" in reasons
+    assert layer == "packages"  # the framework's layer is not what the edit touched
 
 
 def test_a_comment_only_edit_changes_no_context(tmp_path):
