@@ -70,6 +70,9 @@ class ImageInfo:
     labels: dict[str, str] = field(default_factory=dict)
     env: tuple[str, ...] = ()  # KEY=VALUE, as in the config
     user: str = ""
+    working_dir: str = ""
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
 
     @property
     def env_map(self) -> dict[str, str]:
@@ -90,6 +93,9 @@ class ImageInfo:
             labels=dict(config.get("Labels") or {}),
             env=tuple(config.get("Env") or ()),
             user=str(config.get("User") or ""),
+            working_dir=str(config.get("WorkingDir") or ""),
+            entrypoint=tuple(config.get("Entrypoint") or ()),
+            cmd=tuple(config.get("Cmd") or ()),
         )
 
 
@@ -709,6 +715,21 @@ class Engine:
             code = api.exec_inspect(exec_id).get("ExitCode") or 0
         stdout = (out[0] if isinstance(out, tuple) else out) or b""
         return int(code), stdout.decode(errors="replace")
+
+    @contextmanager
+    def exported_filesystem(self, ref: str) -> Iterator[Iterator[bytes]]:
+        """The image's root filesystem as a tar stream, as `docker export` gives it: of a
+        container created (never started, so nothing runs and nothing is written) and
+        removed when the block ends. `docker save` would give layers to merge instead."""
+        spec = ContainerSpec(ref, ["/bin/true"], network="none", init=False,
+                             labels=contract.container_labels("export"))  # fmt: skip
+        cid = self.create(spec)
+        try:
+            with _translated():
+                stream = self._api.export(cid)
+            yield _translated_stream(stream)
+        finally:
+            self.remove_container(cid)
 
     def run_capture(self, image: str, command: list[str]) -> tuple[int, str]:
         """Run a short command in a throwaway container (no network); (exit code, stdout)."""

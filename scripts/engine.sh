@@ -10,7 +10,10 @@
 #      a namespace and veth, a loop-mounted data root, throwaway TLS certificates;
 #      rootlesskit, slirp4netns, uidmap, podman and catatonit for the engine labs of
 #      tests/integration/test_engine_anywhere.py: a rootless dockerd and podman's API
-#      service, which the tests start and stop themselves);
+#      service, which the tests start and stop themselves; slurmctld, slurmd,
+#      slurm-client, munge, charliecloud-runtime and squashfs-tools-ng for
+#      tests/integration/test_engine_slurm.py: a Slurm cluster the tests start and
+#      stop themselves (the packages' own services are not used));
 #      `apt-get update` runs only when something is missing;
 #   2. if `docker info` does not answer, starts
 #        dockerd --bridge=none --iptables=false --ip-masq=false
@@ -45,7 +48,8 @@ readonly BUILD_CACHE="${GPUENV_BUILD_CACHE:-20GB}"
 readonly CONFIG=/etc/gpuenv/dockerd.json
 # Debian packages we need; each is checked on its own.
 readonly PACKAGES=(docker.io debootstrap mmdebstrap docker-registry iproute2 e2fsprogs openssl
-    rootlesskit slirp4netns uidmap podman catatonit)
+    rootlesskit slirp4netns uidmap podman catatonit
+    slurmctld slurmd slurm-client munge charliecloud-runtime squashfs-tools-ng)
 
 say() { printf 'engine.sh: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -82,9 +86,20 @@ install_packages() {
     done
     [[ ${#missing[@]} -eq 0 ]] && return 0
     say "installing: ${missing[*]}"
+    # No package's own service may start (munge, slurmd, the registry...): the tests start
+    # what they need themselves, privately. A policy-rc.d answering 101 tells invoke-rc.d
+    # so; one the machine already has is left as it is.
+    local policy=/usr/sbin/policy-rc.d ours=0
+    if [[ ! -e ${policy} ]]; then
+        printf '#!/bin/sh\nexit 101\n' | as_root tee "${policy}" >/dev/null
+        as_root chmod 0755 "${policy}"
+        ours=1
+    fi
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive \
         apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    [[ ${ours} == 1 ]] && as_root rm -f "${policy}"
+    return 0
 }
 
 # Step 2: start dockerd in the background unless one we started still runs.

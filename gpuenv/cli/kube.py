@@ -74,13 +74,19 @@ KubeCode = Annotated[
     ),
 ]
 KubeDetach = Annotated[
-    bool, typer.Option("--detach", help="Print the Job's name and return", rich_help_panel=_P)
+    bool,
+    typer.Option(
+        "--detach",
+        help="Print the Job's name (--slurm: the job ID) and return",
+        rich_help_panel=_P,
+    ),
 ]
 KubeDryRun = Annotated[
     bool,
     typer.Option(
         "--dry-run",
-        help="Push the images, print the Job as YAML, create nothing",
+        help="Push the images, print the Job as YAML, create nothing (--slurm: print the "
+        "batch script, submit nothing)",
         rich_help_panel=_P,
     ),
 ]

@@ -29,6 +29,15 @@ from gpuenv.cli.kube import (
     KubeShmSize,
     KubeTimeout,
 )
+from gpuenv.cli.slurm import (
+    SlurmFlag,
+    SlurmGpusPerNode,
+    SlurmNodes,
+    SlurmPartition,
+    SlurmRuntime,
+    SlurmShared,
+    SlurmTime,
+)
 
 
 def run_cmd(
@@ -83,10 +92,18 @@ def run_cmd(
     dry_run: KubeDryRun = False,
     attach: KubeAttach = None,
     logs: KubeLogs = None,
+    slurm: SlurmFlag = False,
+    nodes: SlurmNodes = None,
+    gpus_per_node: SlurmGpusPerNode = None,
+    partition: SlurmPartition = None,
+    time: SlurmTime = None,
+    runtime: SlurmRuntime = None,
+    shared: SlurmShared = None,
 ) -> None:
     """Run a script or command in a cell's image, with the current directory mounted;
-    --kube runs it as a Kubernetes Job instead."""
+    --kube runs it as a Kubernetes Job instead, --slurm as a Slurm batch job."""
     from gpuenv.cli.kube import kube_flags_given, run_kube
+    from gpuenv.cli.slurm import run_slurm, slurm_flags_given
 
     local = {"-v/--volume": volume, "-p/--publish": publish, "--network": network,
              "--ipc": ipc, "--interactive/-it": interactive, "--monitor": monitor,
@@ -97,6 +114,27 @@ def run_cmd(
         node_affinity=node_affinity, code=code, detach=detach, dry_run=dry_run,
         attach=attach, logs=logs,
     )  # fmt: skip
+    slurm_given = slurm_flags_given(
+        nodes=nodes, gpus_per_node=gpus_per_node, partition=partition, time=time,
+        runtime=runtime, shared=shared,
+    )  # fmt: skip
+    if slurm:
+        # --detach and --dry-run are both paths' own; the rest of --kube's are refused.
+        kube_only = [f for f in kube_given if f not in ("--detach", "--dry-run")]
+        if kube or attach or logs:
+            kube_only.insert(0, "--kube" if kube else "--attach" if attach else "--logs")
+        refused = {**local, "--gpus": gpus, "--workdir": workdir, **dict.fromkeys(kube_only, True)}
+        code_ = run_slurm(
+            command or [], refused, image=image, env=env or [], nodes=nodes,
+            gpus_per_node=gpus_per_node, partition=partition, time=time, runtime=runtime,
+            shared=shared, detach=detach, dry_run=dry_run, file=file,
+        )  # fmt: skip
+        raise typer.Exit(code_)
+    if slurm_given:
+        from gpuenv.errors import GpuenvError
+
+        with user_errors(exit_code=125):
+            raise GpuenvError(f"{', '.join(slurm_given)}: only with --slurm")
     if kube or attach or logs:
         code_ = run_kube(
             command or [], local, image=image, gpus=gpus, env=env or [], workdir=workdir,

@@ -1,0 +1,35 @@
+#!/bin/bash
+#SBATCH --job-name=gpuenv-tf2.21-py3.11-cuda12.5-gpu
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=4
+#SBATCH --time=0-02:00:00
+#SBATCH --partition=gpu
+#SBATCH --output=/shared/gpuenv/jobs/gpuenv-%j.out
+#SBATCH --chdir=/home/ada/project
+# gpuenv run --slurm: tf2.21-py3.11-cuda12.5-gpu (sha256:ab12), runtime charliecloud
+
+export USER="${USER:-$(id -un)}"  # ch-run and enroot refuse to start without it
+# torch.distributed's rendezvous: the allocation's first node (JAX's
+# jax.distributed.initialize() and TF's SlurmClusterResolver read SLURM_* themselves).
+export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+export MASTER_PORT="$((20000 + SLURM_JOB_ID % 10000))"
+export WANDB_MODE=offline
+export NOTE='it'"'"'s quoted'
+
+rm -f "/shared/gpuenv/jobs/gpuenv-$SLURM_JOB_ID.failed"
+srun --kill-on-bad-exit=1 \
+    sh -c 'f=$1; shift
+m=$(mktemp -d "${TMPDIR:-/tmp}/gpuenv-ch.XXXXXX") || exit 125
+trap '"'"'rmdir "$m" 2>/dev/null'"'"' EXIT
+trap '"'"'exit 143'"'"' TERM INT
+ch-run -m "$m" "$@"
+rc=$?
+[ "$rc" -eq 0 ] || (set -C; echo "$rc" > "$f") 2>/dev/null
+exit "$rc"
+' gpuenv-task "/shared/gpuenv/jobs/gpuenv-$SLURM_JOB_ID.failed" \
+    --env-no-expand --set-env=/shared/gpuenv/images/ab12.env -b /home -c /home/ada/project /shared/gpuenv/images/ab12.sqfs -- \
+    python train.py --epochs 3
+rc=$?
+if [ -s "/shared/gpuenv/jobs/gpuenv-$SLURM_JOB_ID.failed" ]; then read -r rc < "/shared/gpuenv/jobs/gpuenv-$SLURM_JOB_ID.failed"; fi
+exit "$rc"
