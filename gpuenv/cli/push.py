@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -30,6 +31,17 @@ def push_cmd(
     ] = True,
     as_json: JsonOption = False,
     ca_bundle: CaOption = None,
+    attest: Annotated[
+        bool,
+        typer.Option(
+            "--attest",
+            help="Attach a signed SBOM and SLSA provenance to each pushed image (needs --key)",
+        ),
+    ] = False,
+    key: Annotated[
+        Path | None,
+        typer.Option("--key", help="ECDSA P-256 private key (PEM) that signs the attestations"),
+    ] = None,
 ) -> None:
     """Tag and push the cells' images (and their aliases); report the digest per tag."""
     from gpuenv import engine, publish
@@ -44,17 +56,38 @@ def push_cmd(
     with user_errors():
         if registry is not None and registry_problem(registry):
             raise fail(f"--registry {registry_problem(registry)}", 2)
+        signer = None
+        if attest or key is not None:
+            if not (attest and key is not None):
+                raise fail("--attest and --key go together: --attest --key KEY.pem (keyless "
+                           "signing needs Sigstore; see the README)", 2)  # fmt: skip
+            from gpuenv.attest.dsse import load_signer
+
+            signer = load_signer(key)  # a bad key fails before anything is pushed
         project = open_project(file)
         results = publish.push_cells(
             engine.connect(), project, project.select(patterns), registry=registry,
             aliases=aliases, ca_bundle=project.ca_bundle(ca_bundle),
             on_result=progress,
         )  # fmt: skip
+        attested = []
+        if signer is not None:
+            from gpuenv.attest.attach import attest_pushed
+
+            attested = attest_pushed(engine.connect(), project, results, signer)
     if as_json:
-        print_json({"results": [r.to_json() for r in results]})
+        print_json(
+            {
+                "results": [r.to_json() for r in results],
+                **({"attestations": [a.to_json() for a in attested]} if attest else {}),
+            }
+        )
     else:
         for r in results:
             print(f"{r.ref}  {r.digest or '-'}  {r.status}" + (f": {r.error}" if r.error else ""))
+        for a in attested:
+            for predicate_type, artifact in a.artifacts:
+                print(f"attested {a.ref}  {predicate_type}  {artifact}")
     bad = [r for r in results if r.status != "pushed"]
     if bad:
         raise fail(f"{len(bad)} of {len(results)} tag(s) not pushed")

@@ -139,7 +139,9 @@ def test_the_image_workflow_steps_run_here(registry, pushed, cpu_built, loopback
     # `pushed` first: the registry then holds the layers, and the workflow's push mounts them.
     doc = yaml.safe_load(WORKFLOW.read_text())
     jobs = doc["jobs"]
-    assert list(jobs) == ["cells", "build"] and jobs["build"]["needs"] == "cells"
+    # `verify` checks the attestations in the registry after the push; it is not run here
+    # (tests/integration/test_engine_attest.py runs `gpuenv verify`).
+    assert list(jobs) == ["cells", "build", "verify"] and jobs["build"]["needs"] == "cells"
     workflow_env = dict(doc.get("env") or {})
     assert workflow_env["REGISTRY_HOST"] == "ghcr.io"
     workflow_env["REGISTRY_HOST"] = registry.host
@@ -165,6 +167,7 @@ def test_the_image_workflow_steps_run_here(registry, pushed, cpu_built, loopback
         "runner.temp": str(runner_temp),
         "github.workspace": str(REPO),
         "github.repository_owner": OWNER,
+        "secrets.GPUENV_ATTEST_KEY": "",  # no signing key here: the push attests nothing
     }
     log: list[str] = []
 

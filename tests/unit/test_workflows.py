@@ -86,3 +86,15 @@ def test_the_kube_workflow_runs_a_cpu_job_on_kind_through_gpuenv():
                     "cmp a.yaml b.yaml", "--detach check.py", 'run --kube --logs "$JOB"',
                     'test "$code" = 3'):  # fmt: skip
         assert command in runs
+
+
+def test_the_image_workflow_attests_pushed_images_and_a_job_verifies_them():
+    doc = yaml.safe_load((WORKFLOWS / "images.yml").read_text())
+    build, verify = doc["jobs"]["build"], doc["jobs"]["verify"]
+    push = next(s for s in build["steps"] if s.get("name") == "Push")
+    assert push["env"]["ATTEST_KEY"] == "${{ secrets.GPUENV_ATTEST_KEY }}"
+    assert "--attest --key" in push["run"]
+    assert verify["needs"] == ["cells", "build"]
+    assert verify["if"].startswith(push["if"])  # the same pushes, when a public key is set
+    assert "vars.GPUENV_ATTEST_PUBLIC_KEY" in verify["if"]
+    assert 'gpuenv verify "$REGISTRY_HOST/' in _runs(verify)
