@@ -1,5 +1,11 @@
 """The compatibility catalog (data/*.yaml) and the resolution of combinations into cells.
 
+The framework rows (data/torch.yaml, jax.yaml, tensorflow.yaml) and the CUDA 13 wheel sets
+(data/cuda-wheels.yaml) are generated from the frameworks' own metadata by
+`gpuenv catalog --refresh` (gpuenv/catalog/refresh.py); the facts no metadata gives (driver
+minimums, the CUDA 12 wheel sets, Debian's Pythons) are hand-kept, with sources, in
+data/cuda.yaml and data/debian.yaml.
+
 Resolution is kept apart from rendering: it decides *what* a cell is (exact framework
 version, CUDA/cuDNN pair, pinned wheels, index, base), or why it cannot be. There is one
 Catalog per framework (data/tensorflow.yaml, torch.yaml, jax.yaml); the CUDA and Debian
@@ -36,6 +42,10 @@ class FrameworkRelease:
     wheel_requires: dict[str, str]
     gpu_unsupported: str | None
     cpu_version: str | None = None  # the CPU build's own version (torch: 2.9.1+cpu)
+    # PyTorch pins every CUDA wheel exactly: its default CUDA/cuDNN is exactly these pins
+    # (gpu_pins then holds them all), of this CUDA release (cuda-toolkit 13.0.3, ...).
+    exact: bool = False
+    gpu_release: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,8 @@ class Catalog:
     debian_python: dict[str, str]  # suite -> python
     cpu_index: str | None = None  # the index the CPU build lives on, when not PyPI
     cuda_with_framework: bool = False  # the framework's wheel requires its CUDA wheels
+    refreshed: str | None = None  # when the rows were generated from the index
+    index: str | None = None  # the index they were generated from
 
     @property
     def pythons(self) -> list[str]:
@@ -76,9 +88,20 @@ class Catalog:
                 return None
         return row
 
+    def newest(self) -> FrameworkRelease:
+        return self.releases[max(self.releases, key=Version)]
+
     def known_releases(self) -> str:
+        """The minors held, as a true statement: "2.9-2.15 (every minor)" only when none is
+        missing between the ends, else each one listed."""
         minors = sorted(self.releases, key=Version)
-        return f"{minors[0]} to {minors[-1]}"
+        if len(minors) == 1:
+            return minors[0]
+        lo, hi = Version(minors[0]), Version(minors[-1])
+        every = lo.major == hi.major and len(minors) == hi.minor - lo.minor + 1
+        if every:
+            return f"{minors[0]}-{minors[-1]} (every minor release)"
+        return ", ".join(minors)
 
     def gpu_minors(self) -> list[str]:
         return [m for m, row in self.releases.items() if row.gpu_default is not None]
@@ -103,6 +126,18 @@ def _release(row: dict[str, Any]) -> FrameworkRelease:
         wheel_requires=dict(row.get("wheel_requires") or {}),
         gpu_unsupported=row.get("gpu_unsupported"),
         cpu_version=(row.get("cpu") or {}).get("version"),
+        exact=bool((gpu or {}).get("exact", False)),
+        gpu_release=(gpu or {}).get("release"),
+    )
+
+
+def _toolkit(k: str, v: dict[str, Any]) -> Toolkit:
+    return Toolkit(
+        k,
+        v["release"],
+        v["min_driver"],
+        dict(v["wheels"]),
+        {w: tuple(c) for w, c in (v.get("companions") or {}).items()},
     )
 
 
@@ -114,28 +149,25 @@ def catalog(framework: str = "tensorflow") -> Catalog:
         raise KeyError(framework)
     doc = _read(f"{framework}.yaml")
     cuda = _read("cuda.yaml")
+    generated = _read("cuda-wheels.yaml")
     debian = _read("debian.yaml")
+    # The hand-kept sets (CUDA 12, 13.0) first; generated ones add the minors they lack.
+    toolkit_rows = {**(generated.get("toolkits") or {}), **cuda["toolkits"]}
+    pair_rows = [*cuda["pairs"], *(generated.get("pairs") or [])]
     return Catalog(
         framework=doc["framework"],
         short=doc["short"],
         display=doc.get("display", "TensorFlow"),
         releases={row["minor"]: _release(row) for row in doc["releases"]},
-        toolkits={
-            k: Toolkit(
-                k,
-                v["release"],
-                v["min_driver"],
-                dict(v["wheels"]),
-                {w: tuple(c) for w, c in (v.get("companions") or {}).items()},
-            )
-            for k, v in cuda["toolkits"].items()
-        },
-        pairs={(p["cuda"], p["cudnn"]): p["cudnn_wheel"] for p in cuda["pairs"]},
+        toolkits={k: _toolkit(k, v) for k, v in toolkit_rows.items()},
+        pairs={(p["cuda"], p["cudnn"]): p["cudnn_wheel"] for p in reversed(pair_rows)},
         driver_floor=dict(cuda["driver_floor"]),
         ga_min_driver=dict(cuda["ga_min_driver"]),
         debian_python={k: v["python"] for k, v in debian["suites"].items()},
         cpu_index=doc.get("cpu_index"),
         cuda_with_framework=bool(doc.get("cuda_with_framework", False)),
+        refreshed=doc.get("refreshed"),
+        index=doc.get("index"),
     )
 
 
@@ -161,6 +193,9 @@ def gpu_wheels(
     the cuDNN of the pair, and the release's own GPU pins; every requirement the framework
     declares must then be pinned, inside its range."""
     cat = cat or catalog()
+    if row.exact and (cuda, cudnn) == row.gpu_default:
+        # The framework's own exact pins are the set (PyTorch); checked like any other.
+        return _checked(row, dict(row.gpu_pins), cuda, cudnn, cat)
     if (cuda, cudnn) not in cat.pairs:
         known = ", ".join(f"{c}/{d}" for c, d in sorted(cat.pairs, key=lambda p: Version(p[0])))
         raise ValueError(
@@ -173,7 +208,21 @@ def gpu_wheels(
         wanted.update(toolkit.companions.get(package, ()))
     wheels = {p: v for p, v in toolkit.wheels.items() if p in wanted}
     wheels[cudnn_package(cuda)] = cat.pairs[(cuda, cudnn)]
-    wheels.update(row.gpu_pins)
+    # An exact row's pins of its own CUDA stay out of another CUDA's set: only the wheels
+    # outside every toolkit set (NCCL, NVSHMEM, ...) carry over.
+    own = row.gpu_pins if not row.exact else {
+        p: v for p, v in row.gpu_pins.items()
+        if p not in toolkit.wheels and not p.startswith("nvidia-cudnn-cu")
+        and not any(p in t.wheels for t in cat.toolkits.values())
+    }  # fmt: skip
+    wheels.update(own)
+    return _checked(row, wheels, cuda, cudnn, cat)
+
+
+def _checked(
+    row: FrameworkRelease, wheels: dict[str, str], cuda: str, cudnn: str, cat: Catalog
+) -> dict[str, str]:
+    """``wheels``, once every requirement the framework declares is pinned inside its range."""
     for package, spec in sorted(row.wheel_requires.items()):
         pinned = wheels.get(package)
         if pinned is None:
@@ -248,11 +297,8 @@ def _resolve_one(m: LoadedMatrix, cat: Catalog, combo: Combination) -> Cell:
     requested = combo[key]
     row = cat.release(requested)
     if row is None:
-        raise m.error(
-            f"unknown {cat.display} version {requested}; gpuenv knows {cat.known_releases()} "
-            f"(see gpuenv/data/{cat.framework}.yaml)",
-            (*where, key) if inc is not None else ("matrix", key),
-        )
+        raise m.error(unknown_release(cat, requested),
+                      (*where, key) if inc is not None else ("matrix", key))  # fmt: skip
     python = combo["python"]
     if python not in cat.pythons:
         raise m.error(
@@ -287,7 +333,7 @@ def _resolve_one(m: LoadedMatrix, cat: Catalog, combo: Combination) -> Cell:
             wheels = gpu_wheels(row, cuda, cudnn, cat)
         except ValueError as exc:
             raise _Rejected(str(exc)) from None
-        release = cat.toolkits[cuda].release
+        release = cuda_release(row, cuda, cudnn, cat)
     base = _base(m, cat, python)
     # Requirements files' lines join pip (so the lock, the build and drift see them); the
     # files' digests name an edit in `build --dry-run` (plan.input_digests).
@@ -367,6 +413,26 @@ def _choose_defaults(m: LoadedMatrix, result: Resolution) -> None:
     # Prefer the framework's own tested CUDA when several GPU cells match.
     gpus.sort(key=lambda c: (row is None or (c.cuda, c.cudnn) != row.gpu_default, c.name))
     result.default_gpu = gpus[0] if gpus else None
+
+
+def cuda_release(row: FrameworkRelease, cuda: str, cudnn: str, cat: Catalog) -> str | None:
+    """The exact CUDA release a GPU cell's wheels are: an exact row's own (cuda-toolkit
+    13.0.3 for PyTorch 2.13), else the toolkit set's."""
+    if row.exact and (cuda, cudnn) == row.gpu_default and row.gpu_release:
+        return row.gpu_release
+    toolkit = cat.toolkits.get(cuda)
+    return toolkit.release if toolkit else None
+
+
+def unknown_release(cat: Catalog, requested: str) -> str:
+    """The error for a release the catalog does not hold: what it holds, and the newest."""
+    newest = cat.newest()
+    when = f", refreshed {cat.refreshed}" if cat.refreshed else ""
+    return (
+        f"unknown {cat.display} version {requested}; gpuenv's catalog holds "
+        f"{cat.known_releases()}, the newest {newest.minor} ({newest.version}{when}); "
+        "a newer release: run `gpuenv catalog --refresh`"
+    )
 
 
 def driver_floor(cuda: str) -> str:

@@ -105,7 +105,7 @@ def from_labels(image: str, found: dict[str, str]) -> dict[str, Any]:
             wheels = compat.gpu_wheels(row, cuda, cudnn, cat)
         except ValueError as exc:
             raise GpuenvError(f"{image}: its CUDA labels contradict the catalog: {exc}") from None
-        release = cat.toolkits[cuda].release
+        release = compat.cuda_release(row, cuda, cudnn, cat)
     elif cuda or cudnn:
         raise GpuenvError(f"{image}: a CPU image with io.gpuenv.cuda/cudnn labels")
     from gpuenv.cell import cell_name

@@ -1,7 +1,9 @@
-"""PyTorch and JAX cells built and validated for real (issue 12): a JAX CPU cell, a JAX GPU
-cell (CUDA 12.9 wheels) and a PyTorch GPU cell (CUDA 13.0 wheels), each built once per
-module from a test matrix in a temporary directory (repository gpuenv-test/frameworks,
-removed by the session janitor).
+"""PyTorch and JAX cells built and validated for real (issues 12 and 23): the newest JAX
+release's CPU and GPU cells and the newest PyTorch release's GPU cell the catalog holds (its
+generated data, gpuenv/data/*.yaml), on Python 3.13, each built once per module from a test
+matrix in a temporary directory (repository gpuenv-test/frameworks, removed by the session
+janitor). The releases and their pins come from the catalog, so a refresh moves this test
+to the new newest releases with no edit.
 
 Every check that needs no GPU must pass, the CUDA libraries' loading included; the device
 checks are skipped with the reason (no GPU here), never faked. The torch CPU cell is not
@@ -35,23 +37,38 @@ pytest_plugins = ["validate_fixtures"]
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("validate_leftovers")]
 
 REPOSITORY = f"{TEST_REPOSITORY_PREFIX}/frameworks"
-JAX_CPU = "jax0.7-py3.11-cpu"
-JAX_GPU = "jax0.7-py3.11-cuda12.9-gpu"
-TORCH_GPU = "torch2.11-py3.11-cuda13.0-gpu"
+PYTHON = "3.13"
+
+
+def _newest(framework: str) -> Any:
+    from gpuenv import compat
+
+    return compat.catalog(framework).newest()
+
+
+TORCH, JAX = _newest("torch"), _newest("jax")
+assert TORCH.gpu_default is not None and JAX.gpu_default is not None
+JAX_MAJOR = JAX.gpu_default[0].split(".")[0]
+JAX_CPU = f"jax{JAX.minor}-py{PYTHON}-cpu"
+JAX_GPU = f"jax{JAX.minor}-py{PYTHON}-cuda{JAX.gpu_default[0]}-gpu"
+TORCH_GPU = f"torch{TORCH.minor}-py{PYTHON}-cuda{TORCH.gpu_default[0]}-gpu"
+TORCH_CPU = f"torch{TORCH.minor}-py{PYTHON}-cpu"
 CELLS = (JAX_CPU, JAX_GPU, TORCH_GPU)
+TORCH_EXCLUDE = (
+    f'    - {{torch: "{TORCH.minor}", variant: cpu}}   # PyTorch\'s own index: unreachable\n'
+)
 
 MATRIX = f"""\
 name: {REPOSITORY}
 matrix:
-  torch: ["2.11"]
-  jax: ["0.7"]
-  python: ["3.11"]
+  torch: ["{TORCH.minor}"]
+  jax: ["{JAX.minor}"]
+  python: ["{PYTHON}"]
   variant: [cpu, gpu]
   exclude:
-    - {{torch: "2.11", variant: cpu}}   # on PyTorch's own index: not reachable here
-default: {{jax: "0.7", python: "3.11"}}
+{TORCH_EXCLUDE}default: {{jax: "{JAX.minor}", python: "{PYTHON}"}}
 bases:
-  "3.11": {{debian: bookworm}}
+  "{PYTHON}": {{debian: trixie}}
 """
 
 # Skipped everywhere here, with these reasons: no lock, no size baseline, no GPU.
@@ -144,7 +161,7 @@ def run_python(cell: str, code: str) -> str:
 
 
 def test_images_hold_what_the_catalog_says(built) -> None:
-    # torch's GPU wheel is the CUDA 13.0 build and finds its CUDA wheels with no driver.
+    # torch's GPU wheel is the CUDA build of its pins and finds its CUDA wheels with no driver.
     doc = json.loads(
         run_python(
             TORCH_GPU,
@@ -154,15 +171,19 @@ def test_images_hold_what_the_catalog_says(built) -> None:
             "  'toolkit': m.version('cuda-toolkit'), 'cublas': m.version('nvidia-cublas')}))",
         )
     )
-    assert doc == {"version": "2.11.0", "cuda": "13.0", "cudnn": 91900, "available": False,
-                   "toolkit": "13.0.2", "cublas": "13.1.0.3"}  # fmt: skip
-    # JAX's GPU image: its CUDA 12 plugin at jax's version; without a GPU it runs on the CPU.
+    pins = TORCH.gpu_pins
+    cudnn = [int(p) for p in pins["nvidia-cudnn-cu13"].split(".")[:3]]
+    assert doc == {"version": TORCH.version, "cuda": TORCH.gpu_default[0],
+                   "cudnn": cudnn[0] * 10000 + cudnn[1] * 100 + cudnn[2], "available": False,
+                   "toolkit": pins["cuda-toolkit"], "cublas": pins["nvidia-cublas"]}  # fmt: skip
+    # JAX's GPU image: its CUDA plugin at jax's version; without a GPU it runs on the CPU.
     out = run_python(
         JAX_GPU,
         "import importlib.metadata as m, jax\n"
-        "print(m.version('jax-cuda12-plugin'), m.version('jaxlib'), jax.devices()[0].platform)",
+        f"print(m.version('jax-cuda{JAX_MAJOR}-plugin'), m.version('jaxlib'), "
+        "jax.devices()[0].platform)",
     )
-    assert out.splitlines()[-1] == "0.7.2 0.7.2 cpu"
+    assert out.splitlines()[-1] == f"{JAX.version} {JAX.version} cpu"
 
 
 # The diff ID of a layer that holds nothing (an empty tar): BuildKit writes one for WORKDIR.
@@ -199,8 +220,12 @@ def test_layers(built) -> None:
     sent = context_dir(cache_dir().parent, built["matrix"], TORCH_GPU)
     assert not (sent / "cuda").exists()
     requirements = (sent / "python-env" / "requirements.txt").read_text()
-    assert "torch==2.11.0 " in requirements and "nvidia-cudnn-cu13==9.19.0.56 " in requirements
-    assert any(f.name.startswith("torch-2.11.0-") for f in (sent / "python-env").iterdir())
+    cudnn = TORCH.gpu_pins["nvidia-cudnn-cu13"]
+    assert f"torch=={TORCH.version} " in requirements
+    assert f"nvidia-cudnn-cu13=={cudnn} " in requirements
+    assert any(
+        f.name.startswith(f"torch-{TORCH.version}-") for f in (sent / "python-env").iterdir()
+    )
     info = json.loads(docker("image", "inspect", image(TORCH_GPU)).stdout)[0]
     base = json.loads(docker("image", "inspect", info["Config"]["Labels"][
         "org.opencontainers.image.base.name"]).stdout)[0]  # fmt: skip
@@ -239,9 +264,7 @@ def test_torch_cpu_cell_is_planned_with_pytorchs_index(built) -> None:
     from gpuenv import wheelhouse
     from gpuenv.project import open_project
 
-    text = MATRIX.replace(
-        '    - {torch: "2.11", variant: cpu}   # on PyTorch\'s own index: not reachable here\n', ""
-    )
+    text = MATRIX.replace(TORCH_EXCLUDE, "")
     text = (
         text.replace("  exclude:\n", "")
         + "build:\n  torch_cpu_index: https://mirror.example/whl/cpu\n"
@@ -249,23 +272,21 @@ def test_torch_cpu_cell_is_planned_with_pytorchs_index(built) -> None:
     path = built["matrix"].parent / "with-torch-cpu.yaml"
     path.write_text(text, encoding="utf-8")
     out = path.parent / "rendered"
-    gpuenv_cmd("render", "-f", str(path), "torch2.11-py3.11-cpu", "-o", str(out))
-    dockerfile = (out / "torch2.11-py3.11-cpu" / "Dockerfile").read_text()
+    gpuenv_cmd("render", "-f", str(path), TORCH_CPU, "-o", str(out))
+    dockerfile = (out / TORCH_CPU / "Dockerfile").read_text()
     project = open_project(path)
-    urls = plans.upstream_indexes(project.matrix, project.one_cell("torch2.11-py3.11-cpu", "-i"))
+    urls = plans.upstream_indexes(project.matrix, project.one_cell(TORCH_CPU, "-i"))
     assert "https://mirror.example/whl/cpu" in [u.rstrip("/") for u in urls], urls
     others = plans.upstream_indexes(project.matrix, project.one_cell(TORCH_GPU, "-i"))
     assert wheelhouse.index_key(urls) != wheelhouse.index_key(others)
     assert f"indexes keyed {wheelhouse.index_key(urls)} " in dockerfile
     assert "mirror.example" not in dockerfile and "127.0.0.1" not in dockerfile
     cells = json.loads(gpuenv_cmd("matrix", "-f", str(path), "--json").stdout)
-    cpu = next(c for c in cells["cells"] if c["name"] == "torch2.11-py3.11-cpu")
+    cpu = next(c for c in cells["cells"] if c["name"] == TORCH_CPU)
     assert cpu["indexes"] == ["https://mirror.example/whl/cpu"]
-    assert cpu["install"] == "torch==2.11.0+cpu"
-    plan = json.loads(
-        gpuenv_cmd("build", "-f", str(path), "torch2.11-py3.11-cpu", "--dry-run", "--json").stdout
-    )
-    assert "torch2.11-py3.11-cpu" in json.dumps(plan)
+    assert cpu["install"] == f"torch=={TORCH.version}+cpu"
+    plan = json.loads(gpuenv_cmd("build", "-f", str(path), TORCH_CPU, "--dry-run", "--json").stdout)
+    assert TORCH_CPU in json.dumps(plan)
 
 
 def test_images_validate_from_their_labels(built) -> None:
@@ -288,7 +309,7 @@ def broken(built, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             "RUN rm {sp}/jaxlib/_jax.so\n",
         ),
     }
-    sp = "/opt/venv/lib/python3.11/site-packages"
+    sp = f"/opt/venv/lib/python{PYTHON}/site-packages"
     refs = {}
     for tag, (cell, step) in cases.items():
         context = tmp_path_factory.mktemp(tag)

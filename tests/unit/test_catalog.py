@@ -1,0 +1,433 @@
+"""The generated catalog (issue 23): `gpuenv catalog --refresh` against a loopback index
+serving the recorded pages and METADATA files (tests/unit/fixtures/catalog/, recorded from
+PyPI through the proxy; SOURCES.json names each file's URL and the date), the walk over
+every catalog row x Python (resolve, render, every pin inside the framework's own
+Requires-Dist of the recorded METADATA), range-read METADATA, and the CLI."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import http.server
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from gpuenv import compat, matrix
+from gpuenv.catalog import refresh
+from gpuenv.catalog.index import Index, Unreachable, parse_metadata
+from gpuenv.errors import GpuenvError
+from gpuenv.render import render
+from gpuenv.wheelhouse import IndexFile
+
+FIXTURES = Path(__file__).parent / "fixtures" / "catalog"
+DATA = Path(refresh.__file__).resolve().parents[1] / "data"
+PYPI = "https://pypi.org/simple/"
+FILES = "https://files.pythonhosted.org/"
+
+
+# ---------------------------------------------------------------------- a loopback index
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """/simple/<project>/ (PEP 691 JSON, from the recorded pages, with any yanked files the
+    test asks for), /files/<path>.metadata (the recorded METADATA), /files/<path> (a wheel
+    the test registered, with Range support)."""
+
+    server: _Server
+
+    def log_message(self, *args: object) -> None:  # quiet
+        pass
+
+    def do_GET(self) -> None:
+        self.server.requests.append(self.path)
+        if self.path.startswith("/simple/"):
+            project = self.path.split("/")[2]
+            page = FIXTURES / "pages" / f"{project}.json"
+            if not page.exists():
+                return self._send(404, b"no such project", "text/plain")
+            doc = json.loads(page.read_text())
+            for f in doc["files"]:  # URLs stay PyPI's: LoopbackIndex answers them here
+                if f["filename"] in self.server.yanked:
+                    f["yanked"] = "broken build"
+            return self._send(200, json.dumps(doc).encode(), "application/vnd.pypi.simple.v1+json")
+        name = self.path.rsplit("/", 1)[-1]
+        if name.endswith(".metadata"):
+            path = FIXTURES / "metadata" / name
+            if path.exists():
+                return self._send(200, path.read_bytes(), "application/octet-stream")
+        if name in self.server.wheels:
+            return self._ranged(self.server.wheels[name])
+        return self._send(404, b"not found", "text/plain")
+
+    def _ranged(self, data: bytes) -> None:
+        m = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
+        if not m:
+            return self._send(200, data, "application/zip")
+        start, end = m.groups()
+        if not start:  # a suffix: the last N bytes
+            first, last = max(0, len(data) - int(end)), len(data) - 1
+        else:
+            first, last = int(start), min(len(data) - 1, int(end) if end else len(data) - 1)
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
+        self.send_header("Content-Length", str(last - first + 1))
+        self.end_headers()
+        self.wfile.write(data[first : last + 1])
+
+    def _send(self, code: int, body: bytes, kind: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.base = f"http://127.0.0.1:{self.server_address[1]}"
+        self.yanked: set[str] = set()
+        self.wheels: dict[str, bytes] = {}
+        self.requests: list[str] = []
+
+
+class LoopbackIndex(Index):
+    """PyPI's URLs, answered by the loopback server: the data generated names PyPI exactly
+    as a refresh against PyPI does, so it can be compared with the shipped files byte for
+    byte."""
+
+    def __init__(self, server: _Server) -> None:
+        super().__init__(PYPI)
+        self.server = server
+
+    def _open(self, url: str, headers: dict[str, str]):
+        url = url.replace(PYPI, f"{self.server.base}/simple/").replace(
+            FILES, f"{self.server.base}/files/"
+        )
+        return super()._open(url, headers)
+
+
+@pytest.fixture
+def server() -> Iterator[_Server]:
+    srv = _Server()
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def _shipped(name: str) -> dict:
+    return yaml.safe_load((DATA / name).read_text("utf-8"))
+
+
+def _today() -> datetime.date:
+    return datetime.date.fromisoformat(_shipped("torch.yaml")["refreshed"])
+
+
+@pytest.fixture
+def data_dir(tmp_path) -> Path:
+    """A copy of the shipped generated files: the "previous" state a refresh compares with."""
+    target = tmp_path / "data"
+    target.mkdir()
+    for name in refresh.GENERATED:
+        shutil.copy(DATA / name, target / name)
+    return target
+
+
+# ---------------------------------------------------------------------- refresh
+
+
+def test_the_recorded_index_regenerates_the_shipped_data_exactly(server, data_dir):
+    result = refresh.refresh(LoopbackIndex(server), today=_today(), data=data_dir)
+    assert result.changes == []
+    for name in refresh.GENERATED:
+        assert refresh.dump(result.documents[name]) == (DATA / name).read_text("utf-8"), name
+    # METADATA came from the .metadata files (PEP 658), never a wheel.
+    assert any(p.endswith(".whl.metadata") for p in server.requests)
+    assert not [p for p in server.requests if p.endswith(".whl")]
+
+
+def test_a_new_release_appears_and_nothing_else_changes(server, data_dir):
+    # Last week's data: without torch 2.15.
+    torch = yaml.safe_load((data_dir / "torch.yaml").read_text())
+    torch["releases"] = [r for r in torch["releases"] if r["minor"] != "2.15"]
+    (data_dir / "torch.yaml").write_text(refresh.dump(torch))
+    result = refresh.refresh(LoopbackIndex(server), today=_today(), data=data_dir)
+    assert result.changes == ["torch: + 2.15 (2.15.0)"]
+    written = refresh.write(result, data_dir)
+    assert written == [data_dir / "torch.yaml"]
+    for name in refresh.GENERATED:
+        assert (data_dir / name).read_text() == (DATA / name).read_text(), name
+
+
+def test_a_yanked_release_disappears_and_nothing_else_changes(server, data_dir):
+    page = json.loads((FIXTURES / "pages" / "torch.json").read_text())
+    server.yanked = {f["filename"] for f in page["files"] if "-2.15.0-" in f["filename"]}
+    result = refresh.refresh(LoopbackIndex(server), today=_today(), data=data_dir)
+    # The release goes, and with it the cuDNN pair only its pins brought.
+    assert result.changes == [
+        "torch: - 2.15 (2.15.0)",
+        "cuda-wheels: - CUDA/cuDNN pair 13.2/9.26",
+    ]
+    torch = result.documents["torch.yaml"]
+    assert [r["minor"] for r in torch["releases"]][:2] == ["2.14", "2.13"]
+    shipped = _shipped("torch.yaml")
+    assert torch["releases"] == [r for r in shipped["releases"] if r["minor"] != "2.15"]
+    for name in ("jax.yaml", "tensorflow.yaml"):
+        assert refresh.dump(result.documents[name]) == (DATA / name).read_text(), name
+
+
+def test_refresh_is_deterministic(server, data_dir):
+    one = refresh.refresh(LoopbackIndex(server), today=_today(), data=data_dir)
+    two = refresh.refresh(LoopbackIndex(server), today=_today(), data=data_dir)
+    assert {n: refresh.dump(d) for n, d in one.documents.items()} == {
+        n: refresh.dump(d) for n, d in two.documents.items()
+    }
+
+
+def test_the_shipped_data_names_its_refresh_and_sources():
+    for name in ("torch.yaml", "jax.yaml", "tensorflow.yaml", "cuda-wheels.yaml"):
+        text = (DATA / name).read_text()
+        assert text.startswith("# GENERATED by `gpuenv catalog --refresh`")
+        doc = yaml.safe_load(text)
+        assert doc["refreshed"] == _today().isoformat() and doc["index"] == PYPI
+    for framework in compat.FRAMEWORKS:
+        for row in _shipped(f"{framework}.yaml")["releases"]:
+            assert row["source"].startswith("METADATA of https://files.pythonhosted.org/")
+    sources = json.loads((FIXTURES / "SOURCES.json").read_text())
+    assert sources["recorded"] == _today().isoformat()  # one refresh wrote both
+    recorded = {p.relative_to(FIXTURES).as_posix() for p in FIXTURES.rglob("*") if p.is_file()}
+    assert recorded - {"SOURCES.json"} == set(sources["files"])
+
+
+def test_every_release_from_the_floors_is_held():
+    """Every final minor on the recorded pages from torch 2.9, JAX 0.7 and TensorFlow 2.12
+    on is a row, at its newest patch."""
+    for framework, project in (("torch", "torch"), ("jax", "jaxlib"), ("tensorflow", "tensorflow")):
+        page = json.loads((FIXTURES / "pages" / f"{project}.json").read_text())
+        newest: dict[str, Version] = {}
+        for f in page["files"]:
+            version = Version(f["filename"].split("-")[1])
+            if version.is_prerelease or version < Version(refresh.FLOORS[framework]):
+                continue
+            minor = f"{version.major}.{version.minor}"
+            newest[minor] = max(newest.get(minor, version), version)
+        cat = compat.catalog(framework)
+        assert set(cat.releases) == set(newest), framework
+        for minor, version in newest.items():
+            assert Version(cat.releases[minor].version) == version, (framework, minor)
+
+
+# ---------------------------------------------------------------------- the walk
+
+WALK = [
+    (framework, minor, python)
+    for framework in compat.FRAMEWORKS
+    for minor, row in compat.catalog(framework).releases.items()
+    for python in row.python
+]
+
+
+def _metadata_for(source: str, needle: str) -> list[str]:
+    """The recorded Requires-Dist of the wheel a row's source names (``needle`` in its
+    file name)."""
+    names = [u.rsplit("/", 1)[-1] for u in re.findall(r"https://\S+\.whl", source)]
+    name = next(n for n in names if needle in n and "aarch64" not in n)
+    return parse_metadata((FIXTURES / "metadata" / f"{name}.metadata").read_text())[0]
+
+
+def _own_requirements(framework: str, row: compat.FrameworkRelease, python: str) -> dict:
+    """The framework's own CUDA requirements for Linux x86_64 at ``python``, from the
+    recorded METADATA: name -> SpecifierSet (cuda-toolkit's extras expanded)."""
+    if framework == "torch":
+        lines = _metadata_for(row.source, "torch-")
+        reqs = refresh.requirements(lines, "x86_64", python)
+    elif framework == "jax":
+        lines = _metadata_for(row.source, "plugin")
+        reqs = refresh.requirements(lines, "x86_64", python, ("with-cuda",))
+        major = row.gpu_default[0].split(".")[0]
+        jax_lines = _metadata_for(row.source, "jax-")
+        jax_reqs = refresh.requirements(jax_lines, "x86_64", python, (f"cuda{major}",))
+        reqs[f"jax-cuda{major}-plugin"] = jax_reqs[f"jax-cuda{major}-plugin"]
+    else:
+        lines = _metadata_for(row.source, "tensorflow-")
+        reqs = refresh.requirements(lines, "x86_64", python, ("and-cuda",))
+    out = {n: r.specifier for n, r in reqs.items() if refresh._cuda_package(n)}
+    toolkit = reqs.get("cuda-toolkit")
+    if toolkit is not None:
+        tk_lines = _metadata_for(row.source, "cuda_toolkit-")
+        for extra in toolkit.extras:
+            for name, req in refresh.requirements(tk_lines, "x86_64", python, (extra,)).items():
+                if re.search(rf"extra == ['\"]{extra}['\"]", str(req.marker or "")):
+                    out[name] = req.specifier
+    return out
+
+
+@pytest.mark.parametrize(("framework", "minor", "python"), WALK,
+                         ids=[f"{f}{m}-py{p}" for f, m, p in WALK])  # fmt: skip
+def test_walk_every_row_and_python(write_matrix, framework, minor, python):
+    cat = compat.catalog(framework)
+    row = cat.releases[minor]
+    text = (
+        f'name: acme/walk\nmatrix:\n  {framework}: ["{minor}"]\n  python: ["{python}"]\n'
+        f'  variant: [cpu, gpu]\nbases:\n  "{python}": {{image: "python:{python}-slim"}}\n'
+    )
+    res = compat.resolve(matrix.load(write_matrix(text)))
+    cpu = next(c for c in res.cells if not c.is_gpu)
+    assert cpu.framework_version == row.version
+    assert render(cpu).dockerfile.startswith("# syntax=") or "FROM " in render(cpu).dockerfile
+    if row.gpu_default is None:
+        assert res.rejected and row.gpu_unsupported in res.rejected[0]["reason"]
+        return
+    gpu = next(c for c in res.cells if c.is_gpu)
+    assert "NVIDIA_REQUIRE_CUDA" in render(gpu).dockerfile
+    # Every pin inside the framework's own Requires-Dist; every CUDA requirement pinned
+    # (TensorRT excepted: gpuenv does not install it). Wheels no requirement names are
+    # nvcc's companions only (nvidia-cuda-crt, nvidia-nvvm at the toolkit's release).
+    own = _own_requirements(framework, row, python)
+    own.pop("tensorrt", None)
+    for name, spec in own.items():
+        assert name in gpu.wheels, (name, str(spec))
+        assert spec.contains(gpu.wheels[name], prereleases=True), (name, str(spec))
+    companions = set(cat.toolkits[gpu.cuda].companions.get("nvidia-cuda-nvcc", ()))
+    assert set(gpu.wheels) - set(own) <= companions | {f"jax-cuda{gpu.cuda[:2]}-pjrt"}
+    assert gpu.cudnn_wheel and gpu.cudnn_wheel.startswith(f"{gpu.cudnn}.")
+
+
+# ---------------------------------------------------------------------- errors
+
+
+def test_unknown_release_names_the_newest_and_the_refresh(write_matrix):
+    text = (
+        'name: acme/x\nmatrix:\n  torch: ["2.16"]\n  python: ["3.13"]\n'
+        'bases:\n  "3.13": {debian: trixie}\n'
+    )
+    with pytest.raises(GpuenvError) as exc:
+        compat.resolve(matrix.load(write_matrix(text)))
+    message = str(exc.value)
+    assert "unknown PyTorch version 2.16" in message
+    assert "2.9-2.15 (every minor release)" in message and "newest 2.15 (2.15.0" in message
+    assert "`gpuenv catalog --refresh`" in message
+
+
+def test_ranges_in_messages_are_true():
+    cat = compat.catalog("torch")
+    assert cat.known_releases() == "2.9-2.15 (every minor release)"
+    gap = compat.Catalog(**{**cat.__dict__, "releases": {
+        m: r for m, r in cat.releases.items() if m != "2.10"}})  # fmt: skip
+    assert gap.known_releases() == "2.9, 2.11, 2.12, 2.13, 2.14, 2.15"
+
+
+# ---------------------------------------------------------------------- the index reader
+
+
+def _wheel(metadata: str, filler: int = 600_000) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("demo/big.bin", hashlib.sha512(b"x").digest() * (filler // 64))
+        z.writestr("demo-1.0.dist-info/METADATA", metadata)
+        z.writestr("demo-1.0.dist-info/RECORD", "")
+    return buffer.getvalue()
+
+
+def test_metadata_by_range_requests_reads_a_few_blocks(server):
+    text = "Metadata-Version: 2.1\nName: demo\nVersion: 1.0\nRequires-Dist: six==1.17.0\n"
+    data = _wheel(text)
+    server.wheels["demo-1.0-py3-none-any.whl"] = data
+    index = Index(f"{server.base}/simple/")
+    file = IndexFile("demo-1.0-py3-none-any.whl",
+                     f"{server.base}/files/demo-1.0-py3-none-any.whl", "0" * 64)  # fmt: skip
+    assert index.metadata(file) == text
+    assert index.requests <= 3
+    assert parse_metadata(text) == (["six==1.17.0"], None)
+
+
+def test_a_metadata_file_that_does_not_match_its_hash_is_refused(server):
+    name = "torch-2.15.0-cp315-cp315-manylinux_2_28_x86_64.whl"
+    index = LoopbackIndex(server)
+    file = IndexFile(name, f"{FILES}packages/{name}", "0" * 64, metadata_sha256="1" * 64)
+    with pytest.raises(GpuenvError, match="does not match the sha256"):
+        index.metadata(file)
+
+
+def test_an_unreachable_index_is_one_error():
+    index = Index("http://127.0.0.1:9/simple/")
+    with pytest.raises(Unreachable, match="cannot reach the package index"):
+        index.page("torch")
+
+
+# ---------------------------------------------------------------------- the CLI
+
+
+@dataclass
+class _Result:
+    exit_code: int
+    output: str
+
+
+@pytest.fixture
+def cli(monkeypatch):
+    def run(*args: str) -> _Result:
+        import os
+
+        proc = subprocess.run([sys.executable, "-m", "gpuenv", *args], capture_output=True,
+                              text=True, env=dict(os.environ), timeout=120)  # fmt: skip
+        return _Result(proc.returncode, proc.stdout + proc.stderr)
+
+    return run
+
+
+def test_cli_lists_the_catalog(cli):
+    result = cli("catalog", "torch")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["FRAMEWORK", "RELEASE", "PYTHON", "CUDA", "CUDNN", "REFRESHED"]
+    assert lines[1].split() == ["torch", "2.15.0", "3.11-3.15", "13.2.2", "9.26.0.51", "2026-11-24"]
+    doc = json.loads(cli("catalog", "jax", "--json").output)
+    newest = doc["releases"][0]
+    assert (newest["version"], newest["gpu"]["cuda"], newest["refreshed"]) == (
+        "0.12.0.1", "13.0", "2026-11-24")  # fmt: skip
+    assert newest["source"].startswith("METADATA of https://files.pythonhosted.org/")
+    tf = cli("catalog", "tf")
+    assert "tensorflow  2.12.1" in tf.output and "CPU only" in tf.output
+
+
+def test_cli_refuses_an_unknown_framework(cli):
+    result = cli("catalog", "mxnet")
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        "error: unknown framework 'mxnet' for `gpuenv catalog`; use tensorflow, torch or jax"
+    )
+
+
+def test_cli_refresh_offline_is_one_error_line(cli, monkeypatch):
+    monkeypatch.setenv("GPUENV_CATALOG_INDEX", "http://127.0.0.1:9/simple/")
+    result = cli("catalog", "--refresh")
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot reach the package index")
+    assert "Traceback" not in result.output
+
+
+def test_the_data_files_parse_as_the_catalog_expects():
+    for framework in compat.FRAMEWORKS:
+        cat = compat.catalog(framework)
+        for row in cat.releases.values():
+            assert row.python == tuple(sorted(row.python, key=Version))
+            if row.exact:
+                assert row.gpu_release and SpecifierSet(f"=={row.gpu_release}")
