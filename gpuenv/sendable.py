@@ -114,9 +114,7 @@ def assembled(
         yield here
 
 
-def _write_part(
-    directory: Path, text: str, wheels: dict[str, tuple[str, Path]], uv: Path
-) -> None:
+def _write_part(directory: Path, text: str, wheels: dict[str, tuple[str, Path]], uv: Path) -> None:
     """A part: its requirements, the wheel of each (fetched and checked), and uv."""
     directory.mkdir(mode=0o700)
     (directory / "requirements.txt").write_text(text, encoding="utf-8")

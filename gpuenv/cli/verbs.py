@@ -5,9 +5,11 @@ from __future__ import annotations
 import typer
 
 from gpuenv.cli import (
+    attest,
     bench,
     build,
     cache,
+    catalog,
     diff,
     doctor,
     lock,
@@ -19,7 +21,10 @@ from gpuenv.cli import (
 )
 from gpuenv.cli.common import app, new_app, normalise_argv
 
-VERB_MODULES = (matrix, build, run, bench, monitor, validate, lock, diff, push, doctor, cache)
+VERB_MODULES = (
+    matrix, build, run, bench, monitor, validate, lock, diff, push, attest, doctor, cache,
+    catalog,
+)  # fmt: skip
 for _verbs in VERB_MODULES:
     _verbs.register(app)
 

@@ -63,9 +63,11 @@ TEST_REPOSITORIES = frozenset(
         "wheelhouse-keep",  # its online build, kept for the diff
         "private",  # test_engine_private_index.py: a basic-auth index
         "reqs",  # test_engine_requirements.py: a cell with a requirements file
+        "iteration",  # test_engine_iteration.py: a package added to a locked cell
         "peek",  # test_engine_push.py: a candidate with another spec hash
         "anywhere",  # test_engine_anywhere.py: the locked JAX cell on every engine
         "other-user",  # test_engine_other_user.py: a second local user
+        "slurm",  # test_engine_slurm.py: the base plus a probe file and ENV
         "attest",  # test_engine_attest.py: the locked JAX cell pushed with attestations
     )
 )
