@@ -27,6 +27,7 @@ import re
 import stat
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -48,6 +49,12 @@ KEEP_DAYS = 30  # prune keeps what a build used this recently
 # distribution (`*.dist-info/uv_cache.json`), so a wheel's download time would otherwise
 # reach the layer and make two builds of one lock differ. 1980-01-01, the zip epoch.
 FILE_MTIME = 315532800
+# The stamps (inode, size, ctime) of stored files as last hashed, at the store's top (not
+# exported: another machine's inodes mean nothing). A file's last use is touched at most
+# once in USE_EVERY seconds (a touch changes its ctime: it is hashed once more after).
+VERIFIED = "verified.json"
+USE_EVERY = 6 * 3600
+RACY_NS = 2_000_000_000
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _KEY = re.compile(r"[0-9a-f]{16}")
 
@@ -193,6 +200,9 @@ class Store:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._checked: dict[str, tuple[int, int]] = {}  # sha256 -> (inode, size) verified
+        # sha256 -> [inode, size, ctime_ns] of files an earlier process hashed (VERIFIED).
+        self._stamps: dict[str, list[int]] | None = None
+        self._stamps_lock = threading.Lock()
 
     @classmethod
     def default(cls) -> Store:
@@ -257,10 +267,13 @@ class Store:
 
     def verified(self, sha: str) -> Path | None:
         """The stored file when its bytes still hash to `sha` (its use recorded); a file
-        that does not (a damaged disk, an edit) is removed and None returned. Checked once
-        per process and file (inode and size): uv asks a wheel several times (a HEAD, byte
-        ranges for its metadata, then the whole), and hashing 600 MB each time would cost
-        more than the download saves."""
+        that does not (a damaged disk, an edit) is removed and None returned. Hashed once:
+        uv asks a wheel several times in a process (a HEAD, byte ranges for its metadata,
+        then the whole), and every build takes every wheel of its cells again (a TF GPU
+        cell's are 3 GB: seconds of hashing per rebuild). A file whose inode, size and
+        ctime are those recorded when it was last hashed (VERIFIED) is not hashed again:
+        any write to it, or a replacement, changes its ctime, which only the kernel sets
+        (as git trusts its index's stat data, with the same care for racy timestamps)."""
         path = self.path(sha)
         try:
             st = path.stat()
@@ -268,20 +281,57 @@ class Store:
             return None
         if self._checked.get(sha) == (st.st_ino, st.st_size):
             return path
-        digest = hashlib.sha256()
-        try:
-            with path.open("rb") as fh:
-                while chunk := fh.read(1 << 20):
-                    digest.update(chunk)
-        except OSError:
-            return None
-        if digest.hexdigest() != sha:
-            path.unlink(missing_ok=True)
-            return None
-        with contextlib.suppress(OSError):
-            os.utime(path, (time.time(), FILE_MTIME))  # the last use, for prune
+        if time.time() - st.st_atime > USE_EVERY:  # the last use, for prune (in days)
+            with contextlib.suppress(OSError):
+                os.utime(path, (time.time(), FILE_MTIME))
+                st = path.stat()
+        stamp = [st.st_ino, st.st_size, st.st_ctime_ns]
+        if self._stamp(sha) != stamp:
+            digest = hashlib.sha256()
+            try:
+                with path.open("rb") as fh:
+                    while chunk := fh.read(1 << 20):
+                        digest.update(chunk)
+            except OSError:
+                return None
+            if digest.hexdigest() != sha:
+                path.unlink(missing_ok=True)
+                return None
+            # A ctime this recent could be shared by a write still to come (the kernel's
+            # clock advances in ticks): not trusted until it is older.
+            if time.time_ns() - st.st_ctime_ns > RACY_NS:
+                self._remember(sha, stamp)
         self._checked[sha] = (st.st_ino, st.st_size)
         return path
+
+    def _stamp(self, sha: str) -> list[int] | None:
+        with self._stamps_lock:
+            if self._stamps is None:
+                try:
+                    data = json.loads((self.root / VERIFIED).read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    data = {}
+                self._stamps = data if isinstance(data, dict) else {}
+            found = self._stamps.get(sha)
+        return found if isinstance(found, list) else None
+
+    def _remember(self, sha: str, stamp: list[int]) -> None:
+        """Record a file's stamp (VERIFIED, written atomically; a write that fails, or one
+        another process's overwrites, only means a hash next time)."""
+        with self._stamps_lock:
+            stamps = self._stamps if self._stamps is not None else {}
+            stamps[sha] = stamp
+            self._stamps = stamps
+            tmp = None
+            try:
+                fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{VERIFIED}.")
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    json.dump(stamps, fh, sort_keys=True)
+                os.replace(tmp, self.root / VERIFIED)
+            except OSError:
+                if tmp is not None:
+                    with contextlib.suppress(OSError):
+                        Path(tmp).unlink()
 
     def entries(self) -> dict[str, tuple[int, float]]:
         """sha256 -> (size, last use) of every stored file."""

@@ -93,6 +93,39 @@ def test_a_damaged_stored_file_is_dropped_not_served(tmp_path):
     assert Store(tmp_path).verified(SHA) is None and not store.has(SHA)
 
 
+def test_a_file_hashed_by_an_earlier_build_is_not_hashed_again_unless_written(
+    tmp_path, monkeypatch
+):
+    import time
+
+    hashed = []
+    real = wheelhouse.hashlib.sha256
+
+    def counting(*args):
+        hashed.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(wheelhouse.hashlib, "sha256", counting)
+    monkeypatch.setattr(wheelhouse, "RACY_NS", 0)  # the file is seconds old in real use
+    store = Store(tmp_path)
+    store.put(SHA, io.BytesIO(WHEEL), "demo")
+    hashed.clear()
+    assert store.verified(SHA) == store.path(SHA) and len(hashed) == 1
+    assert Store(tmp_path).verified(SHA) == store.path(SHA) and len(hashed) == 1  # trusted
+    # The same size, the same inode, other bytes: the write changed the ctime.
+    time.sleep(0.05)  # past the kernel's clock tick
+    with store.path(SHA).open("r+b") as fh:
+        fh.write(bytes([WHEEL[0] ^ 1]))
+    assert Store(tmp_path).verified(SHA) is None and len(hashed) == 2 and not store.has(SHA)
+
+
+def test_a_file_written_just_now_is_not_trusted_without_a_hash(tmp_path):
+    store = Store(tmp_path)
+    store.put(SHA, io.BytesIO(WHEEL), "demo")
+    assert store.verified(SHA) == store.path(SHA)
+    assert not (tmp_path / wheelhouse.VERIFIED).exists()  # its ctime is under RACY_NS old
+
+
 LOCK = f"""\
 tensorflow==2.21.0 \\
     --hash=sha256:{"1" * 64} \\
