@@ -320,9 +320,10 @@ def test_the_context_sent_holds_no_trace_of_the_bundle(ca_build, ca_index):
     sent = cells.context_dir(ca_index["cache"], ca_index["matrix"], cells.CPU_CELL)
     files = [p for p in sent.rglob("*") if p.is_file()]
     names = {p.relative_to(sent).as_posix() for p in files}
-    # Positive control: this build's context (the probe's wheel, fetched over TLS).
+    # Positive control: this build's context (the probe's wheel, fetched over TLS: a package
+    # of the cell's own, so in the packages step's part).
     assert {"Dockerfile", "python-env/requirements.txt", "python-env/uv",
-            f"python-env/{ca_index['index'].filename}"} <= names, sorted(names)  # fmt: skip
+            f"packages/{ca_index['index'].filename}"} <= names, sorted(names)  # fmt: skip
     wanted = ca_index["needles"]
     leaks = {}
     for path in files:
