@@ -167,27 +167,39 @@ class Sender:
         cell = p.cell
         b = self.project.matrix.model.build
         indexes = (b.index_url, tuple(dict.fromkeys((*b.extra_index_urls, *cell.indexes))))
-        env = self._resolve(locks.env_requirements(cell), cell.python, indexes)
+        platform = locks.platform_of(cell)
+        env = self._resolve(locks.env_requirements(cell), cell.python, indexes, platform)
         cuda = ""
         if cell.is_gpu and not cell.cuda_with_framework:
-            cuda = self._resolve(locks.cuda_requirements(cell), cell.python, indexes)
+            cuda = self._resolve(locks.cuda_requirements(cell), cell.python, indexes, platform)
         return locks.CellLock(locks.inputs_digest(cell, None), env, cuda)
 
     def _resolve(
-        self, requirements: list[str], python: str, indexes: tuple[str | None, tuple[str, ...]]
+        self,
+        requirements: list[str],
+        python: str,
+        indexes: tuple[str | None, tuple[str, ...]],
+        platform: str,
     ) -> str:
         from gpuenv import lock as locks
 
-        memo = json.dumps([python, requirements, indexes])
+        memo = json.dumps([python, requirements, indexes, platform])
         with self._lock:
             if memo not in self._resolved:
                 # No exclude-newer date: what the indexes offer now, and an index that gives
                 # no upload times (PEP 503 HTML alone, as many private ones) still resolves.
                 self._resolved[memo] = locks.compile_requirements(
                     requirements, python, None, *indexes,
-                    credentials=self.credentials, ca_bundle=self.ca_bundle,
+                    credentials=self.credentials, ca_bundle=self.ca_bundle, platform=platform,
                 )  # fmt: skip
             return self._resolved[memo]
+
+    def platform_for(self, cell: Cell) -> str | None:
+        """The platform to build for when it is not the engine's own (an arm64 cell on an
+        x86_64 engine: its steps run under QEMU); None builds as every cell always has."""
+        from gpuenv import sendable
+
+        return None if sendable.MACHINES.get(self.architecture) == cell.machine else cell.platform
 
     def context(self, p: CellPlan) -> AbstractContextManager[Path]:
         """The cell's context directory, assembled (a context manager)."""
@@ -384,8 +396,9 @@ def _build(
     try:
         with sender.context(p) as directory:
             return engine.build_directory(
-                directory, labels=labels, nocache=no_cache, network=network, on_log=on_log
-            )
+                directory, labels=labels, nocache=no_cache, network=network, on_log=on_log,
+                platform=sender.platform_for(cell),
+            )  # fmt: skip
     except EngineError:
         raise  # the engine or its CLI failed: the run stops (gpuenv/cli/build.py says why)
     except GpuenvError as exc:  # the resolution or a wheel could not be had

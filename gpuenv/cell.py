@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# Docker's architecture name -> the machine (uname -m) wheels and markers name.
+MACHINE = {"amd64": "x86_64", "arm64": "aarch64"}
+
 
 @dataclass(frozen=True)
 class Base:
@@ -13,11 +16,17 @@ class Base:
     kind: Literal["debian", "image"]
     value: str  # suite name, or image reference
     python: str
+    arch: str = "amd64"
 
     @property
     def image(self) -> str:
-        """The reference the Dockerfile's FROM line uses."""
-        return f"gpuenv/debian:{self.value}" if self.kind == "debian" else self.value
+        """The reference the Dockerfile's FROM line uses: a bootstrapped base is tagged per
+        architecture (an engine holds one architecture per tag); an image reference is the
+        user's, and must be of the cell's architecture (gpuenv/base.py checks)."""
+        if self.kind == "image":
+            return self.value
+        suffix = "" if self.arch == "amd64" else f"-{self.arch}"
+        return f"gpuenv/debian:{self.value}{suffix}"
 
     def describe(self) -> str:
         return f"debian:{self.value}" if self.kind == "debian" else self.value
@@ -48,6 +57,17 @@ class Cell:
     # The framework's wheel requires its CUDA wheels (PyTorch): a GPU cell installs them with
     # the framework in one layer instead of a CUDA layer over the CPU cell's environment.
     cuda_with_framework: bool = False
+    arch: Literal["amd64", "arm64"] = "amd64"
+
+    @property
+    def platform(self) -> str:
+        """The OCI platform the image is built for and run as."""
+        return f"linux/{self.arch}"
+
+    @property
+    def machine(self) -> str:
+        """uname -m inside the image: what wheels' tags and markers name."""
+        return MACHINE[self.arch]
 
     @property
     def framework_requirement(self) -> str:
@@ -94,6 +114,7 @@ class Cell:
             "name": self.name,
             "image": self.image,
             "variant": self.variant,
+            "platform": self.platform,
             "python": self.python,
             "framework": self.framework,
             "framework_version": self.framework_version,
@@ -114,11 +135,15 @@ class Cell:
         return data
 
 
-def cell_name(short: str, minor: str, python: str, variant: str, cuda: str | None) -> str:
+def cell_name(
+    short: str, minor: str, python: str, variant: str, cuda: str | None, arch: str = "amd64"
+) -> str:
     parts = [f"{short}{minor}", f"py{python}"]
     if variant == "gpu" and cuda:
         parts.append(f"cuda{cuda}")
     parts.append(variant)
+    if arch != "amd64":  # amd64 cells keep the names they always had
+        parts.append(arch)
     return "-".join(parts)
 
 

@@ -46,6 +46,10 @@ class FrameworkRelease:
     # (gpu_pins then holds them all), of this CUDA release (cuda-toolkit 13.0.3, ...).
     exact: bool = False
     gpu_release: str | None = None
+    # The Pythons with Linux aarch64 wheels (None: no aarch64 build at all), and what the
+    # aarch64 wheel requires of CUDA wheels where it says so apart (PyTorch).
+    aarch64_python: tuple[str, ...] | None = None
+    aarch64_cuda_requires: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,8 @@ def _release(row: dict[str, Any]) -> FrameworkRelease:
         cpu_version=(row.get("cpu") or {}).get("version"),
         exact=bool((gpu or {}).get("exact", False)),
         gpu_release=(gpu or {}).get("release"),
+        aarch64_python=tuple(arm["python"]) if (arm := row.get("aarch64")) else None,
+        aarch64_cuda_requires=dict((arm or {}).get("cuda_requires") or {}),
     )
 
 
@@ -271,6 +277,8 @@ def resolve(m: LoadedMatrix) -> Resolution:
                     ("matrix", "include", combo["_include"]),
                 ) from None
             entry = {k: combo[k] for k in (*AXES, "cuda", "cudnn") if k in combo}
+            if entry.get("arch") == "amd64":
+                del entry["arch"]  # named only for the arm64 ones, as cell names do
             result.rejected.append({**entry, "reason": str(why)})
             continue
         result.cells.append(cell)
@@ -312,6 +320,9 @@ def _resolve_one(m: LoadedMatrix, cat: Catalog, combo: Combination) -> Cell:
             f"(it supports {row.python[0]} to {row.python[-1]})"
         )
     variant = combo["variant"]
+    arch = combo.get("arch", "amd64")
+    if arch == "arm64":
+        _check_arm64(cat, row, python, variant)
     cuda = cudnn = release = None
     wheels: dict[str, str] = {}
     install = ""  # <framework>==<version>, unless the CPU build is another one
@@ -334,13 +345,15 @@ def _resolve_one(m: LoadedMatrix, cat: Catalog, combo: Combination) -> Cell:
         except ValueError as exc:
             raise _Rejected(str(exc)) from None
         release = cuda_release(row, cuda, cudnn, cat)
-    base = _base(m, cat, python)
+        if arch == "arm64":
+            _check_arm64_pins(cat, row, wheels)
+    base = _base(m, cat, python, arch)
     # Requirements files' lines join pip (so the lock, the build and drift see them); the
     # files' digests name an edit in `build --dry-run` (plan.input_digests).
     files = [*m.model.packages.requirements, *combo.get("requirements", ())]
     requirement_lines = m.requirement_lines(files)
     return Cell(
-        name=cell_name(cat.short, row.minor, python, variant, cuda),
+        name=cell_name(cat.short, row.minor, python, variant, cuda, arch),
         repository=m.model.name,
         variant=variant,
         python=python,
@@ -358,10 +371,43 @@ def _resolve_one(m: LoadedMatrix, cat: Catalog, combo: Combination) -> Cell:
         indexes=indexes,
         cuda_with_framework=cat.cuda_with_framework and variant == "gpu",
         requirements={p: m.requirements[p].digest for p in files},
+        arch=arch,
     )
 
 
-def _base(m: LoadedMatrix, cat: Catalog, python: str) -> Base:
+def _check_arm64(cat: Catalog, row: FrameworkRelease, python: str, variant: str) -> None:
+    """Why an arm64 combination cannot be built (_Rejected), from the wheels the index has."""
+    if row.aarch64_python is None:
+        raise _Rejected(f"{cat.display} {row.version} has no Linux aarch64 wheels")
+    if python not in row.aarch64_python:
+        have = ", ".join(row.aarch64_python)
+        raise _Rejected(
+            f"{cat.display} {row.version} has no aarch64 wheels for Python {python} "
+            f"(aarch64: {have})"
+        )
+    if variant == "gpu" and cat.framework == "tensorflow":
+        # TensorFlow's aarch64 wheels are CPU builds, and its and-cuda extra names the CUDA
+        # 12 wheels with no aarch64 marker: it would pull x86_64-only CUDA wheels.
+        raise _Rejected(
+            f"{cat.display} has no GPU build for arm64: its aarch64 wheels are CPU-only "
+            "(its and-cuda extra would pull x86_64 CUDA wheels); use variant: cpu, or "
+            "PyTorch or JAX for arm64 GPUs"
+        )
+
+
+def _check_arm64_pins(cat: Catalog, row: FrameworkRelease, wheels: dict[str, str]) -> None:
+    """The aarch64 wheel's own CUDA requirements (PyTorch's differ in form from the x86_64
+    wheel's) must hold for the pins the cell installs."""
+    for package, spec in sorted(row.aarch64_cuda_requires.items()):
+        pinned = wheels.get(package)
+        if pinned is None or (spec and Version(pinned) not in SpecifierSet(spec)):
+            raise _Rejected(
+                f"{cat.display} {row.version}'s aarch64 wheel requires {package}{spec}, "
+                f"which the cell's CUDA wheel set pins as {pinned or 'nothing'}"
+            )
+
+
+def _base(m: LoadedMatrix, cat: Catalog, python: str, arch: str = "amd64") -> Base:
     spec = m.model.bases.get(python)
     if spec is None:
         suites = [s for s, p in cat.debian_python.items() if p == python]
@@ -380,8 +426,9 @@ def _base(m: LoadedMatrix, cat: Catalog, python: str) -> Base:
                 f"Debian {spec.debian} provides Python {provides}, not {python}",
                 ("bases", python, "debian"),
             )
-        return Base("debian", spec.debian, python)
-    return Base("image", spec.image, python)
+        return Base("debian", spec.debian, python, arch)
+    chosen = spec.arm64 if arch == "arm64" and spec.arm64 else spec.image
+    return Base("image", chosen, python, arch)
 
 
 def _choose_defaults(m: LoadedMatrix, result: Resolution) -> None:

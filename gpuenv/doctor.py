@@ -38,6 +38,9 @@ class Facts:
     images: list[dict[str, str]] = field(default_factory=list)  # labels of gpuenv images
     build_path: str | None = None  # how builds reach the engine (Engine.build_path)
     build_error: str | None = None  # why none can
+    # /proc/sys/fs/binfmt_misc/qemu-aarch64 on the engine's host: None when unknown (remote
+    # engine), "" when binfmt_misc has no such entry (or is not mounted), else its text.
+    binfmt_aarch64: str | None = None
 
 
 def gpu_support(facts: Facts) -> Finding:
@@ -124,6 +127,42 @@ def build_finding(facts: Facts) -> Finding:
     )
 
 
+ENABLE_ARM64 = (
+    "apt-get install qemu-user-static binfmt-support; mount -t binfmt_misc binfmt_misc "
+    "/proc/sys/fs/binfmt_misc (if not mounted); update-binfmts --enable qemu-aarch64"
+)
+
+
+def arm64_finding(facts: Facts) -> Finding:
+    """Whether the engine runs arm64 containers (to build and run -arm64 cells): natively on
+    an aarch64 host, else through QEMU registered in binfmt_misc with the F flag (the kernel
+    opens the interpreter at registration, so it works inside containers without it)."""
+    if facts.info.get("Architecture") in ("aarch64", "arm64"):
+        return Finding("arm64", "ok", "the engine runs arm64 containers natively")
+    if facts.binfmt_aarch64 is None:
+        return Finding("arm64", "info",
+                       "the engine is remote: whether it runs arm64 containers is unknown "
+                       "here (its host needs QEMU in binfmt_misc with the F flag)",
+                       ENABLE_ARM64 + " (on the engine's host)")  # fmt: skip
+    lines = facts.binfmt_aarch64.splitlines()
+    flags = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("flags:")),
+                 "")  # fmt: skip
+    if not lines or lines[0].strip() != "enabled":
+        return Finding("arm64", "info",
+                       "the engine cannot run arm64 containers (no qemu-aarch64 in "
+                       "binfmt_misc): -arm64 cells cannot be built or run here",
+                       ENABLE_ARM64)  # fmt: skip
+    if "F" not in flags:
+        return Finding("arm64", "warning",
+                       f"qemu-aarch64 is registered without the F flag (flags: {flags or '-'}): "
+                       "containers without QEMU inside fail with exec format error",
+                       "update-binfmts --disable qemu-aarch64 and register it from "
+                       "qemu-user-static's entry (flags PF), or: " + ENABLE_ARM64)  # fmt: skip
+    return Finding("arm64", "ok",
+                   f"the engine runs arm64 containers under QEMU (qemu-aarch64, flags {flags}); "
+                   "-arm64 cells build and run emulated, several times slower")  # fmt: skip
+
+
 def evaluate(facts: Facts) -> list[Finding]:
     if facts.engine_error:
         return [
@@ -139,6 +178,7 @@ def evaluate(facts: Facts) -> list[Finding]:
         )
     ]
     findings.append(build_finding(facts))
+    findings.append(arm64_finding(facts))
     support = gpu_support(facts)
     findings.append(support)
     if facts.gpus:
@@ -246,6 +286,11 @@ def gather() -> Facts:
     if facts.local:
         facts.hook_on_host = shutil.which("nvidia-container-runtime-hook") is not None
         facts.cdi_specs = _cdi_specs()
+        entry = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
+        try:
+            facts.binfmt_aarch64 = entry.read_text()
+        except OSError:
+            facts.binfmt_aarch64 = ""
         for source, probe in (("NVML", _nvml), ("nvidia-smi", _nvidia_smi)):
             gpus = probe()
             if gpus:

@@ -11,7 +11,7 @@ layer, not the framework:
   a cell's `pip` and its requirements files add, which users edit daily.
 
 The closure is walked over the wheels' own Requires-Dist (their METADATA), with the
-markers evaluated for the cell's Python on Linux and the engine's machine, and extras
+markers evaluated for the cell's Python on Linux and the cell's machine, and extras
 followed. Whatever the walk decides, the two parts together are exactly the resolution,
 each line once: a distribution it fails to reach lands in `packages`, installed all the same
 (a smaller shared layer, never a different environment). A pin that moves a version of

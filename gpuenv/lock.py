@@ -37,6 +37,16 @@ if TYPE_CHECKING:
     from gpuenv.matrix import LoadedMatrix
 
 PLATFORM = "x86_64-manylinux_2_28"
+
+
+def platform_of(cell: Cell) -> str:
+    """uv's --python-platform for the cell's architecture (aarch64-manylinux_2_28 for an
+    arm64 cell, whatever machine locks it). manylinux_2_28 is the floor PyTorch's and
+    NVIDIA's wheels are built for; uv's target also takes older manylinux tags (cuDNN's
+    2_27), which pip's --platform would refuse."""
+    return f"{cell.machine}-manylinux_2_28"
+
+
 VERSION = 1
 
 
@@ -84,7 +94,7 @@ def _pins(cell: Cell) -> list[str]:
 def inputs_digest(cell: Cell, exclude_newer: str | None) -> str:
     doc = {
         "python": cell.python,
-        "platform": PLATFORM,
+        "platform": platform_of(cell),
         "env": env_requirements(cell),
         "cuda": cuda_requirements(cell),
         "exclude_newer": exclude_newer,
@@ -113,6 +123,7 @@ def compile_requirements(
     *,
     credentials: Credentials | None = None,
     ca_bundle: Path | None = None,
+    platform: str = PLATFORM,
 ) -> str:
     """`uv pip compile --generate-hashes` for the cell's interpreter and platform. Index
     credentials reach uv in its environment (never its command line, which every local user
@@ -123,7 +134,7 @@ def compile_requirements(
         command = [
             _uv(), "pip", "compile", str(source), "--generate-hashes", "--no-header",
             "--no-annotate", "--quiet", "--python-version", python, "--python-platform",
-            PLATFORM,
+            platform,
         ]  # fmt: skip
         if exclude_newer:
             command += ["--exclude-newer", exclude_newer]
@@ -172,7 +183,7 @@ def lock_cell(
     ca_bundle: Path | None = None,
 ) -> CellLock:
     indexes = (index_url, tuple(dict.fromkeys((*extra_index_urls, *cell.indexes))))
-    how = {"credentials": credentials, "ca_bundle": ca_bundle}
+    how = {"credentials": credentials, "ca_bundle": ca_bundle, "platform": platform_of(cell)}
     env = compile_requirements(env_requirements(cell), cell.python, exclude_newer, *indexes, **how)
     cuda = ""
     if cell.is_gpu and not cell.cuda_with_framework:
@@ -377,7 +388,8 @@ def relock(
         info = engine.image(image)
         if info is None:
             raise GpuenvError(f"base {image} vanished from the engine while locking")
-        locked_bases[image] = base_identity(info, bases.package_list(engine, image))
+        platform = cell.platform if cell.arch != "amd64" else None
+        locked_bases[image] = base_identity(info, bases.package_list(engine, image, platform))
     build = matrix.model.build
     for cell in cells:
         entries[cell.name] = lock_cell(cell, date, build.index_url, tuple(build.extra_index_urls))

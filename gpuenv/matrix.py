@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MATRIX = "matrix.yaml"
 FRAMEWORK_KEYS = ("tensorflow", "torch", "jax")
-AXES = (*FRAMEWORK_KEYS, "python", "variant")
+AXES = (*FRAMEWORK_KEYS, "python", "variant", "arch")
 
 # Everything below ends up in a Dockerfile or on a command line, so each pattern admits
 # only what the value needs, never quotes, whitespace, `;`, `&`, `$`, backslashes or newlines.
@@ -135,6 +135,8 @@ Repository = Annotated[StrictStr, AfterValidator(_repository)]
 Suite = Annotated[StrictStr, AfterValidator(_suite)]
 IndexUrl = Annotated[StrictStr, AfterValidator(_url)]
 Variant = Literal["cpu", "gpu"]
+# Architectures as Docker and Kubernetes name them (linux/amd64, kubernetes.io/arch=arm64).
+Arch = Literal["amd64", "arm64"]
 
 
 class _Strict(BaseModel):
@@ -158,12 +160,14 @@ class Exclude(_Strict):
     jax: Version | None = None
     python: Version | None = None
     variant: Variant | None = None
+    arch: Arch | None = None
 
     @model_validator(mode="after")
     def _not_empty(self) -> Exclude:
         if not self.model_dump(exclude_none=True):
             raise ValueError(
-                "an exclude entry needs at least one of tensorflow, torch, jax, python, variant"
+                "an exclude entry needs at least one of tensorflow, torch, jax, python, "
+                "variant, arch"
             )
         _one_framework(self, "an exclude entry")
         return self
@@ -177,6 +181,7 @@ class Include(_Strict):
     jax: Version | None = None
     python: Version | None = None
     variant: Variant | None = None
+    arch: Arch | None = None
     cuda: Version | None = Field(None, description="CUDA major.minor for a GPU cell, e.g. 12.8")
     cudnn: Version | None = Field(None, description="cuDNN major.minor for a GPU cell, e.g. 9.3")
     pip: list[PipRequirement] = Field(default_factory=list, description="extra pip packages")
@@ -201,10 +206,15 @@ class Axes(_Strict):
     jax: list[Version] | None = Field(None, min_length=1, description="JAX major.minor versions")
     python: list[Version] = Field(min_length=1, description="Python major.minor versions")
     variant: list[Variant] = Field(default_factory=lambda: ["cpu"], min_length=1)
+    arch: list[Arch] = Field(
+        default_factory=lambda: ["amd64"],
+        min_length=1,
+        description="CPU architectures: amd64, arm64 (arm64 cells are named <cell>-arm64)",
+    )
     exclude: list[Exclude] = Field(default_factory=list)
     include: list[Include] = Field(default_factory=list)
 
-    @field_validator("tensorflow", "torch", "jax", "python", "variant")
+    @field_validator("tensorflow", "torch", "jax", "python", "variant", "arch")
     @classmethod
     def _unique(cls, values: list[str] | None) -> list[str] | None:
         if values is not None and len(set(values)) != len(values):
@@ -251,6 +261,11 @@ class DebianBase(_Strict):
 
 class ImageBase(_Strict):
     image: ImageRef = Field(description="a Debian-family image providing the Python version")
+    # Docker's classic image store (Engine 20.10 and later without the containerd store)
+    # holds one architecture per tag, so arm64 cells name their own image.
+    arm64: ImageRef | None = Field(
+        None, description="the arm64 cells' base, where it is another tag (default: image)"
+    )
 
 
 def _base_kind(value: Any) -> str | None:
@@ -360,7 +375,8 @@ class LoadedMatrix:
 def load(path: Path) -> LoadedMatrix:
     doc = yamlfile.load(path)
     if not isinstance(doc.data, dict):
-        raise MatrixError(path, "expected a mapping with name, matrix, bases (see README)", 1)
+        message = "expected a mapping with name, matrix, bases (see docs/matrix.md)"
+        raise MatrixError(path, message, 1)
     try:
         model = Matrix.model_validate(doc.data)
     except ValidationError as exc:
@@ -382,7 +398,7 @@ def _schema_error(exc: ValidationError, doc: yamlfile.YamlDocument) -> MatrixErr
     value = err.get("input")
     kind = err["type"]
     if kind == "extra_forbidden":
-        message = f"unknown key {where!r}; check the spelling (see README for every key)"
+        message = f"unknown key {where!r}; check the spelling (docs/matrix.md lists every key)"
         if loc[:1] in (("matrix",), ("default",)):
             message += "; the framework keys are tensorflow, torch, jax"
     elif kind == "missing":
@@ -393,7 +409,10 @@ def _schema_error(exc: ValidationError, doc: yamlfile.YamlDocument) -> MatrixErr
             f'{where}: YAML reads {written} as the number {value!r}; quote versions: "{written}"'
         )
     elif kind == "literal_error":
-        message = f"{where}: {value!r} is not one of cpu, gpu"
+        # pydantic says "'cpu' or 'gpu'"; gpuenv's errors list the choices plainly.
+        expected = str(err.get("ctx", {}).get("expected") or "cpu, gpu")
+        expected = expected.replace("'", "").replace(" or ", ", ")
+        message = f"{where}: {value!r} is not one of {expected}"
     else:
         text = err["msg"].removeprefix("Value error, ")
         message = f"{where}: {text}"
@@ -409,16 +428,17 @@ def expand(m: LoadedMatrix) -> list[Combination]:
     """Product minus exclude, then include.
 
     Each framework axis makes its own product with python and variant, in the order
-    tensorflow, torch, jax. Each combination carries ``_include`` (the index of the include
-    entry that created or extended it, or None) so errors about an impossible include can
-    point at it.
+    tensorflow, torch, jax, each framework version's arch values side by side (so a cell and
+    its -arm64 sibling are neighbours). Each combination carries ``_include`` (the index of
+    the include entry that created or extended it, or None) so errors about an impossible
+    include can point at it.
     """
     axes = m.model.matrix
     product = [
-        {framework: version, "python": python, "variant": variant}
+        {framework: version, "python": python, "variant": variant, "arch": arch}
         for framework in FRAMEWORK_KEYS
-        for version, python, variant in itertools.product(
-            getattr(axes, framework) or [], axes.python, axes.variant
+        for version, python, variant, arch in itertools.product(
+            getattr(axes, framework) or [], axes.python, axes.variant, axes.arch
         )
     ]
     excluded: list[Combination] = []
@@ -469,7 +489,7 @@ def expand(m: LoadedMatrix) -> list[Combination]:
                     f"{', '.join(missing)} to stand alone as a new cell",
                     ("matrix", "include", i),
                 )
-            combos.append({"variant": "cpu", **values, "_include": i})
+            combos.append({"variant": "cpu", "arch": "amd64", **values, "_include": i})
     return combos
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,10 +76,15 @@ class TagResult:
     digest: str | None = None
     error: str | None = None
     attempts: int = 0
+    # A multi-platform tag (gpuenv/multiplatform.py): the platforms its index names.
+    platforms: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("cell", "ref", "status", "digest", "error",
-                                               "attempts")}  # fmt: skip
+        out = {k: getattr(self, k) for k in ("cell", "ref", "status", "digest", "error",
+                                              "attempts")}  # fmt: skip
+        if self.platforms:
+            out["platforms"] = list(self.platforms)
+        return out
 
 
 def _chunk_error(chunk: dict[str, Any]) -> str | None:
@@ -217,7 +222,8 @@ def push_cells(
     ca_bundle: Path | None,
     on_result: Callable[[TagResult], None] = lambda result: None,
 ) -> list[TagResult]:
-    """Tag and push each cell's image under its name and aliases; one result per tag.
+    """Tag and push each cell's image under its name and aliases; one result per tag, then
+    one per multi-platform index (a cell pushed with its -arm64 sibling: <cell>-multiarch).
     Stale, unbuilt or failed-validation images are refused, not pushed."""
     from gpuenv.plan import make_plan
 
@@ -238,7 +244,41 @@ def push_cells(
                 result = _tag_and_push(engine, cell, info.id, ref)
             results.append(result)
             on_result(result)
+    for result in _multiplatform(cells, results, repo):
+        results.append(result)
+        on_result(result)
     return results
+
+
+def _multiplatform(cells: list[Cell], results: list[TagResult], repo: str) -> list[TagResult]:
+    """One index tag per cell pushed with its -arm64 sibling in the same push: <cell>-
+    multiarch (the bare name stays the amd64 image; docs/architecture.md says why)."""
+    from gpuenv.multiplatform import index_tag, push_index
+
+    by_tag = {r.ref: r for r in results}
+    names = {c.name for c in cells}
+    out = []
+    for cell in cells:
+        sibling = f"{cell.name}-arm64"
+        if cell.arch != "amd64" or sibling not in names:
+            continue
+        pair = [by_tag[f"{repo}:{cell.name}"], by_tag[f"{repo}:{sibling}"]]
+        result = TagResult(cell.name, f"{repo}:{index_tag(cell.name)}", attempts=1)
+        if any(r.status != "pushed" or not r.digest for r in pair):
+            result.status = "refused"
+            result.error = "the index needs both platforms pushed: " + ", ".join(
+                f"{r.ref} {r.status}" for r in pair if r.status != "pushed" or not r.digest
+            )
+        else:
+            try:
+                result.digest, result.platforms = push_index(
+                    repo, index_tag(cell.name), [str(r.digest) for r in pair]
+                )
+                result.status = "pushed"
+            except GpuenvError as exc:
+                result.status, result.error = "failed", exc.message
+        out.append(result)
+    return out
 
 
 def _tag_and_push(engine: Engine, cell: Cell, image_id: str, ref: str) -> TagResult:

@@ -109,8 +109,8 @@ def attest_pushed(
     done: dict[tuple[str, str], Attested] = {}
     out = []
     for r in results:
-        if r.status != "pushed" or not r.digest:
-            continue
+        if r.status != "pushed" or not r.digest or r.platforms:
+            continue  # a multi-platform index: the images it names are attested
         repo = r.ref.rsplit(":", 1)[0]
         if (repo, r.digest) in done:
             continue

@@ -3,7 +3,7 @@
 Same inputs, same bytes: `gpuenv run --kube --dry-run` prints `to_yaml(job_manifest(...))`,
 and a live run creates the same object with a unique suffix on its name.
 
-What every Job gets (docs: README "Kubernetes"):
+What every Job gets (docs: docs/kubernetes.md):
 - the cell's image (with the working directory as one more layer) by digest, the command as
   `args` (the image's CMD, as `docker run IMAGE CMD` replaces it), working directory
   /workspace;
@@ -50,6 +50,7 @@ IMAGE_ANNOTATION = "io.gpuenv.image"  # annotation: the cell's image, by tag
 
 # GPU Feature Discovery's node labels (NVIDIA/k8s-device-plugin, docs/gpu-feature-discovery).
 GFD_CUDA_MAJOR = "nvidia.com/cuda.runtime.major"
+ARCH_LABEL = "kubernetes.io/arch"  # a well-known label the kubelet sets on every node
 GFD_CC_MAJOR = "nvidia.com/gpu.compute.major"
 GFD_CC_MINOR = "nvidia.com/gpu.compute.minor"
 
@@ -90,6 +91,7 @@ class JobInputs:
     namespace: str | None = None
     pull_secrets: tuple[str, ...] = ()
     node_affinity: bool = True
+    arch: str = "amd64"  # the image's architecture: kubernetes.io/arch of the node
     ttl: int = TTL_SECONDS
     uid: int = contract.UID
     name: str | None = None  # default: job_name(self)
@@ -97,6 +99,8 @@ class JobInputs:
     def digest(self) -> str:
         data = asdict(self)
         data.pop("name")
+        if data["arch"] == "amd64":
+            data.pop("arch")  # the digests (Job names) of amd64 runs are what they were
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
@@ -234,11 +238,16 @@ def _describe_cc(terms: list[list[dict[str, Any]]]) -> str:
 
 
 def node_requirements(inputs: JobInputs) -> tuple[list[list[dict[str, Any]]], str]:
-    """(nodeSelectorTerms, the same in words) for a GPU run; ([], "") when none apply."""
-    if not inputs.gpus or not inputs.node_affinity or not inputs.gpu_image:
+    """(nodeSelectorTerms, the same in words): the node's architecture (kubernetes.io/arch,
+    so an arm64 image lands on a Grace or Graviton node and an amd64 one never does), and for
+    a GPU run the driver and compute capability; ([], "") with --no-node-affinity."""
+    if not inputs.node_affinity:
         return [], ""
-    common: list[dict[str, Any]] = []
-    words = []
+    arch = {"key": ARCH_LABEL, "operator": "In", "values": [inputs.arch]}
+    if not inputs.gpus or not inputs.gpu_image:
+        return [[arch]], f"{ARCH_LABEL}={inputs.arch}"
+    common: list[dict[str, Any]] = [arch]
+    words = [f"{ARCH_LABEL}={inputs.arch}"]
     if inputs.cuda:
         major = int(inputs.cuda.split(".")[0])
         common.append(_expr(GFD_CUDA_MAJOR, "Gt", [major - 1]))
@@ -250,7 +259,7 @@ def node_requirements(inputs: JobInputs) -> tuple[list[list[dict[str, Any]]], st
         words.append(_describe_cc(cc_terms))
         terms = [[*common, *t] for t in cc_terms]
     else:
-        terms = [common] if common else []
+        terms = [common]
     return terms, ", ".join(words)
 
 

@@ -157,6 +157,7 @@ def submit(opts: KubeOptions) -> int:
         env=env, workdir=workdir, pvcs=pvcs, runtime_class=opts.runtime_class,
         deadline=deadline, shm_size=shm, namespace=namespace,
         pull_secrets=tuple(opts.pull_secrets), node_affinity=opts.node_affinity,
+        arch=cell.arch,
     )  # fmt: skip
     if api is None:
         sys.stdout.write(to_yaml(job_manifest(inputs)))

@@ -20,6 +20,7 @@ from gpuenv import contract
 from gpuenv.engine import ContainerSpec, Engine, EngineError, ImageInfo
 from gpuenv.errors import GpuenvError
 from gpuenv.gpus import GpuRequest, explain_start_error
+from gpuenv.run import foreign_platform
 
 SUITES = Path(__file__).parent / "suites"
 TARGETS_ENV = "GPUENV_VALIDATE_TARGETS"
@@ -39,6 +40,9 @@ class Target:
     # A testinfra backend URL (local://, ssh://, kubectl://, docker://ID) of an environment
     # gpuenv did not start: the suites run there, and no container is started.
     host: str | None = None
+    # linux/arm64 on an x86_64 engine: containers run under QEMU user emulation; the CPU
+    # suites run there, GPU device checks cannot (no GPU reaches an emulated process).
+    emulated: str | None = None
 
     def to_json(self, gpus: GpuRequest | None) -> dict[str, Any]:
         info = self.info or ImageInfo(id="")
@@ -51,6 +55,7 @@ class Target:
             "container": self.container,
             "gpu_container": self.gpu_container,
             "gpu_error": self.gpu_error,
+            "emulated": self.emulated,
             "gpus": gpus.as_api() if gpus else None,
             "config": {"User": info.user, "Env": list(info.env), "Labels": info.labels},
             "size": info.size,
@@ -69,7 +74,7 @@ class ImageSummary:
     skips: list[str] = field(default_factory=list)
 
 
-def _start(engine: Engine, image: str, gpus: GpuRequest | None) -> str:
+def _start(engine: Engine, image: str, gpus: GpuRequest | None, platform: str | None = None) -> str:
     spec = ContainerSpec(
         image,
         # Idle until the suites are done; the image's default user, as users get it.
@@ -78,6 +83,7 @@ def _start(engine: Engine, image: str, gpus: GpuRequest | None) -> str:
         labels=contract.container_labels("validate"),
         init=True,
         device_requests=[gpus.as_api()] if gpus else [],
+        platform=platform,  # the image's own, when the engine's differs (run under QEMU)
     )
     cid = engine.create(spec)
     try:
@@ -118,9 +124,11 @@ def validate(
             if target.info is None:
                 raise GpuenvError(f"image {target.image} not found; gpuenv build it first")
             target.layers = _largest_layers(engine, target.image)
-            target.container = _start(engine, target.image, None)
+            target.emulated = foreign_platform(engine, target.image)
+            target.container = _start(engine, target.image, None, target.emulated)
             started.append(target.container)
-            if gpus is not None and target.expected.get("variant") == "gpu":
+            # An emulated GPU image gets no device container: its device checks skip.
+            if gpus is not None and target.expected.get("variant") == "gpu" and not target.emulated:
                 try:
                     target.gpu_container = _start(engine, target.image, gpus)
                     started.append(target.gpu_container)

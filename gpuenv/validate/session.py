@@ -63,6 +63,8 @@ def _devices(target: Target, gpus: GpuRequest | None) -> str:
         return "checked"  # on the host as it is (failures, if any, are the device checks')
     if target.expected.get("variant") != "gpu":
         return "not a GPU image"
+    if target.emulated:
+        return f"not checked: {target.emulated} under emulation needs a Grace machine"
     if gpus is None:
         return "not checked: no --gpus given"
     if target.gpu_error:

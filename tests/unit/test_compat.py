@@ -287,3 +287,74 @@ def test_driver_floor_lookup():
 def test_debian_suites_provide_the_documented_pythons():
     assert compat.catalog().debian_python["bookworm"] == "3.11"
     assert compat.catalog().debian_python["trixie"] == "3.13"
+
+
+# ---------------------------------------------------------------------------- arm64 cells
+
+ARM = """\
+name: acme/arm
+matrix:
+  tensorflow: ["2.21"]
+  torch: ["2.11"]
+  jax: ["0.7"]
+  python: ["3.11"]
+  variant: [cpu, gpu]
+  arch: [amd64, arm64]
+bases:
+  "3.11": {debian: bookworm}
+"""
+
+
+def test_arm64_cells_are_named_and_placed_for_their_platform(write_matrix):
+    res = compat.resolve(matrix.load(write_matrix(ARM)))
+    cells = {c.name: c for c in res.cells}
+    arm = cells["jax0.7-py3.11-cpu-arm64"]
+    assert arm.platform == "linux/arm64" and arm.machine == "aarch64"
+    assert arm.base.image == "gpuenv/debian:bookworm-arm64"
+    assert arm.to_json()["platform"] == "linux/arm64"
+    amd = cells["jax0.7-py3.11-cpu"]
+    assert amd.platform == "linux/amd64" and amd.base.image == "gpuenv/debian:bookworm"
+    assert "torch2.11-py3.11-cuda13.0-gpu-arm64" in cells
+    # the default cells `gpuenv run` picks stay the amd64 ones
+    assert res.default_cpu is not None and res.default_cpu.arch == "amd64"
+
+
+def test_tensorflow_gpu_on_arm64_is_refused_with_the_reason(write_matrix):
+    res = compat.resolve(matrix.load(write_matrix(ARM)))
+    names = {c.name for c in res.cells}
+    assert "tf2.21-py3.11-cpu-arm64" in names
+    assert not any(n.startswith("tf") and n.endswith("gpu-arm64") for n in names)
+    (refused,) = [r for r in res.rejected if r.get("arch") == "arm64"]
+    assert refused["tensorflow"] == "2.21" and refused["variant"] == "gpu"
+    assert "aarch64 wheels are CPU-only" in refused["reason"]
+
+
+def test_an_arm64_python_without_aarch64_wheels_is_refused(write_matrix):
+    text = ARM.replace('jax: ["0.7"]', 'jax: ["0.12"]').replace("3.11", "3.12")
+    text = text.replace("{debian: bookworm}", '{image: "python:3.12-slim"}')
+    text = text.replace('  tensorflow: ["2.21"]\n  torch: ["2.11"]\n', "")
+    row = compat.catalog("jax").release("0.12")
+    assert row is not None and row.aarch64_python and "3.12" in row.aarch64_python
+    names = {c.name for c in compat.resolve(matrix.load(write_matrix(text))).cells}
+    assert "jax0.12-py3.12-cpu-arm64" in names
+    row11 = compat.catalog("jax").release("0.11")
+    assert row11 is not None and row11.aarch64_python is not None
+    assert "3.11" not in row11.aarch64_python
+
+
+def test_an_image_base_names_its_arm64_image_separately(write_matrix):
+    """Docker's classic store holds one architecture per tag: `arm64:` is the arm64 cells'
+    base; without it both architectures name `image`."""
+    text = ARM.replace("{debian: bookworm}", '{image: "acme/base:py3.11", arm64: "acme/base:arm"}')
+    cells = {c.name: c for c in compat.resolve(matrix.load(write_matrix(text))).cells}
+    assert cells["jax0.7-py3.11-cpu"].base.image == "acme/base:py3.11"
+    assert cells["jax0.7-py3.11-cpu-arm64"].base.image == "acme/base:arm"
+    text = ARM.replace("{debian: bookworm}", '{image: "acme/base:py3.11"}')
+    cells = {c.name: c for c in compat.resolve(matrix.load(write_matrix(text))).cells}
+    assert cells["jax0.7-py3.11-cpu-arm64"].base.image == "acme/base:py3.11"
+
+
+def test_an_unknown_arch_names_the_choices(write_matrix):
+    with pytest.raises(MatrixError) as caught:
+        matrix.load(write_matrix(ARM.replace("arch: [amd64, arm64]", "arch: [riscv64]")))
+    assert "amd64" in str(caught.value) and "arm64" in str(caught.value)

@@ -228,11 +228,12 @@ def test_each_host_gets_its_own_finding_and_none_says_toolkit_missing(
 def test_evaluate_reports_engine_support_driver_and_images(hook_only_facts: Facts) -> None:
     hook_only_facts.images = [GPU_IMAGE, CPU_IMAGE]
     findings = evaluate(hook_only_facts)
-    assert [f.topic for f in findings] == ["engine", "build", "gpu support", "driver", "x", "x-cpu"]
+    assert [f.topic for f in findings] == ["engine", "build", "arm64", "gpu support", "driver", "x",
+                                           "x-cpu"]  # fmt: skip
     assert findings[0].level == "ok"  # the grep'd info has no version: "?" is said, not invented
     assert "Docker Engine ?" in findings[0].message
-    assert findings[3].message.startswith("NVIDIA driver 535.183.01 via nvidia-smi")
-    assert [f.level for f in findings[4:]] == ["warning", "ok"]
+    assert findings[4].message.startswith("NVIDIA driver 535.183.01 via nvidia-smi")
+    assert [f.level for f in findings[5:]] == ["warning", "ok"]
 
 
 def test_evaluate_names_the_recorded_server_version(nvidia_runtime_facts: Facts) -> None:
@@ -250,7 +251,7 @@ def test_evaluate_gpu_image_on_an_engine_without_gpu_support_is_an_error(
 ) -> None:
     nothing_facts.images = [GPU_IMAGE]
     findings = evaluate(nothing_facts)
-    assert findings[2].topic == "gpu support" and findings[2].level == "error"
+    assert findings[3].topic == "gpu support" and findings[3].level == "error"
     assert findings[-1].level == "error" and "cannot pass GPUs" in findings[-1].message
 
 
@@ -445,3 +446,28 @@ def test_no_build_path_is_an_error_with_the_engine_modules_fix() -> None:
     why = "building needs BuildKit, through a docker CLI with buildx (tried: /usr/bin/docker)"
     finding = doctor.build_finding(Facts(build_error=why))
     assert (finding.topic, finding.level, finding.message) == ("build", "error", why)
+
+
+# ---------------------------------------------------------------------------- arm64
+
+ENABLED_PF = "enabled\ninterpreter /usr/libexec/qemu-binfmt/aarch64-binfmt-P\nflags: PF\n"
+
+
+@pytest.mark.parametrize(
+    ("machine", "binfmt", "level", "words"),
+    [
+        ("aarch64", None, "ok", "natively"),
+        ("x86_64", ENABLED_PF, "ok", "under QEMU"),
+        ("x86_64", "", "info", "cannot run arm64"),
+        ("x86_64", ENABLED_PF.replace("PF", "P"), "warning", "without the F flag"),
+        ("x86_64", "disabled\nflags: PF\n", "info", "cannot run arm64"),
+        ("x86_64", None, "info", "remote"),
+    ],
+)
+def test_doctor_says_whether_arm64_containers_run_and_how_to_enable_them(
+    machine, binfmt, level, words
+):
+    finding = doctor.arm64_finding(Facts(info={"Architecture": machine}, binfmt_aarch64=binfmt))
+    assert finding.level == level and words in finding.message
+    if level != "ok":
+        assert finding.fix and "update-binfmts --enable qemu-aarch64" in finding.fix

@@ -130,8 +130,19 @@ def test_gpu_job_asks_for_the_gpus_tolerates_the_taint_and_sizes_shm():
 def test_cpu_job_asks_for_no_gpu_and_has_no_gpu_affinity():
     pod = _pod(job_manifest(inputs(0)))
     assert "resources" not in pod["containers"][0]
-    assert "tolerations" not in pod and "affinity" not in pod
+    assert "tolerations" not in pod
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    arch = {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}
+    assert terms["nodeSelectorTerms"] == [{"matchExpressions": [arch]}]
     assert pod["volumes"][0]["emptyDir"]["sizeLimit"] == "2Gi"
+
+
+def test_an_arm64_job_asks_for_arm64_nodes_in_every_term():
+    pod = _pod(job_manifest(inputs(2, arch="arm64")))
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    arch = {"key": "kubernetes.io/arch", "operator": "In", "values": ["arm64"]}
+    assert terms["nodeSelectorTerms"]
+    assert all(arch in t["matchExpressions"] for t in terms["nodeSelectorTerms"])
 
 
 def test_every_job_runs_as_the_images_non_root_user_without_privileges():
@@ -220,13 +231,18 @@ def test_compute_capability_affinity_agrees_with_doctors_verdict(release, cc):
 
 def test_gpu_affinity_requires_the_drivers_cuda_major_and_a_capable_gpu():
     terms, words = node_requirements(inputs(2))
-    assert words == "driver CUDA major >= 12, GPU compute capability >= 6.0"
+    assert (
+        words == "kubernetes.io/arch=amd64, driver CUDA major >= 12, GPU compute capability >= 6.0"
+    )
     assert terms == [[
+        {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
         {"key": GFD_CUDA_MAJOR, "operator": "Gt", "values": ["11"]},
         {"key": GFD_CC_MAJOR, "operator": "Gt", "values": ["5"]},
     ]]  # fmt: skip
-    good = {GFD_CUDA_MAJOR: "12", GFD_CC_MAJOR: "8", GFD_CC_MINOR: "0"}
+    good = {"kubernetes.io/arch": "amd64", GFD_CUDA_MAJOR: "12", GFD_CC_MAJOR: "8",
+            GFD_CC_MINOR: "0"}  # fmt: skip
     assert _matches(good, terms)
+    assert not _matches({**good, "kubernetes.io/arch": "arm64"}, terms)
     assert not _matches({**good, GFD_CUDA_MAJOR: "11"}, terms)  # an R470 driver
     assert not _matches({**good, GFD_CC_MAJOR: "5"}, terms)  # Maxwell
     assert not _matches({}, terms)  # a node without GPU Feature Discovery
@@ -237,8 +253,9 @@ def test_no_affinity_when_turned_off_or_unknown():
     assert node_requirements(inputs(2, node_affinity=False)) == ([], "")
     assert "affinity" not in _pod(job_manifest(inputs(2, node_affinity=False)))
     terms, words = node_requirements(inputs(2, framework_version="9.99.0"))
-    assert terms == [[{"key": GFD_CUDA_MAJOR, "operator": "Gt", "values": ["11"]}]]
-    assert words == "driver CUDA major >= 12"
+    assert terms == [[{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
+                      {"key": GFD_CUDA_MAJOR, "operator": "Gt", "values": ["11"]}]]  # fmt: skip
+    assert words == "kubernetes.io/arch=amd64, driver CUDA major >= 12"
 
 
 def test_older_release_with_sm35_gets_a_per_minor_term():

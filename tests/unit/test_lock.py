@@ -139,8 +139,8 @@ def test_inputs_digest_changes_with_each_input(cells, monkeypatch):
     wheels = dict(gpu.wheels, **{"nvidia-cudnn-cu12": "9.5.1.17"})
     variants["cuda wheels"] = locks.inputs_digest(dataclasses.replace(gpu, wheels=wheels), DATE)
     assert locks.inputs_digest(gpu, DATE) != digest
-    monkeypatch.setattr(locks, "PLATFORM", "aarch64-manylinux_2_28")
-    variants["platform"] = locks.inputs_digest(cpu, DATE)
+    # An arm64 cell resolves for aarch64-manylinux_2_28: its own lock entry.
+    variants["platform"] = locks.inputs_digest(dataclasses.replace(cpu, arch="arm64"), DATE)
     for what, other in variants.items():
         assert other != digest, f"the digest ignores the {what}"
     assert len({*variants.values(), digest}) == len(variants) + 1

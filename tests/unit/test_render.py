@@ -405,3 +405,32 @@ def test_the_index_key_follows_the_upstreams_and_names_none_of_them():
     assert len(set(dockerfiles.values())) == 2
     a, b = (runs(d) for d in dockerfiles.values())
     assert a == b
+
+
+# ------------------------------------------------------------------------ arm64
+
+TORCH_ARM64 = """\
+name: acme/torch
+matrix:
+  torch: ["2.11"]
+  python: ["3.11"]
+  variant: [gpu]
+  arch: [arm64]
+bases:
+  "3.11": {debian: bookworm}
+"""
+
+
+def test_a_torch_gpu_arm64_cell_renders_for_its_base_and_is_hadolint_clean(tmp_path, write_matrix):
+    """The Dockerfile names no architecture itself: the arm64 base and the build's
+    --platform make it arm64; the CUDA wheels are the catalog's (aarch64 ones exist)."""
+    (cell,) = compat.resolve(matrix.load(write_matrix(TORCH_ARM64))).cells
+    assert cell.name == "torch2.11-py3.11-cuda13.0-gpu-arm64" and cell.platform == "linux/arm64"
+    dockerfile = render(cell, RenderOptions()).dockerfile
+    assert instructions(dockerfile)[0] == "FROM gpuenv/debian:bookworm-arm64"
+    assert 'NVIDIA_REQUIRE_CUDA="cuda>=13.0"' in dockerfile
+    assert "x86_64" not in dockerfile and "amd64" not in dockerfile
+    path = tmp_path / "Dockerfile"
+    path.write_text(dockerfile)
+    result = _lint([path])
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -342,6 +342,24 @@ def test_device_checks_are_skipped_without_gpus(tmp_path: Path) -> None:
     assert all("no --gpus given" in m for _, m in found.values())
 
 
+def test_device_checks_of_an_emulated_arm64_image_are_skipped_never_passed(tmp_path: Path) -> None:
+    """Even with --gpus: under QEMU no GPU reaches the process; a Grace machine is needed."""
+    request = {"Driver": "", "Count": -1, "DeviceIDs": None,
+               "Capabilities": [["compute", "gpu", "utility"]], "Options": {}}  # fmt: skip
+    found = run_suites(tmp_path, expected.from_cell(shipped(GPU_CELL)), "check_devices.py",
+                       "test_", gpus=request, emulated="linux/arm64")  # fmt: skip
+    assert len(found) == 6
+    assert {o for o, _ in found.values()} == {"skipped"}
+    assert all("need a Grace machine" in m and "linux/arm64" in m for _, m in found.values())
+
+
+def test_the_machine_check_needs_an_expected_platform(tmp_path: Path) -> None:
+    exp = {k: v for k, v in expected.from_cell(shipped(CPU_CELL)).items() if k != "platform"}
+    found = run_suites(tmp_path, exp, "check_image.py", "machine")
+    outcome, message = found["test_machine_is_the_cells_platform"]
+    assert outcome == "skipped" and "no platform expected" in message
+
+
 def test_a_check_with_nothing_to_check_is_skipped_not_passed(tmp_path: Path) -> None:
     exp = expected.from_cell(shipped(CPU_CELL))  # no pip pins, no CUDA wheels
     found = run_suites(tmp_path, exp, "check_image.py", "pinned_packages")

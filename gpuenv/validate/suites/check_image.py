@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
 from conftest import Box
 from framework_code import CODE, base_version
 
@@ -17,6 +18,18 @@ INSTALLED_PYTHON = "import sys; print('%d.%d' % sys.version_info[:2])"
 def test_python_version(box: Box) -> None:
     found = box.python(INSTALLED_PYTHON).strip()
     assert found == box.expected["python"], f"Python {found}, expected {box.expected['python']}"
+
+
+MACHINE = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
+
+
+def test_machine_is_the_cells_platform(box: Box) -> None:
+    """An arm64 cell runs aarch64 code (natively, or under QEMU here), not the host's."""
+    wanted = MACHINE.get(str(box.expected.get("platform") or ""))
+    if wanted is None:
+        pytest.skip("no platform expected (an image validated by its labels)")
+    found = box.python("import platform; print(platform.machine())").strip()
+    assert found == wanted, f"platform.machine() is {found}, expected {wanted}"
 
 
 def installed_framework(box: Box) -> str:

@@ -91,6 +91,12 @@ def root_box(target: dict[str, Any]) -> Box:
 
 @pytest.fixture
 def gpu_box(target: dict[str, Any]) -> Box:
+    if target.get("emulated"):
+        pytest.skip(
+            f"a {target['emulated']} image runs under QEMU emulation on this engine, where "
+            "no GPU is reachable: device checks need a Grace machine (an arm64 host with "
+            "NVIDIA GPUs, GH200/GB200)"
+        )
     if target["gpus"] is None:
         pytest.skip("no --gpus given: device checks need `gpuenv validate --gpus all`")
     if target.get("host") is not None:  # the environment as it is: its devices are its own
