@@ -69,9 +69,7 @@ def image_labels(cell: Cell) -> dict[str, str]:
 
 class ImageLabels:
     """What an image's labels claim, parsed. A claim, not a proof: validation checks it
-    against the catalog (gpuenv/validate/expected.py). A plain class, not a dataclass:
-    this module is on the no-op build's path (gpuenv/verdict.py), which must not pay for
-    importing dataclasses."""
+    against the catalog (gpuenv/validate/expected.py)."""
 
     __slots__ = ("raw",)
 

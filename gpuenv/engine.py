@@ -1,11 +1,8 @@
 """The Docker Engine, through the Docker SDK for Python. The only module that imports docker.
 
-The SDK (requests, urllib3, ssl: ~0.12 s to import) is imported on first use. On a local
-engine (a Unix socket: DOCKER_HOST=unix://..., or no DOCKER_HOST and the default context),
-the few calls a no-op `build` and a `run` make (image inspect, container create, attach,
-start, wait, stop, remove, info) go straight to the Engine API over the socket with the
-standard library (gpuenv/wire.py), so those commands never import it; anything else, and every
-other kind of engine (tcp, ssh, TLS, contexts), uses the SDK.
+The SDK (requests, urllib3, ssl) is imported on first use, so commands that never reach
+the engine (`--help`, `matrix`, `render`) do not pay for it. Every engine (a local socket,
+tcp, ssh, TLS, contexts) is reached the same way: through the SDK.
 
 The rest of gpuenv sees typed operations (image info, build, tag/remove, a container spec
 → create/start/attach/wait/stop/remove, logs, push/pull, save/load, history) and gpuenv's
@@ -29,9 +26,6 @@ from typing import Any
 
 from gpuenv import contract
 from gpuenv.errors import GpuenvError
-from gpuenv.wire import ApiError, Socket, local_socket
-from gpuenv.wire import frames as _frames
-from gpuenv.wire import quote_segment as _q
 
 LogSink = Callable[[str], None]
 # What the docker CLI ends a build with when the engine went away under it (restarted,
@@ -73,6 +67,7 @@ class ImageInfo:
     working_dir: str = ""
     entrypoint: tuple[str, ...] = ()
     cmd: tuple[str, ...] = ()
+    architecture: str = ""  # amd64, arm64: what the image's config says
 
     @property
     def env_map(self) -> dict[str, str]:
@@ -96,6 +91,7 @@ class ImageInfo:
             working_dir=str(config.get("WorkingDir") or ""),
             entrypoint=tuple(config.get("Entrypoint") or ()),
             cmd=tuple(config.get("Cmd") or ()),
+            architecture=str(data.get("Architecture") or ""),
         )
 
 
@@ -120,6 +116,7 @@ class ContainerSpec:
     labels: dict[str, str] = field(default_factory=dict)
     tty: bool = False
     stdin: bool = False
+    platform: str | None = None  # linux/arm64: an image of another architecture, emulated
 
 
 def engine_error(exc: Exception) -> EngineError:
@@ -185,7 +182,7 @@ def _translated() -> Iterator[None]:
     """SDK, Engine API and socket failures leave as EngineError."""
     try:
         yield
-    except (OSError, ApiError) as exc:
+    except OSError as exc:
         raise engine_error(exc) from None
     except Exception as exc:
         if _connection_error(exc):
@@ -210,12 +207,9 @@ def _base_url() -> tuple[str | None, dict[str, Any]]:
 
 
 class Engine:
-    def __init__(self, client: Any = None, *, socket_path: str | None = None) -> None:
-        """An SDK client, or (local engines) the socket's path: the SDK client is then
-        made on first use of anything the socket transport does not do."""
+    def __init__(self, client: Any = None) -> None:
+        """An SDK client, or None to make one (from the environment) on first use."""
         self._client = client
-        self._socket = Socket(socket_path) if socket_path else None
-        self._tty: dict[str, bool] = {}  # containers this engine created -> Tty
         self._podman: bool | None = None
         self._builds: set[Any] = set()  # the docker CLIs building now (subprocess.Popen)
 
@@ -227,8 +221,6 @@ class Engine:
 
     @property
     def url(self) -> str:
-        if self._socket is not None:
-            return f"unix://{self._socket.path}"
         return str(self._api.base_url)
 
     @property
@@ -237,17 +229,12 @@ class Engine:
 
     def info(self) -> dict[str, Any]:
         with _translated():
-            if self._socket is not None:
-                return dict(self._socket.json("GET", "/info"))
             return dict(self._api.info())
 
     def ping(self, timeout: float) -> bool:
         """Whether the engine answers within `timeout` seconds (a dropped link never
         answers, and a stream from it never ends: callers watch with this)."""
         try:
-            if self._socket is not None:
-                self._socket.request("GET", "/_ping", timeout=timeout)
-                return True
             resp = self._api.get(self._api._url("/_ping"), timeout=timeout)
             return bool(resp.status_code == 200)
         except Exception:  # refused, reset, timed out, TLS: all mean "not now"
@@ -281,13 +268,11 @@ class Engine:
     def image(self, ref: str) -> ImageInfo | None:
         """`docker image inspect`, or None when there is no such image."""
         try:
-            if self._socket is not None:
-                return ImageInfo.from_inspect(self._socket.json("GET", f"/images/{_q(ref)}/json"))
             return ImageInfo.from_inspect(self._api.inspect_image(ref))
         except Exception as exc:
             if _status(exc) == 404 or _sdk_error(exc, "ImageNotFound"):
                 return None
-            if isinstance(exc, (OSError, ApiError)) or _sdk_error(exc):
+            if isinstance(exc, OSError) or _connection_error(exc):
                 raise engine_error(exc) from None
             raise
 
@@ -403,6 +388,7 @@ class Engine:
         on_log: LogSink,
         patience: float = 30,
         network: str = "none",
+        platform: str | None = None,
     ) -> str:
         """Build an uploaded tar context without tagging it; returns the full image ID
         (sha256:...), the form `image inspect` gives, so callers can compare the two.
@@ -415,7 +401,7 @@ class Engine:
         running: list[str] = []  # the container of the step in progress ("Running in <id>")
         try:
             image_id, short_id = self._build_stream(
-                context, labels, nocache, on_log, running, network
+                context, labels, nocache, on_log, running, network, platform
             )
         except EngineError as exc:
             # The engine went away mid-build (restarted, killed): its builder never removes
@@ -441,11 +427,7 @@ class Engine:
         if self._podman is not None:
             return self._podman
         with _translated():
-            version = (
-                self._api.version()
-                if self._socket is None
-                else self._socket.json("GET", "/version")
-            )
+            version = self._api.version()
         names = [str(c.get("Name", "")) for c in version.get("Components") or []]
         self._podman = any("podman" in n.lower() for n in names)
         return self._podman
@@ -471,20 +453,23 @@ class Engine:
         nocache: bool,
         network: str,
         on_log: LogSink,
+        platform: str | None = None,
     ) -> str:
         """Build a context directory whose Dockerfile mounts parts of it (RUN --mount), without
-        tagging; returns the image ID. Docker engines build it with BuildKit through the
+        tagging; returns the image ID. `platform` (linux/arm64) builds for another
+        architecture: its steps run under the engine's QEMU emulation (binfmt_misc).
+        Docker engines build it with BuildKit through the
         docker CLI (the SDK cannot drive BuildKit: docker/docker-py#2230), which sends the
         context over the build session: local, rootless, Desktop and remote engines alike.
         podman's API service builds it through its own endpoint (its builder takes the same
         mounts), from an uploaded tar."""
         if self.is_podman:
-            return self._build_uploaded(directory, labels, nocache, network, on_log)
-        return self._build_buildkit(directory, labels, nocache, network, on_log)
+            return self._build_uploaded(directory, labels, nocache, network, on_log, platform)
+        return self._build_buildkit(directory, labels, nocache, network, on_log, platform)
 
     def _build_uploaded(
         self, directory: Path, labels: dict[str, str], nocache: bool, network: str,
-        on_log: LogSink,
+        on_log: LogSink, platform: str | None = None,
     ) -> str:  # fmt: skip
         import tarfile
         import tempfile
@@ -494,12 +479,13 @@ class Engine:
                 tar.add(directory, arcname=".")
             tar_file.seek(0)
             return self.build(
-                tar_file, labels=labels, nocache=nocache, on_log=on_log, network=network
-            )
+                tar_file, labels=labels, nocache=nocache, on_log=on_log, network=network,
+                platform=platform,
+            )  # fmt: skip
 
     def _build_buildkit(
         self, directory: Path, labels: dict[str, str], nocache: bool, network: str,
-        on_log: LogSink,
+        on_log: LogSink, platform: str | None = None,
     ) -> str:  # fmt: skip
         import subprocess
         import tempfile
@@ -513,6 +499,8 @@ class Engine:
                 command += ["--label", f"{key}={value}"]
             if nocache:
                 command.append("--no-cache")
+            if platform:
+                command += ["--platform", platform]
             command.append(str(directory))
             tail: list[str] = []
             proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
@@ -549,6 +537,7 @@ class Engine:
         on_log: LogSink,
         running: list[str],
         network: str,
+        platform: str | None = None,
     ) -> tuple[str | None, str | None]:
         image_id = short_id = None
         with _translated():
@@ -563,6 +552,7 @@ class Engine:
                 pull=False,
                 network_mode=network,
                 decode=True,
+                **({"platform": platform} if platform else {}),
             )
             for chunk in stream:
                 if "stream" in chunk:
@@ -588,11 +578,6 @@ class Engine:
         """Create (not start) a container; returns its ID."""
         if spec.tmpfs and self.is_podman:
             spec = replace(spec, tmpfs={p: _podman_tmpfs(o) for p, o in spec.tmpfs.items()})
-        if self._socket is not None and not spec.ports:  # port bindings: the SDK converts
-            with _translated():
-                created = self._socket.json("POST", "/containers/create", _create_body(spec))
-            self._tty[str(created["Id"])] = spec.tty
-            return str(created["Id"])
         api = self._api
         with _translated():
             host = api.create_host_config(
@@ -617,14 +602,14 @@ class Engine:
                 tty=spec.tty,
                 stdin_open=spec.stdin,
                 ports=list(spec.ports) or None,
+                # Named only for another architecture's image (Engine API 1.41+); the
+                # engine then runs it without its platform-mismatch warning.
+                **({"platform": spec.platform} if spec.platform else {}),
             )
         return str(created["Id"])
 
     def start(self, cid: str) -> None:
         with _translated():
-            if self._socket is not None:
-                self._socket.json("POST", f"/containers/{_q(cid)}/start")
-                return
             self._api.start(cid)
 
     def attach(self, cid: str) -> Iterator[tuple[bytes | None, bytes | None]]:
@@ -633,12 +618,6 @@ class Engine:
         with _translated():
             if self.url.startswith("https://"):
                 return _translated_stream(self._attach_tls(cid))
-            if self._socket is not None:
-                tty = self._tty.get(cid)
-                if tty is None:  # not created here: ask (a TTY's stream is not multiplexed)
-                    config = self._socket.json("GET", f"/containers/{_q(cid)}/json")["Config"]
-                    tty = bool(config.get("Tty"))
-                return _translated_stream(self._socket.attach(cid, tty=tty))
             stream = self._api.attach(
                 cid, stdout=True, stderr=True, stream=True, logs=True, demux=True
             )
@@ -674,18 +653,11 @@ class Engine:
     def wait(self, cid: str, timeout: float | None = None) -> int:
         """The container's exit code once it has stopped."""
         with _translated():
-            if self._socket is not None:
-                path = f"/containers/{_q(cid)}/wait"
-                return int(self._socket.json("POST", path, timeout=timeout)["StatusCode"])
             return int(self._api.wait(cid, timeout=timeout)["StatusCode"])
 
     def stop(self, cid: str, timeout: int) -> None:
         """SIGTERM, then SIGKILL after `timeout` seconds, as `docker stop` does."""
         with _translated():
-            if self._socket is not None:
-                path = f"/containers/{_q(cid)}/stop?t={int(timeout)}"
-                self._socket.json("POST", path, timeout=None, ok=(204, 304))
-                return
             self._api.stop(cid, timeout=timeout)
 
     def logs(self, cid: str, *, stderr: bool = False) -> str:
@@ -695,14 +667,11 @@ class Engine:
     def remove_container(self, cid: str) -> None:
         """Remove (forcing) a container; one already gone, or going, is no error."""
         try:
-            if self._socket is not None:
-                self._socket.json("DELETE", f"/containers/{_q(cid)}?force=1&v=1")
-            else:
-                self._api.remove_container(cid, force=True, v=True)
+            self._api.remove_container(cid, force=True, v=True)
         except Exception as exc:
             if _status(exc) in (404, 409) or _sdk_error(exc, "NotFound"):  # 409: removing
                 return
-            if isinstance(exc, (OSError, ApiError)) or _sdk_error(exc):
+            if isinstance(exc, OSError) or _connection_error(exc):
                 raise engine_error(exc) from None
             raise
 
@@ -731,9 +700,11 @@ class Engine:
         finally:
             self.remove_container(cid)
 
-    def run_capture(self, image: str, command: list[str]) -> tuple[int, str]:
+    def run_capture(
+        self, image: str, command: list[str], platform: str | None = None
+    ) -> tuple[int, str]:
         """Run a short command in a throwaway container (no network); (exit code, stdout)."""
-        spec = ContainerSpec(image, command, network="none", init=False,
+        spec = ContainerSpec(image, command, network="none", init=False, platform=platform,
                              labels=contract.container_labels("probe"))  # fmt: skip
         cid = self.create(spec)
         try:
@@ -798,8 +769,6 @@ def buildkit_cli(engine: Engine) -> tuple[list[str], dict[str, str]]:
     import subprocess
 
     env = dict(os.environ)
-    if engine._socket is not None:
-        env["DOCKER_HOST"] = f"unix://{engine._socket.path}"
     if _cli.found is not None:
         return list(_cli.found), {**env, "DOCKER_BUILDKIT": "1"}
     candidates = [os.environ.get("GPUENV_DOCKER_CLI", "")]
@@ -851,17 +820,10 @@ _conn = _Connection()
 
 
 def connect() -> Engine:
-    """A client for DOCKER_HOST / the current context / the local socket, checked by a ping
-    (the socket transport's is a GET /_ping: it answers, or the error is the SDK's)."""
+    """A client for DOCKER_HOST / the current context / the local socket; making it asks
+    the engine its API version, which proves it answers."""
     if _conn.engine is not None:
         return _conn.engine
-    socket_path = local_socket()
-    if socket_path is not None:
-        engine = Engine(socket_path=socket_path)
-        with _translated():
-            engine._socket.request("GET", "/_ping")  # type: ignore[union-attr]
-        _conn.engine = engine
-        return engine
     _conn.engine = Engine(_sdk_client(*_base_url()))
     return _conn.engine
 
@@ -919,56 +881,24 @@ def _pin_engine_ca(api: Any) -> None:
     api.merge_environment_settings = merge_keeping_ca
 
 
-# ------------------------------------------------------------- the socket transport
+def _frames(recv: Callable[[], bytes]) -> Iterator[tuple[bytes | None, bytes | None]]:
+    """The engine's multiplexed stream (non-TTY), read by `recv` (b"" at the end): frames of
+    an 8-byte header (stream 1 stdout, 2 stderr; big-endian length in bytes 4-7) and a
+    payload (the TLS attach above reads it itself)."""
+    buf = b""
 
+    def fill(n: int) -> bool:
+        nonlocal buf
+        while len(buf) < n:
+            chunk = recv()
+            if not chunk:
+                return False
+            buf += chunk
+        return True
 
-def _create_body(spec: ContainerSpec) -> dict[str, Any]:
-    """POST /containers/create's body, as the SDK's create_container/create_host_config
-    would send it for these fields (ports excepted: those go through the SDK)."""
-    host: dict[str, Any] = {"NetworkMode": spec.network or "default"}
-    if spec.binds:
-        host["Binds"] = list(spec.binds)
-    if spec.device_requests:
-        # As docker.types.DeviceRequest normalises them (None -> empty).
-        host["DeviceRequests"] = [
-            {"Driver": d.get("Driver") or "", "Count": d.get("Count") or 0,
-             "DeviceIDs": d.get("DeviceIDs") or [], "Capabilities": d.get("Capabilities") or [],
-             "Options": d.get("Options") or {}}
-            for d in spec.device_requests
-        ]  # fmt: skip
-    if spec.init is not None:
-        host["Init"] = spec.init
-    if spec.shm_size:
-        host["ShmSize"] = _parse_bytes(spec.shm_size)
-    if spec.ipc:
-        host["IpcMode"] = spec.ipc
-    if spec.tmpfs:
-        host["Tmpfs"] = dict(spec.tmpfs)
-    body: dict[str, Any] = {
-        "Image": spec.image,
-        "Cmd": list(spec.command),
-        "User": spec.user,
-        "WorkingDir": spec.workdir,
-        "Env": [f"{k}={v}" for k, v in spec.env.items()] or None,
-        "Labels": dict(spec.labels) or None,
-        "Tty": spec.tty,
-        "OpenStdin": spec.stdin,
-        "StdinOnce": spec.stdin,
-        "AttachStdin": spec.stdin,
-        "AttachStdout": True,
-        "AttachStderr": True,
-        "NetworkDisabled": False,
-        "HostConfig": host,
-    }
-    return {k: v for k, v in body.items() if v is not None}
-
-
-def _parse_bytes(text: str) -> int:
-    """ "2g" -> bytes, as the SDK (and docker's --shm-size) read it: b, k, m, g in 1024s."""
-    units = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-    value = text.strip().lower().removesuffix("b") if text[-2:-1].isalpha() else text.lower()
-    if value[-1:].isdigit():
-        return int(float(value))
-    if value[-1:] not in units:
-        raise EngineError(f"--shm-size {text!r}: expected a number with b, k, m or g")
-    return int(float(value[:-1]) * units[value[-1]])
+    while fill(8):
+        kind, size = buf[0], int.from_bytes(buf[4:8], "big")
+        if not fill(8 + size):
+            return
+        payload, buf = buf[8 : 8 + size], buf[8 + size :]
+        yield (None, payload) if kind == 2 else (payload, None)

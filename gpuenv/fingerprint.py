@@ -1,10 +1,7 @@
 """What a cached answer was made from: digests of gpuenv itself, the matrix and its lock.
 
-Two caches stand in for work only while everything they were computed from is unchanged:
-the resolved matrix (gpuenv/snapshot.py) and the remembered no-op verdict
-(gpuenv/verdict.py). Both recompute these digests on every use; both must stay cheap to
-import (no dataclasses, no schema), because the second one answers a no-op `gpuenv build`
-in a few milliseconds.
+The resolved-matrix cache (gpuenv/snapshot.py) stands in for loading the matrix only while
+everything it was computed from is unchanged; it recomputes these digests on every use.
 """
 
 from __future__ import annotations

@@ -576,8 +576,14 @@ class StreamSampler:
         self._thread = threading.Thread(target=self._read, daemon=True, name="gpuenv-monitor")
 
     def start(self) -> StreamSampler:
-        self._stream = self.engine.attach(self.cid)
-        self.engine.start(self.cid)
+        try:
+            self._stream = self.engine.attach(self.cid)
+            self.engine.start(self.cid)
+        except BaseException:
+            # The helper exists from __init__ on; nothing else would remove it now.
+            with contextlib.suppress(GpuenvError):
+                self.engine.remove_container(self.cid)
+            raise
         self._thread.start()
         return self
 

@@ -1,6 +1,6 @@
 """What a build reports: one result per cell, the reporter the builder talks to while it
-works, and the summary table. Kept apart from the builder so that a no-op `gpuenv build`
-(gpuenv/cli/noop.py) prints the same table without loading it."""
+works, and the summary table. Kept apart from the builder: printing a result needs none
+of the building."""
 
 from __future__ import annotations
 

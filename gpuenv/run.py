@@ -287,6 +287,7 @@ def run(
     """Run the container to its end; its exit code. Output goes to this process's streams,
     or to `stdout`/`stderr` when given (gpuenv bench reads the workload's result there)."""
     spec = container_spec(opts)
+    spec.platform = foreign_platform(engine, opts.image)
     if engine.is_local:  # a remote engine's paths are on its host, not here
         check_bind_sources(spec.binds)
     try:
@@ -305,6 +306,16 @@ def run(
         raise _start_error(exc, opts) from None
     finally:
         _remove(engine, cid)
+
+
+def foreign_platform(engine: Engine, image: str) -> str | None:
+    """linux/<arch> of an image of another architecture than the engine's (an arm64 cell
+    on an x86_64 engine, run under QEMU), so the engine runs it as that platform; None for
+    the engine's own, which runs as every image always has."""
+    info = engine.image(image)
+    arch = info.architecture if info is not None else ""
+    own = {"x86_64": "amd64", "aarch64": "arm64"}.get(engine.architecture(), "")
+    return f"linux/{arch}" if arch and own and arch != own else None
 
 
 def _remove(engine: Engine, cid: str) -> None:
@@ -401,12 +412,19 @@ def remove_patience() -> int:
 
 
 def _watch(engine: Engine, reader: threading.Thread) -> None:
-    """Wait for the reader; raise EngineError when the engine stops answering pings."""
+    """Wait for the reader. Over a network link (tcp, TLS, ssh) also ask the engine every
+    HEARTBEAT_SECONDS and raise EngineError when it has not answered for LOST_AFTER_SECONDS:
+    a link that drops sends no reset, so the stream's read would never return. On a local
+    socket no heartbeat: an engine that dies closes the socket, which ends the stream (the
+    reader then fails with the engine's error), and one that is only slow to answer (a busy
+    host) must not cost a workload its run."""
     last_answer = time.monotonic()
     while reader.is_alive():
         reader.join(HEARTBEAT_SECONDS)
         if not reader.is_alive():
             return
+        if engine.is_local:
+            continue
         if engine.ping(timeout=HEARTBEAT_SECONDS):
             last_answer = time.monotonic()
         elif time.monotonic() - last_answer > LOST_AFTER_SECONDS:
@@ -473,10 +491,12 @@ def target_for(
     want_gpu: bool,
     file: Path | None,
     project: Project | None = None,
+    gpus: GpuRequest | None = None,
 ) -> Target:
     """The image `gpuenv run` uses: -i IMAGE as is, else a cell (the default CPU or GPU
     cell without -i), built first if it is missing. `project`: the matrix when the caller
-    opened it already; else it is opened here (from its snapshot when unchanged)."""
+    opened it already; else it is opened here (from its snapshot when unchanged). `gpus`:
+    the workload's request on this engine, checked before a missing cell is built."""
     from gpuenv.project import looks_like_image, open_project
 
     if image is not None and looks_like_image(image):
@@ -488,9 +508,36 @@ def target_for(
     cell = project.default_cell(want_gpu) if image is None else project.one_cell(image, "-i")
     labels = engine.labels(cell.image)
     if labels is None:
+        if gpus is not None:
+            check_engine_gives_gpus(engine, cell, gpus)
         _build_for_run(engine, project, cell)
         labels = engine.labels(cell.image) or {}
     return Target(cell.image, labels, cell)
+
+
+def check_engine_gives_gpus(engine: Engine, cell: Cell, gpus: GpuRequest) -> None:
+    """Before building a cell (a GPU cell is gigabytes) for `run --gpus`: does this engine
+    give containers GPUs at all? Asked of the engine itself, by starting a container with
+    the request from an image it already has (the cell's base): the API reports no NVIDIA
+    hook, and dockerd finds one on its own PATH, not gpuenv's (doctor's host-side checks
+    cannot see that, nor a remote engine's host). An engine without the runtime, CDI or
+    hook refuses the start at once: that refusal, explained, is the one error, and nothing
+    is built. Anything else (the start works, no base to ask with yet, another error) is
+    left to the driver probe after the build (gpu_preflight)."""
+    image = cell.base.image
+    if engine.image(image) is None:
+        return
+    spec = ContainerSpec(image, ["true"], device_requests=[gpus.as_api()], network="none",
+                         labels=contract.container_labels("probe"), init=False)  # fmt: skip
+    cid = engine.create(spec)
+    try:
+        engine.start(cid)
+    except EngineError as exc:
+        explained = explain_start_error(exc.detail, cell.image)
+        if explained:
+            raise fail(explained) from None
+    finally:
+        engine.remove_container(cid)
 
 
 def _build_for_run(engine: Engine, project: Project, cell: Cell) -> None:

@@ -3,7 +3,8 @@ the build context it mounts, assembled on the client.
 
 An install step's part (`python-env/`, `cuda/`) holds the resolution as `requirements.txt`
 (hashes on every line: the lock's entry, or `uv pip compile` now for an unlocked cell), the
-one wheel per line that fits the cell's machine (an arm64 cell's aarch64 wheels on any engine) and the base's glibc, fetched into the
+one wheel per line that fits the cell's machine (an arm64 cell's aarch64 wheels on any
+engine) and the base's glibc, fetched into the
 wheelhouse and checked (gpuenv/fetch.py), and uv's executable for that machine. The engine
 receives it through its own build API (BuildKit's session, or podman's build endpoint), so a
 remote, rootless, Desktop or podman engine builds from exactly the bytes a local one does,

@@ -49,7 +49,8 @@ readonly CONFIG=/etc/gpuenv/dockerd.json
 # Debian packages we need; each is checked on its own.
 readonly PACKAGES=(docker.io debootstrap mmdebstrap docker-registry iproute2 e2fsprogs openssl
     rootlesskit slirp4netns uidmap podman catatonit
-    slurmctld slurmd slurm-client munge charliecloud-runtime squashfs-tools-ng)
+    slurmctld slurmd slurm-client munge charliecloud-runtime squashfs-tools-ng
+    qemu-user-static binfmt-support arch-test)
 
 say() { printf 'engine.sh: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }

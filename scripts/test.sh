@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# test.sh - the test suite: lint, unit tests (no engine), integration tests (real engine).
+# test.sh - the test suite: lint, import contracts, types, unit tests (no engine),
+# integration tests (real engine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
 .venv/bin/ruff check gpuenv tests benchmarks
 .venv/bin/ruff format --check gpuenv tests benchmarks
+# The contracts (pyproject.toml): layers and the engine boundary, then strict types (the
+# Engine Protocol held against the production engine and the tests' fake).
+.venv/bin/lint-imports
+.venv/bin/mypy
 .venv/bin/pytest tests "$@"

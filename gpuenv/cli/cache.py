@@ -46,8 +46,8 @@ def prune_cmd(
     ] = 30,
 ) -> None:
     """Drop the files no entry of the matrix's lock names and no build used recently, and
-    the resolved matrices and no-op answers kept for matrices not used as long."""
-    from gpuenv import cache, sendable, snapshot, verdict, wheelhouse
+    the resolved matrices kept for matrices not used as long."""
+    from gpuenv import cache, sendable, snapshot, wheelhouse
     from gpuenv.project import open_project
     from gpuenv.results import human_size
 
@@ -58,7 +58,8 @@ def prune_cmd(
         store = wheelhouse.Store.default()
         files, size = wheelhouse.prune(store, texts, keep_days)
         contexts = sendable.prune(sendable.contexts_root(store.root))
-        records, _ = cache.prune_records((snapshot.PREFIX, verdict.PREFIX), keep_days)
+        # "noop-": the remembered no-op answers of gpuenv before issue 29, still in caches.
+        records, _ = cache.prune_records((snapshot.PREFIX, "noop-"), keep_days)
     print(
         f"pruned {files} file(s), {human_size(size)}; {contexts} build context(s); "
         f"{records} cached answer(s)"

@@ -46,107 +46,19 @@ class _Group(TyperGroup):
         return code
 
 
-_FALLBACK = object()
-
-
-def _plain_value(descriptor: Any, value: Any, param: Any, ctx: Any) -> Any:
-    """A command-line value coerced without pydantic, for the plain cases gpuenv's options
-    use; _FALLBACK for anything else (then Typer's own pydantic coercion decides, with its
-    own messages, exactly as without this)."""
-    from typing import get_args, get_origin
-
-    info, annotation = descriptor.parameter_info, descriptor.annotation
-    if descriptor.file_annotation is not None or info.parser is not None:
-        return _FALLBACK
-    if get_origin(annotation) is list and get_args(annotation) == (str,):
-        ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
-        return list(value) if ok else _FALLBACK
-    if annotation is str:
-        return value if isinstance(value, str) else _FALLBACK
-    if annotation is bool:
-        return value if isinstance(value, bool) else _FALLBACK
-    if annotation in (int, float) and not info.clamp:
-        if type(value) is annotation:  # a default (-j's 1)
-            number = value
-        elif isinstance(value, str):
-            text = value.strip()
-            if not (text.isascii() and text.replace(".", "", annotation is float).isdigit()):
-                return _FALLBACK  # signs, exponents, underscores, words: pydantic's call
-            number = annotation(text)
-        else:
-            return _FALLBACK
-        if (info.min is not None and number < info.min) or (
-            info.max is not None and number > info.max
-        ):
-            return _FALLBACK  # pydantic words the range error
-        return number
-    if annotation is Path and isinstance(value, str) and value and "\0" not in value:
-        flags = (info.exists, info.resolve_path, info.writable, info.allow_dash)
-        if any(flags) or info.path_type not in (None, Path):
-            return _FALLBACK
-        from typer._param_types import coerce_cli_path
-
-        return coerce_cli_path(Path(value), info, path_type=Path, param=param, ctx=ctx)
-    return _FALLBACK
-
-
-def _without_pydantic_on_the_plain_path() -> None:
-    """Typer 0.2x coerces every option through a pydantic TypeAdapter, which imports
-    pydantic (~50 ms) and builds an adapter per parameter (~25 ms for `run`) on every
-    command. gpuenv's options are plain (str, bool, Path, list[str], bounded int/float):
-    those are coerced here, and anything else, including every value that would be an
-    error, goes to Typer's own coercion, so results and messages are Typer's
-    (tests/unit/test_cli_coercion.py compares both on every option). Typer internals are
-    used only when they look as expected; otherwise nothing changes."""
-    try:
-        from dataclasses import dataclass as _dataclass
-
-        from typer import _coercion, core
-    except ImportError:
-        return
-    original = getattr(core, "build_runtime_param", None)
-    base = getattr(_coercion, "RuntimeParam", None)
-    if original is None or base is None or getattr(original, "_gpuenv", False):
-        return
-
-    @_dataclass(frozen=True)
-    class PlainParam(base):  # type: ignore[misc, valid-type]
-        descriptor: Any = None
-
-        def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
-            got = _plain_value(self.descriptor, value, param, ctx)
-            if got is _FALLBACK:
-                return original(self.descriptor)._coerce_value(value, param=param, ctx=ctx)
-            return got
-
-    def build(descriptor: Any) -> Any:
-        return PlainParam(descriptor.parameter_info, descriptor.annotation, descriptor)
-
-    build._gpuenv = True  # type: ignore[attr-defined]
-    build.original = original  # type: ignore[attr-defined]
-    core.build_runtime_param = build
-
-
-_without_pydantic_on_the_plain_path()
-
-
-def new_app() -> typer.Typer:
-    """The Typer app the verbs register on (`app`; main makes one per verb: cli/__init__)."""
-    return typer.Typer(
-        cls=_Group,
-        name="gpuenv",
-        help="Reproducible CPU and GPU Docker environments for TensorFlow, from one matrix.yaml.",
-        no_args_is_help=True,
-        add_completion=False,
-        pretty_exceptions_enable=False,
-        # Plain Click help: with Rich installed Typer would otherwise import it (and
-        # markdown-it) for every --help and usage error, about 60 ms of a 0.2 s start-up.
-        rich_markup_mode=None,
-        context_settings={"help_option_names": ["-h", "--help"]},
-    )
-
-
-app = new_app()
+app = typer.Typer(
+    cls=_Group,
+    name="gpuenv",
+    help="Reproducible CPU and GPU Docker environments for TensorFlow, PyTorch and JAX, "
+    "from one matrix.yaml.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    # Plain Click help: with Rich installed Typer would import it (and markdown-it) for
+    # every --help and usage error, which alone is most of the --help target (0.3 s).
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 
 FileOption = Annotated[
     Path | None,

@@ -60,7 +60,7 @@ def push_cmd(
         if attest or key is not None:
             if not (attest and key is not None):
                 raise fail("--attest and --key go together: --attest --key KEY.pem (keyless "
-                           "signing needs Sigstore; see the README)", 2)  # fmt: skip
+                           "signing needs Sigstore; see docs/publishing.md)", 2)  # fmt: skip
             from gpuenv.attest.dsse import load_signer
 
             signer = load_signer(key)  # a bad key fails before anything is pushed
@@ -84,7 +84,11 @@ def push_cmd(
         )
     else:
         for r in results:
-            print(f"{r.ref}  {r.digest or '-'}  {r.status}" + (f": {r.error}" if r.error else ""))
+            shown = f"  [{', '.join(r.platforms)}]" if r.platforms else ""  # an index tag
+            print(
+                f"{r.ref}  {r.digest or '-'}  {r.status}{shown}"
+                + (f": {r.error}" if r.error else "")
+            )
         for a in attested:
             for predicate_type, artifact in a.artifacts:
                 print(f"attested {a.ref}  {predicate_type}  {artifact}")

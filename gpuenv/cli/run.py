@@ -174,7 +174,7 @@ def run_local(
             # from its snapshot (gpuenv/snapshot.py), without the schema or the catalog.
             project = open_project(file, cached=True)
         eng = engine.connect()
-        target = run.target_for(eng, image, request is not None, file, project)
+        target = run.target_for(eng, image, request is not None, file, project, request)
         run.gpu_preflight(eng, target, request)
         opts = run.RunOptions(
             image=target.image, command=argv, gpus=request, env=env or [],

@@ -1,6 +1,5 @@
-"""How gpuenv stops on a signal, without the CLI framework (the no-op build path,
-gpuenv/cli/noop.py, answers before Typer is imported): SIGTERM raised like Ctrl-C, and the
-exit codes and messages both report."""
+"""How gpuenv stops on a signal: SIGTERM raised like Ctrl-C, and the exit codes and
+messages the CLI reports."""
 
 from __future__ import annotations
 

@@ -75,8 +75,9 @@ def test_the_package_came_from_the_private_index(built, private):
     assert out.strip().splitlines()[-1] == "42"
     assert (f"/files/{private['index'].filename}", 200) in private["index"].requests
     assert all(code != 401 for path, code in private["index"].requests), "sent without creds"
-    # The engine got the wheel in the build context, fetched with the credentials.
-    sent = cells.context_dir(private["cache"], private["matrix"], cells.CPU_CELL) / "python-env"
+    # The engine got the wheel in the build context, fetched with the credentials (a package
+    # of the cell's own: in the packages step's part).
+    sent = cells.context_dir(private["cache"], private["matrix"], cells.CPU_CELL) / "packages"
     assert (sent / private["index"].filename).read_bytes() == private["index"].wheel
 
 
@@ -118,9 +119,9 @@ def test_credentials_are_not_in_the_build_log_its_command_or_what_was_sent(built
     files = [p for p in sent.rglob("*") if p.is_file()]
     assert {p.relative_to(sent).as_posix() for p in files} >= {
         "Dockerfile", "python-env/requirements.txt", "python-env/uv",
-        f"python-env/{private['index'].filename}",
+        f"packages/{private['index'].filename}",
     }  # fmt: skip
-    assert "gpuenv-private-probe==1.0" in (sent / "python-env/requirements.txt").read_text()
+    assert "gpuenv-private-probe==1.0" in (sent / "packages/requirements.txt").read_text()
     assert {p.name: found_in(p.read_bytes()) for p in files if found_in(p.read_bytes())} == {}
     dockerfile = (sent / "Dockerfile").read_text()
     assert "127.0.0.1" not in dockerfile and "http" not in dockerfile.split("FROM", 1)[1]

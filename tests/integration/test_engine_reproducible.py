@@ -1,7 +1,7 @@
 """`gpuenv build --reproducible`'s normalising step on the real engine: two `--no-cache`
 builds of the same Dockerfile differ (timestamps, build-container traces); normalised, they
 are the same image, bit for bit (same ID). Small images keep this fast; the same code
-normalises cells (see README, Locking)."""
+normalises cells (see docs/locking.md)."""
 
 from __future__ import annotations
 

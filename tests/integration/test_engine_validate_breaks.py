@@ -181,7 +181,7 @@ BREAKS: dict[str, Break] = {
     ),
 }
 
-# The ten checks the issue names, and the case that breaks each (the README's table).
+# The ten checks the issue names, and the case that breaks each (the table in docs/validation.md).
 BROKEN_BY = {
     "test_python_version": "python-version",
     "test_no_installer_cache_or_compiler": "installer-cache",

@@ -53,6 +53,22 @@ def fake_socket(tmp_path: Path) -> Iterator[tuple[str, dict[tuple[str, str], Any
 
 
 @pytest.fixture
+def engine_on_fake_api(
+    fake_socket: tuple[str, dict[tuple[str, str], Any]], monkeypatch: pytest.MonkeyPatch
+) -> tuple[Any, dict[tuple[str, str], Any]]:
+    """(gpuenv's real Engine, through the Docker SDK, connected to the tiny Engine API of
+    `fake_socket` as API 1.41; its routes, paths under /v1.41)."""
+    from gpuenv import engine as engines
+
+    path, routes = fake_socket
+    version = (200, {"ApiVersion": "1.41", "Components": []})
+    routes[("GET", "/version")] = routes[("GET", "/v1.41/version")] = version
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
+    monkeypatch.setattr(engines, "_conn", engines._Connection())
+    return engines.connect(), routes
+
+
+@pytest.fixture
 def fake_engine() -> type:
     """The FakeEngine class (tests/unit/fake_engine.py): the one stand-in for the engine."""
     from fake_engine import FakeEngine

@@ -30,10 +30,79 @@ def test_the_workloads_ship_inside_the_package():
     assert list(bench.WORKLOADS) == ["lstm", "lstm-cudnn", "cnn", "matmul"]
 
 
-def test_the_lstm_is_the_seeds_shape():
-    text = (bench.WORKLOAD_DIR / "lstm.py").read_text()
-    assert "SAMPLES, MAXLEN, VOCAB, BATCH = 25000, 80, 20000, 32" in text
-    assert "recurrent_dropout=0.2" in text and "use_cudnn=True" in text
+class _Keras:
+    """Records what a workload asks Keras for (TensorFlow is not installed here; the
+    workloads run for real in tests/integration/test_engine_bench.py)."""
+
+    def __init__(self):
+        self.layers, self.fits, self.model = [], [], []
+        keras = self
+
+        class Layers:
+            def __getattr__(self, name):
+                return lambda *a, **kw: keras.layers.append((name, a, kw)) or name
+
+        class Sequential:
+            def __init__(self, layers):
+                keras.model.extend(layers)
+
+            def compile(self, **kw):
+                pass
+
+            def fit(self, x, y, **kw):
+                keras.fits.append((x.shape, y.shape, kw))
+
+        self.layers_ns, self.Sequential = Layers(), Sequential
+        self.Input = lambda shape: ("Input", shape)
+
+    def __getattr__(self, name):
+        if name == "layers":
+            raise AttributeError(name)
+        return getattr(self.layers_ns, name)
+
+
+@pytest.mark.parametrize("cudnn", [False, True])
+def test_the_lstm_builds_the_seeds_model(monkeypatch, cudnn):
+    """Embedding(20000, 128) -> LSTM(128) -> Dense(1, sigmoid) on 80-token reviews, batch
+    32, 25000 samples; the seed's recurrent dropout (which rules cuDNN out) unless --cudnn."""
+    import runpy
+    import sys
+    import types
+
+    keras = _Keras()
+    module = types.ModuleType("keras")
+    module.layers, module.Sequential, module.Input = keras.layers_ns, keras.Sequential, keras.Input
+    recorded = keras.layers
+    harness = types.ModuleType("_harness")
+    args = types.SimpleNamespace(cudnn=int(cudnn), device="gpu", seed=0, scale=1.0, warmup=2)
+    harness.parse_args = lambda *a, **kw: args
+    harness.setup = lambda device, seed: (types.SimpleNamespace(device=lambda d: _Nothing()), "")
+    harness.step_timer = lambda k: types.SimpleNamespace(step_ms=lambda: [])
+    harness.result = lambda *a, **kw: kw
+    harness.emit = lambda r: None
+    harness.fail = lambda m: pytest.fail(m)
+    monkeypatch.setitem(sys.modules, "keras", module)
+    monkeypatch.setitem(sys.modules, "_harness", harness)
+    runpy.run_path(str(bench.WORKLOAD_DIR / "lstm.py"), run_name="__main__")
+    assert keras.model == [("Input", (80,)), "Embedding", "LSTM", "Dense"]
+    made = {name: (a, kw) for name, a, kw in recorded}
+    assert made["Embedding"][0] == (20000, 128) and made["LSTM"][0] == (128,)
+    lstm = made["LSTM"][1]
+    if cudnn:
+        assert lstm.get("use_cudnn") is True and not lstm.get("recurrent_dropout")
+    else:
+        assert lstm["recurrent_dropout"] == 0.2 and lstm["dropout"] == 0.2
+    assert made["Dense"] == ((1,), {"activation": "sigmoid"})
+    [(x, y, fit)] = keras.fits
+    assert x == (25000, 80) and y == (25000, 1) and fit["batch_size"] == 32
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 def test_select_workloads():

@@ -1,5 +1,6 @@
-"""gpuenv's cache directory (gpuenv/cache.py): records the resolved-matrix snapshots and
-remembered no-op answers leave behind are pruned by age, and nothing else is."""
+"""gpuenv's cache directory (gpuenv/cache.py): records the resolved-matrix snapshots (and
+the remembered no-op answers of gpuenv before issue 29) leave behind are pruned by age, and
+nothing else is."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from gpuenv import cache, snapshot, verdict
+from gpuenv import cache, snapshot
 
-PREFIXES = (snapshot.PREFIX, verdict.PREFIX)
+PREFIXES = (snapshot.PREFIX, "noop-")
 DAY = 86400
 
 

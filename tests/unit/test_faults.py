@@ -133,32 +133,71 @@ def test_cache_record_leaves_no_temporary_file(
 # ----------------------------------------------------------------- a run's engine goes away
 
 
-def test_a_run_gives_up_on_an_engine_that_stopped_answering(
-    fake_engine: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(run, "HEARTBEAT_SECONDS", 0.05)
-    monkeypatch.setattr(run, "LOST_AFTER_SECONDS", 0.2)
-    engine = fake_engine()
-    engine.reachable = False
-    stuck = threading.Event()  # a reader blocked on a dropped link: it never returns
-    reader = threading.Thread(target=stuck.wait, args=(5,), daemon=True)  # 5 s: fail, not hang
+class _Pinged:
+    """The fake engine's ping, counted (a mixin for FakeEngine in the tests below)."""
+
+    pings = 0
+
+    def ping(self, timeout: float) -> bool:
+        self.pings += 1
+        return bool(self.reachable)  # type: ignore[attr-defined]
+
+
+def _engine(fake_engine: Any, *, local: bool, reachable: bool) -> Any:
+    engine = type("Counted", (_Pinged, fake_engine), {})()
+    engine.is_local, engine.reachable = local, reachable
+    return engine
+
+
+def _reader(seconds: float) -> tuple[threading.Thread, threading.Event]:
+    """A reader that ends after `seconds` (a stream blocked on a dropped link: set the
+    event to end it)."""
+    done = threading.Event()
+    reader = threading.Thread(target=done.wait, args=(seconds,), daemon=True)
     reader.start()
+    return reader, done
+
+
+@pytest.fixture
+def quick_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run, "HEARTBEAT_SECONDS", 0.02)
+    monkeypatch.setattr(run, "LOST_AFTER_SECONDS", 0.1)
+
+
+def test_a_run_gives_up_on_a_remote_engine_that_stopped_answering(
+    fake_engine: Any, quick_heartbeat: None
+) -> None:
+    engine = _engine(fake_engine, local=False, reachable=False)
+    reader, done = _reader(5)  # 5 s: fail, not hang
     try:
         with pytest.raises(EngineError, match="lost the Docker Engine"):
             run._watch(engine, reader)
     finally:
-        stuck.set()
+        done.set()
+    assert engine.pings >= 2
 
 
-def test_a_run_keeps_watching_an_engine_that_answers(
-    fake_engine: Any, monkeypatch: pytest.MonkeyPatch
+def test_a_run_keeps_watching_a_remote_engine_that_answers(
+    fake_engine: Any, quick_heartbeat: None
 ) -> None:
-    monkeypatch.setattr(run, "HEARTBEAT_SECONDS", 0.05)
-    monkeypatch.setattr(run, "LOST_AFTER_SECONDS", 0.1)
-    done = threading.Event()
-    reader = threading.Thread(target=done.wait, args=(0.5,), daemon=True)
-    reader.start()
-    run._watch(fake_engine(), reader)  # returns when the reader ends; no error
+    """Past LOST_AFTER_SECONDS, while every ping is answered: the run goes on to its end."""
+    engine = _engine(fake_engine, local=False, reachable=True)
+    reader, _ = _reader(0.4)
+    run._watch(engine, reader)
+    assert not reader.is_alive(), "returned before the stream ended"
+    assert engine.pings >= 5, "the remote engine was not watched"
+
+
+def test_a_local_engine_slow_to_answer_does_not_end_the_run(
+    fake_engine: Any, quick_heartbeat: None
+) -> None:
+    """A local socket closes when the engine dies, which ends the stream: no heartbeat, so
+    an engine that does not answer pings for longer than LOST_AFTER_SECONDS (a busy host)
+    leaves the workload running to its end."""
+    engine = _engine(fake_engine, local=True, reachable=False)
+    reader, _ = _reader(0.4)
+    run._watch(engine, reader)
+    assert not reader.is_alive() and engine.pings == 0
 
 
 def test_a_container_the_engine_could_not_remove_is_named(

@@ -67,7 +67,9 @@ WHERE = client.Where("lab", "https://127.0.0.1:6443", "ml")
 def status(code: int, message: str) -> ApiException:
     body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
                        "message": message, "code": code})  # fmt: skip
-    return ApiException(status=code, reason="x", body=body)
+    exc = ApiException(status=code, reason="x")
+    exc.body = body  # as a response sets it (the `body=` keyword is kubernetes 37+ only)
+    return exc
 
 
 def test_api_refusals_are_one_line():

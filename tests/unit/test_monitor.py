@@ -255,14 +255,30 @@ def test_no_nvml_package_means_no_gpu_and_names_the_extra(monkeypatch):
 
 
 def test_sampler_collects_until_stopped(monkeypatch):
-    _fake_pynvml(monkeypatch)
-    sampler = monitor.Sampler(monitor.NvmlSource(parse_gpus("2"), None), 0.05).start()
-    import time
+    """Samples every interval, on its own thread, until stop(): then the thread has ended
+    and the samples are what the source gave, in time order. Waits on the source's third
+    call, never on the clock."""
+    import threading
 
-    time.sleep(0.3)
+    _fake_pynvml(monkeypatch)
+    source = monitor.NvmlSource(parse_gpus("2"), None)
+    third = threading.Event()
+    calls = []
+    sample = source.sample
+
+    def counted(t):
+        calls.append(t)
+        if len(calls) == 3:
+            third.set()
+        return sample(t)
+
+    monkeypatch.setattr(source, "sample", counted)
+    sampler = monitor.Sampler(source, 0.01).start()
+    assert third.wait(timeout=10), "the source was not called three times"
     samples = sampler.stop()
-    assert len(samples) >= 4 and {s.gpu for s in samples} == {"0", "1"}
-    assert sampler.error is None
+    assert not sampler._thread.is_alive(), "sampling goes on after stop()"
+    assert len(samples) == 2 * len(calls) >= 6 and {s.gpu for s in samples} == {"0", "1"}
+    assert [s.t for s in samples] == sorted(s.t for s in samples) and sampler.error is None
 
 
 @pytest.mark.parametrize(
@@ -306,6 +322,21 @@ def test_watching_a_container_without_gpus_says_so(fake_engine, capsys):
     with monitor.watching(fake_engine(), "c1", "img", None, monitor.MonitorOptions()):
         pass
     assert "no GPU was sampled: no --gpus given" in capsys.readouterr().err
+
+
+def test_a_helper_container_that_cannot_start_is_removed(fake_engine):
+    """A remote engine's sampler is a helper container; a start the engine refuses (no
+    GPU there) raises, and must not leave the helper behind."""
+    from gpuenv.engine import EngineError
+
+    engine = fake_engine()
+    engine.is_local = False
+    engine.outcomes["img"] = EngineError("could not select device driver")
+    opts = monitor.MonitorOptions()
+    with pytest.raises(EngineError), monitor.watching(engine, "c1", "img", parse_gpus("all"), opts):
+        pass
+    assert [s.command[0] for s in engine.created] == ["nvidia-smi"]
+    assert engine.containers == {}, "the helper container is left"
 
 
 def test_watching_is_nothing_without_monitor(fake_engine, capsys):

@@ -3,34 +3,24 @@ messages, the containers gpuenv starts get no privileges, validation containers 
 
 from __future__ import annotations
 
-import dataclasses
+import json
 from pathlib import Path
-from unittest import mock
 
 import pytest
 
 from gpuenv import run
-from gpuenv.engine import ContainerSpec, Engine
 from gpuenv.errors import GpuenvError
 from gpuenv.gpus import parse_gpus
 from gpuenv.validate import runner
 
 SECRET = "s3cr3t-Value-that-must-never-be-printed"
 
-# Every field a ContainerSpec has. A new one (privileged, cap_add, security_opt, pid, a
-# device list, userns_mode...) must be argued for, here, first.
-SPEC_FIELDS = {
-    "image", "command", "user", "workdir", "env", "binds", "ports", "tmpfs",
-    "device_requests", "init", "shm_size", "ipc", "network", "labels", "tty", "stdin",
-}  # fmt: skip
-ESCALATIONS = {
-    "privileged", "cap_add", "security_opt", "devices", "pid_mode", "userns_mode",
-    "cgroupns", "device_cgroup_rules", "sysctls", "uts_mode", "volumes_from", "group_add",
-}  # fmt: skip
-
-
-def test_container_spec_cannot_express_privileges():
-    assert {f.name for f in dataclasses.fields(ContainerSpec)} == SPEC_FIELDS
+# What would escalate a container, as the Engine API's HostConfig names it: none may be
+# asked for (absent, or an empty/false value).
+ESCALATIONS = (
+    "Privileged", "CapAdd", "SecurityOpt", "Devices", "PidMode", "UsernsMode", "CgroupnsMode",
+    "DeviceCgroupRules", "Sysctls", "UTSMode", "VolumesFrom", "GroupAdd", "Runtime",
+)  # fmt: skip
 
 
 def options(tmp_path: Path, **kw: object) -> run.RunOptions:
@@ -39,34 +29,35 @@ def options(tmp_path: Path, **kw: object) -> run.RunOptions:
     return run.RunOptions(**base)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [
-        {},
-        {"gpus": parse_gpus("all")},
-        {"gpus": parse_gpus("capabilities=compute,utility")},
-        {"ipc": "host", "network": "host", "interactive": True},
-        {"env": ["A=1"], "volumes": ["/tmp:/data:ro"], "ports": ["8080:80"]},
-    ],
-    ids=["plain", "gpus-all", "gpus-capabilities", "host-ipc-network-tty", "env-volume-port"],
-)
-def test_run_never_adds_privileges(tmp_path, kw):
-    spec = run.container_spec(options(tmp_path, **kw))
-    assert spec.user == "1000:1000"  # the caller's uid:gid, never root for a user
-    for request in spec.device_requests:  # GPUs come only through a DeviceRequest
+RUN_OPTIONS = [
+    {},
+    {"gpus": parse_gpus("all")},
+    {"gpus": parse_gpus("capabilities=compute,utility")},
+    {"ipc": "host", "network": "host", "interactive": True},
+    {"env": ["A=1"], "volumes": ["/tmp:/data:ro"], "ports": ["8080:80"]},
+]
+RUN_IDS = ["plain", "gpus-all", "gpus-capabilities", "host-ipc-network-tty", "env-volume-port"]
+
+
+@pytest.mark.parametrize("kw", RUN_OPTIONS, ids=RUN_IDS)
+def test_the_engine_is_asked_for_no_privilege(tmp_path, kw, engine_on_fake_api):
+    """The body the engine receives (POST /containers/create, as the SDK sends it for a
+    `run`'s container): the caller's uid:gid, GPUs only as a DeviceRequest, no escalation,
+    no engine socket mounted."""
+    engine, routes = engine_on_fake_api
+    bodies: list[dict] = []
+    routes[("POST", "/v1.41/containers/create")] = (
+        201, lambda body: bodies.append(json.loads(body)) or {"Id": "c1"})  # fmt: skip
+    engine.create(run.container_spec(options(tmp_path, **kw)))
+    [body] = bodies
+    host = body["HostConfig"]
+    assert body["User"] == "1000:1000"  # never root for a user
+    asked = {key: host[key] for key in ESCALATIONS if host.get(key)}
+    assert asked == {}, f"the container asks for {asked}"
+    for request in host.get("DeviceRequests") or []:
         assert set(request) == {"Driver", "Count", "DeviceIDs", "Capabilities", "Options"}
-    assert all(":" in b and not b.startswith("/var/run/docker.sock") for b in spec.binds)
-
-
-def test_engine_create_passes_no_privilege_to_the_api(tmp_path):
-    client = mock.MagicMock()
-    client.api.create_container.return_value = {"Id": "c1"}
-    engine = Engine(client)
-    engine.create(run.container_spec(options(tmp_path, gpus=parse_gpus("all"), ipc="host")))
-    host_kwargs = client.api.create_host_config.call_args.kwargs
-    create_kwargs = client.api.create_container.call_args.kwargs
-    assert not (set(host_kwargs) | set(create_kwargs)) & ESCALATIONS
-    assert create_kwargs["user"] == "1000:1000"
+    assert bool(host.get("DeviceRequests")) == ("gpus" in kw)
+    assert not any("docker.sock" in b for b in host.get("Binds") or [])
 
 
 def test_validation_containers_have_no_network_and_the_image_user(fake_engine):

@@ -416,3 +416,41 @@ def test_a_missing_bind_source_is_refused(tmp_path):
     assert "does not exist on this machine" in err.value.message
     assert f"mkdir -p {tmp_path}/no/such/dir" in err.value.message
     assert not (tmp_path / "no").exists()
+
+
+# ------------------------------------------------- `run --gpus` and a cell to build first
+
+REFUSED = 'could not select device driver "" with capabilities: [[gpu]]'
+
+
+@pytest.mark.parametrize("gives_gpus", [False, True], ids=["refuses", "gives"])
+def test_a_missing_gpu_cell_is_built_only_on_an_engine_that_gives_gpus(
+    fake_engine, shipped_matrix, monkeypatch, gives_gpus
+):
+    """The engine is asked (a container of the cell's base, with the request) before the
+    cell is built: an engine without NVIDIA support is one error and nothing is built."""
+    from fake_engine import image
+
+    from gpuenv.engine import EngineError
+    from gpuenv.project import open_project
+
+    project = open_project(shipped_matrix)
+    cell = project.default_cell(True)
+    engine = fake_engine(local={cell.base.image: image("sha256:base")})
+    if not gives_gpus:
+        engine.outcomes[cell.base.image] = EngineError(f"500 Server Error: {REFUSED}")
+    built = []
+    monkeypatch.setattr(run, "_build_for_run", lambda e, p, c: built.append(c.name))
+    gpus = parse_gpus("all")
+    if gives_gpus:
+        run.target_for(engine, None, True, shipped_matrix, project, gpus)
+        assert built == [cell.name]
+    else:
+        with pytest.raises(GpuenvError) as exc:
+            run.target_for(engine, None, True, shipped_matrix, project, gpus)
+        assert exc.value.exit_code == 125 and "\n" not in exc.value.message
+        assert "cannot give containers GPUs" in exc.value.message and REFUSED in exc.value.message
+        assert built == [], "the cell was built before the refusal"
+    [probe] = engine.created
+    assert probe.image == cell.base.image and probe.device_requests == [gpus.as_api()]
+    assert engine.containers == {}, "the probe container is left"

@@ -69,6 +69,7 @@ TEST_REPOSITORIES = frozenset(
         "other-user",  # test_engine_other_user.py: a second local user
         "slurm",  # test_engine_slurm.py: the base plus a probe file and ENV
         "attest",  # test_engine_attest.py: the locked JAX cell pushed with attestations
+        "arm64",  # test_engine_arm64.py: the JAX CPU cell for amd64 and arm64, its arm64 base
     )
 )
 
