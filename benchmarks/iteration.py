@@ -54,6 +54,7 @@ EDITS = [  # (what, the pip list after it)
     ("remove tomli-w", ["six==1.17.0"]),
 ]
 MB = 1e6
+EXCLUDE_NEWER = "2026-11-20"
 
 
 def sh(args: list[str], *, cwd: Path | None = None) -> str:
@@ -117,11 +118,6 @@ class Registry:
         self.proc.wait(timeout=30)
 
 
-def docker_has(ref: str) -> bool:
-    inspect = ["docker", "image", "inspect", ref]
-    return subprocess.run(inspect, capture_output=True, check=False).returncode == 0
-
-
 def image_size(ref: str) -> int:
     return int(sh(["docker", "image", "inspect", "-f", "{{.Size}}", ref]).strip())
 
@@ -137,7 +133,8 @@ def iteration(tensorflow: str, python: str, tmp: Path) -> list[str]:
     matrix.write_text(matrix_text(tensorflow, python, EDITS[-1][1]))
     doc = json.loads(sh([*GPUENV, "matrix", "-f", str(matrix), "--json"]))
     cells = sorted((c["name"] for c in doc["cells"]), key=lambda name: name.endswith("-gpu"))
-    sh([*GPUENV, "lock", "-f", str(matrix)], cwd=tmp)
+    # A fixed date: the resolution does not move with releases made during the run.
+    sh([*GPUENV, "lock", "-f", str(matrix), "--exclude-newer", EXCLUDE_NEWER], cwd=tmp)
     cold = {c: timed([*GPUENV, "build", "-f", str(matrix), c, "--no-cache"], tmp) for c in cells}
     sizes = {c: image_size(f"{REPOSITORY}:{c}") for c in cells}
     registry = Registry(tmp / "registry")
@@ -182,9 +179,12 @@ def shipped(tmp: Path) -> list[str]:
     """The shipped matrix's images that exist, pushed to an empty registry."""
     doc = json.loads(sh([*GPUENV, "matrix", "-f", str(REPO / "matrix.yaml"), "--json"]))
     images = [c["image"] for c in doc["cells"]]
-    present = [i for i in images if docker_has(i)]
+    plan = json.loads(sh([*GPUENV, "build", "-f", str(REPO / "matrix.yaml"), "--dry-run",
+                          "--json"]))  # fmt: skip
+    current = {p["image"] for p in plan["cells"] if p["action"] == "up-to-date"}
+    present = [i for i in images if i in current]  # built, and not stale
     if not present:
-        return ["shipped matrix: none of its images is in the engine (gpuenv build them first)"]
+        return ["shipped matrix: none of its images is built and current (gpuenv build)"]
     registry = Registry(tmp / "registry-shipped")
     try:
         names = [i.split(":", 1)[1] for i in present]
@@ -196,7 +196,7 @@ def shipped(tmp: Path) -> list[str]:
         missing = len(images) - len(present)
         return [
             f"shipped matrix: {len(present)} of {len(images)} cells' images pushed "
-            f"({missing} not built here): the registry stores {stored / MB:.0f} MB for "
+            f"({missing} not built, or stale, here): the registry stores {stored / MB:.0f} MB for "
             f"{total / MB:.0f} MB of images = {stored / total:.2f}x"
         ]
     finally:
@@ -214,13 +214,13 @@ def main() -> None:
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gpuenv-bench-iteration-"))
     try:
-        lines = iteration(args.tensorflow, args.python, tmp) + shipped(tmp)
+        print("\n".join(iteration(args.tensorflow, args.python, tmp)), flush=True)
+        print("\n".join(shipped(tmp)))
     finally:
         if not args.keep:
             for ref in made:
                 subprocess.run(["docker", "rmi", ref], capture_output=True, check=False)
         shutil.rmtree(tmp, ignore_errors=True)
-    print("\n".join(lines))
 
 
 if __name__ == "__main__":

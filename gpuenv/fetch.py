@@ -62,8 +62,11 @@ class Upstream:
 
     def open(self, url: str, accept: str | None = None) -> Any:
         request = urllib.request.Request(url, headers={"User-Agent": "gpuenv-wheelhouse"})
-        if accept:
+        if accept:  # an index page: fresh from the origin, as pip asks for one. A CDN's
+            # copy can be minutes older than what the resolver just saw: a release made
+            # meanwhile would be missing, and the lock's hash of it "not offered".
             request.add_header("Accept", accept)
+            request.add_header("Cache-Control", "max-age=0")
         credential = self.credentials.for_url(url)
         if credential is not None:
             request.add_unredirected_header("Authorization", credential.header())
@@ -266,6 +269,11 @@ class Fetcher:
                     else f"{req.name}=={req.version}: not on any index of this build"
                 )
             wheel = pick_wheel(files, req, python, machine, glibc)
+            if wheel is None and not any(f.sha256 in req.hashes for f in files):
+                # A release minutes old may be missing from one CDN node's copy of the page
+                # while the resolver saw it on another's: ask once more before refusing.
+                files = self.page(key, req.name) or files
+                wheel = pick_wheel(files, req, python, machine, glibc)
             if wheel is None and not any(f.sha256 in req.hashes for f in files):
                 raise GpuenvError(
                     f"hash mismatch for {req.name}=={req.version}: the index offers no file "

@@ -466,6 +466,25 @@ def test_a_lock_whose_hashes_the_index_does_not_offer_is_a_hash_mismatch(tmp_pat
     assert f.store.entries() == {}
 
 
+def test_a_page_without_the_locked_release_is_asked_for_once_more(tmp_path):
+    """A CDN node's copy of a page may predate a release the resolver saw on another."""
+
+    class Stale(StubUpstream):
+        def open(self, url: str, accept: str | None = None):
+            reply = super().open(url, accept)
+            if url == "https://idx.example/simple/demo/":  # fresh from the second ask on
+                self.pages[url] = page(GOOD)
+            return reply
+
+    up = Stale(
+        {"https://idx.example/simple/demo/": page()}, {f"https://idx.example/f/{GOOD[0]}": GOOD[1]}
+    )
+    f = fetcher(tmp_path, up)
+    got = f.wheels(KEY, locked("demo", "1.0", GOOD[1]), "3.11", "x86_64", BOOKWORM)
+    assert [name for name, _ in got] == [GOOD[0]]
+    assert up.asked.count("https://idx.example/simple/demo/") == 2
+
+
 def test_offline_with_an_empty_wheelhouse_is_an_error_and_asks_no_one(tmp_path):
     up = demo_upstream(GOOD)
     f = fetcher(tmp_path, up, offline=True)
