@@ -281,6 +281,14 @@ class Running:
             ) from None
 
 
+def _as_from_a_terminal() -> None:
+    """In the child: SIGINT as a shell's foreground command gets it. A suite started in the
+    background by a non-interactive shell (`cmd &`) inherits SIGINT ignored, and a process
+    that inherits it ignored keeps it so (POSIX; Python then installs no KeyboardInterrupt):
+    Ctrl-C would be tested on a process no terminal could send it to."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture
 def start(pe: PrivateEngine, project: Path, tmp_path: Path) -> Iterator[Callable[..., Running]]:
     started: list[Running] = []
@@ -294,7 +302,8 @@ def start(pe: PrivateEngine, project: Path, tmp_path: Path) -> Iterator[Callable
                          TMPDIR=str(tmp), **(env or {}))  # fmt: skip
         with out.open("wb") as o, err.open("wb") as e:
             proc = subprocess.Popen([*GPUENV, *args], cwd=project, env=full, stdout=o, stderr=e,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=_as_from_a_terminal)  # fmt: skip
         running = Running(proc, out, err, tmp)
         started.append(running)
         return running
