@@ -44,6 +44,7 @@ OTHER_CUDNN = "9.5.1.17"
 # The suites' checks, by module (pytest function names, in file order).
 IMAGE_CHECKS = (
     "test_python_version",
+    "test_machine_is_the_cells_platform",
     "test_framework_version",
     "test_pinned_packages_are_installed",
     "test_packages_match_the_lock",
