@@ -40,6 +40,7 @@ SIZE_CHECK = "test_size_within_baseline"
 # Skipped with the reason when there is no lock (the shipped matrix has none; -i images
 # are checked against their labels and the catalog).
 LOCK_CHECK = "test_packages_match_the_lock"
+PLATFORM_CHECK = "test_machine_is_the_cells_platform"  # needs a cell: -i images skip it
 
 
 def check_name(test: str) -> str:
@@ -147,14 +148,15 @@ def test_each_check_fails_on_an_image_broken_in_that_respect(
     assert set(tests) == set(IMAGE_CHECKS + (GPU_CHECKS + DEVICE_CHECKS if gpu else ()))
     failed = {check_name(t) for t, o in tests.items() if o.outcome == "failed"}
     assert failed == set(spec.failed), result
-    # Every other check still passes; only the device checks (no --gpus) and the size gate
-    # (an -i image has no baseline) are skipped.
+    # Every other check still passes; only the device checks (no --gpus), the size gate (an
+    # -i image has no baseline) and the platform check (an -i image names no cell, so no
+    # platform is expected) are skipped.
     for test, outcome in tests.items():
         if check_name(test) in spec.failed:
             continue
         # -i of a CPU image has no pins: nothing to check is a skip, with the reason.
         unpinned = test == PINNED_CHECK and not gpu
-        if test in DEVICE_CHECKS or test in (SIZE_CHECK, LOCK_CHECK) or unpinned:
+        if test in DEVICE_CHECKS or test in (SIZE_CHECK, LOCK_CHECK, PLATFORM_CHECK) or unpinned:
             assert outcome.outcome == "skipped" and outcome.message, (test, outcome)
         else:
             assert outcome == Outcome("passed"), (test, outcome)
