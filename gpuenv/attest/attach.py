@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuenv import __version__, contract
 from gpuenv.errors import GpuenvError
@@ -17,7 +18,6 @@ from gpuenv.errors import GpuenvError
 if TYPE_CHECKING:
     from gpuenv.engine import Engine, ImageInfo
     from gpuenv.project import Project
-    from gpuenv.publish import TagResult
 
 
 @dataclass
@@ -98,8 +98,17 @@ def statements(
     ]  # fmt: skip
 
 
+class Pushed(Protocol):
+    """What a push reports per tag (gpuenv/publish.py: TagResult), as attesting reads it."""
+
+    ref: str
+    status: str
+    digest: str | None
+    platforms: list[str]
+
+
 def attest_pushed(
-    engine: Engine, project: Project, results: list[TagResult], signer: Any,
+    engine: Engine, project: Project, results: Sequence[Pushed], signer: Any,
     fmt: str = "cyclonedx",
 ) -> list[Attested]:  # fmt: skip
     """Attach the signed statements to every pushed manifest (once per digest)."""

@@ -11,6 +11,7 @@ the image ID with the pushed image's config digest.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from gpuenv.attest.provenance import Statement
     from gpuenv.engine import Engine
     from gpuenv.project import Project
-    from gpuenv.results import Reporter
+    from gpuenv.results import CellResult
 
 
 @dataclass
@@ -123,16 +124,17 @@ def lines(report: Report) -> list[str]:
 
 
 def rebuild(
-    engine: Engine, project: Project, report: Report, reporter: Reporter,
-    ca_bundle: Path | None,
+    engine: Engine, project: Project, report: Report,
+    build_cells: Callable[..., list[CellResult]],
 ) -> str:  # fmt: skip
     """Build the recorded cell again (--reproducible, no cache) and compare; the image ID
-    when it matches, an error naming what differs otherwise."""
+    when it matches, an error naming what differs otherwise. `build_cells(cells, no_cache=,
+    reproducible=)` is the builder's (gpuenv/build.py: plan_and_build for this project),
+    given by the verb: the builder sits above what it publishes and attests."""
     import json
 
     from gpuenv import contract
     from gpuenv.attest.attach import file_digest
-    from gpuenv.build import plan_and_build
 
     prov = report.provenance()
     if prov is None:
@@ -156,9 +158,7 @@ def rebuild(
                 f"check out the commit that built it"
             )
     cell = project.one_cell(cell_name, "--rebuild")
-    results = plan_and_build(engine, project, [cell], reporter, ca_bundle=ca_bundle,
-                             no_cache=True, reproducible=True)  # fmt: skip
-    (result,) = results
+    (result,) = build_cells([cell], no_cache=True, reproducible=True)
     if result.status == "failed" or not result.image_id:
         raise GpuenvError(f"--rebuild: building {cell_name} failed: {result.error}")
     expected = "sha256:" + _byproduct(prov.predicate, "image-config")

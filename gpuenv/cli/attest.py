@@ -70,15 +70,20 @@ def verify_cmd(
         report = verify.verify(ref, key)
         print("\n".join(verify.lines(report)))
         if rebuild:
+            from functools import partial
+
             from gpuenv import engine
+            from gpuenv.build import plan_and_build
             from gpuenv.progress import ConsoleReporter
             from gpuenv.project import open_project
 
             project = open_project(file)
             reporter = ConsoleReporter()
+            connected = engine.connect()
+            build = partial(plan_and_build, connected, project, reporter=reporter,
+                            ca_bundle=project.ca_bundle(ca_bundle))  # fmt: skip
             try:
-                image_id = verify.rebuild(engine.connect(), project, report, reporter,
-                                          project.ca_bundle(ca_bundle))  # fmt: skip
+                image_id = verify.rebuild(connected, project, report, build)
             finally:
                 reporter.close()
             print(f"reproduced: {image_id}")
