@@ -9,16 +9,15 @@ Job and its pods).
 from __future__ import annotations
 
 import secrets
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpuenv import contract
+from gpuenv.interrupts import Interrupted, raising_interrupted
 from gpuenv.kube import KubeError
 from gpuenv.kube.manifest import (
     CONTAINER,
@@ -230,29 +229,6 @@ def _read_gpuenv_job(api: Any, namespace: str, name: str) -> Any:
     return job
 
 
-class _Interrupted(BaseException):
-    def __init__(self, code: int) -> None:
-        self.code = code
-
-
-@contextmanager
-def _signals() -> Iterator[None]:
-    """SIGINT and SIGTERM end the follow loop as _Interrupted(130 / 143)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise _Interrupted(128 + signum)
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
 def attach_job(
     api: Any, namespace: str, name: str, gpus: int, *, sleep: Callable[[float], None] | None = None
 ) -> int:
@@ -262,14 +238,14 @@ def attach_job(
 
     kw: dict[str, Any] = {"sleep": sleep} if sleep else {}
     try:
-        with _signals():
+        with raising_interrupted():
             return follow(api, namespace, name, gpus=gpus, out=sys.stdout.buffer, say=say, **kw)
     except KubeError:
         _delete(api, namespace, name)
         raise
-    except (_Interrupted, KeyboardInterrupt) as exc:
+    except (Interrupted, KeyboardInterrupt) as exc:
         _delete(api, namespace, name)
-        return exc.code if isinstance(exc, _Interrupted) else 130
+        return exc.code if isinstance(exc, Interrupted) else 130
 
 
 def _delete(api: Any, namespace: str, name: str) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from gpuenv.interrupts import Interrupted, raising_interrupted
 from gpuenv.slurm import SlurmError
 from gpuenv.slurm.jobs import NEVER, Job, Slurm
 from gpuenv.slurm.script import (
@@ -178,38 +179,15 @@ def _find_slurm(required: bool) -> Slurm | None:
         return None
 
 
-class _Interrupted(BaseException):
-    def __init__(self, code: int) -> None:
-        self.code = code
-
-
-@contextmanager
-def _signals() -> Iterator[None]:
-    """SIGINT and SIGTERM end the follow loop as _Interrupted(130 / 143)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise _Interrupted(128 + signum)
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
 def attach(slurm: Slurm, job_id: str, out_path: Path, *,
            sleep: Callable[[float], None] = time.sleep) -> int:  # fmt: skip
     """Follow the job to its exit code; Ctrl-C or SIGTERM cancel it (scancel) and wait for
     Slurm to end its processes."""
     try:
-        with _signals():
+        with raising_interrupted():
             return follow(slurm, job_id, out_path, sys.stdout.buffer, sleep=sleep)
-    except (_Interrupted, KeyboardInterrupt) as exc:
-        code = exc.code if isinstance(exc, _Interrupted) else 130
+    except (Interrupted, KeyboardInterrupt) as exc:
+        code = exc.code if isinstance(exc, Interrupted) else 130
         # A second signal while cancelling must not leave the job running.
         with _ignoring_signals():
             _cancel(slurm, job_id, sleep)

@@ -298,7 +298,7 @@ def test_attach_deletes_the_job_when_the_image_cannot_be_pulled():
 
 
 @pytest.mark.parametrize("interrupt, code", [
-    (KeyboardInterrupt(), 130), (kube_run._Interrupted(143), 143),
+    (KeyboardInterrupt(), 130), (kube_run.Interrupted(143), 143),
 ])  # fmt: skip
 def test_ctrl_c_and_sigterm_delete_the_job_and_its_pods(interrupt, code):
     api = FakeApi([[pod("Running", state=RUNNING)]])
