@@ -29,7 +29,7 @@ Prints side-by-side ratios:
 The whole matrix is built first if needed (three GPU cells are ~15 GB and take minutes).
 Images this script created are removed at the end unless --keep is given.
 
-Every build here uses BuildKit through the docker CLI gpuenv itself picks (gpuenv/engine.py:
+Every build here uses BuildKit through the docker CLI gpuenv itself picks (gpuenv/engine/client.py:
 buildkit_cli), which is what gpuenv drives.
 """
 
@@ -97,8 +97,8 @@ def tags() -> set[str]:
 @functools.cache
 def buildkit_command() -> tuple[str, ...]:
     """The BuildKit build command gpuenv uses here (`docker buildx build --load`, or a docker
-    CLI older than 23 with DOCKER_BUILDKIT=1: gpuenv/engine.py, buildkit_cli)."""
-    from gpuenv import engine
+    CLI older than 23 with DOCKER_BUILDKIT=1: gpuenv/engine/client.py, buildkit_cli)."""
+    from gpuenv.engine import client as engine
 
     return tuple(engine.buildkit_cli(engine.connect())[0])
 
@@ -145,16 +145,19 @@ def human(size: float) -> str:
 
 def assembled_contexts(matrix: Path, ca: Path | None) -> dict[str, Path]:
     """Each cell's context as gpuenv's next build would send it, assembled by gpuenv itself
-    (gpuenv/build.py: Sender) into its cache: the rendered files, the resolution (the lock's,
-    or one made now) and the install steps' wheels, fetched into the wheelhouse if missing."""
-    from gpuenv import build, engine, plan
-    from gpuenv.project import open_project
+    (gpuenv/building/sendable.py: Sender) into its cache: the rendered files, the resolution (the
+    lock's, or one made now) and the install steps' wheels, fetched into the wheelhouse if
+    missing."""
+    from gpuenv.building import plan
+    from gpuenv.building.project import open_project
+    from gpuenv.building.sendable import Sender
+    from gpuenv.engine import client as engine
 
     project = open_project(matrix)
     cells = project.cells
     docker = engine.connect()
     the_plan = plan.make_plan(docker, project, cells, ca_bundle=ca)
-    sender = build.Sender(docker, project, cells, ca, offline=False)
+    sender = Sender(docker, project, cells, ca, offline=False)
     out = {}
     for p in the_plan.cells:
         with sender.context(p) as directory:  # kept in the cache once assembled
@@ -251,7 +254,7 @@ def ca_parts(ca: Path | None) -> dict[str, str]:
 
 
 def handwritten_contexts(cell: dict, ca: Path | None, tmp: Path) -> dict[str, Path]:
-    from gpuenv.render import UV_VERSION
+    from gpuenv.building.render import UV_VERSION
 
     packages = " ".join([f"{cell['framework']}=={cell['framework_version']}", *cell["pip"]])
     out = {}

@@ -17,7 +17,7 @@
    another with `--no-cache` on that engine. Target <= 0.6x.
 
 A warm wheelhouse spares the downloads only: gpuenv fetches every wheel on the client into
-the wheelhouse, then sends them in the build context (gpuenv/sendable.py).
+the wheelhouse, then sends them in the build context (gpuenv/building/sendable.py).
 
 The cells are built from a copy of the matrix renamed gpuenv-bench/wheelhouse, so the shipped
 images are not retagged; those images are removed at the end unless --keep is given. Every
@@ -133,7 +133,7 @@ def cold_matrix(shipped_matrix: Path, ca: Path | None, tmp: Path) -> None:
     sys.path.insert(0, str(b.REPO / "tests" / "integration"))
     from support.dockerd import second_dockerd  # the tests' throwaway engine (root only)
 
-    from gpuenv.render import UV_VERSION
+    from gpuenv.building.render import UV_VERSION
 
     cells = b.matrix_cells(shipped_matrix)
     bases = sorted({c["base_image"] for c in cells.values()})

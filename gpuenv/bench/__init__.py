@@ -21,13 +21,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuenv.errors import GpuenvError
+from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
-    from gpuenv.engine import Engine
-    from gpuenv.gpus import GpuRequest
-    from gpuenv.monitor import MonitorOptions
-    from gpuenv.project import Project
+    from gpuenv.building.project import Project
+    from gpuenv.engine.client import Engine
+    from gpuenv.gpu.gpus import GpuRequest
+    from gpuenv.gpu.monitor import MonitorOptions
 
 WORKLOAD_DIR = Path(__file__).resolve().parent / "workloads"
 
@@ -303,7 +303,7 @@ def measure(
 ) -> dict[str, Any]:
     """Run one workload in one image through `gpuenv run`'s path; its JSON result, or a
     GpuenvError saying why there is none."""
-    from gpuenv import run
+    from gpuenv.run import local as run
 
     opts = run.RunOptions(
         image=image,
@@ -327,7 +327,7 @@ def measure(
 
 
 def bench(engine: Engine, project: Project, opts: BenchOptions, say: Say) -> list[Row]:
-    from gpuenv import run
+    from gpuenv.run import local as run
 
     rows: list[Row] = []
     with workload_dir() as cwd:

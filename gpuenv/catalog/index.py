@@ -2,7 +2,7 @@
 a whole wheel.
 
 A project page is asked for as PEP 691 JSON (PEP 503 HTML is understood too, see
-gpuenv.wheelhouse.parse_page). A wheel's METADATA (Requires-Dist, Requires-Python) comes
+gpuenv.store.wheelhouse.parse_page). A wheel's METADATA (Requires-Dist, Requires-Python) comes
 from the PEP 658 ``.metadata`` file next to the wheel when the index offers one (checked
 against the hash the page gives), and otherwise by HTTP range requests: the zip's end
 records, its central directory and the one METADATA member, a few kilobytes of a wheel of
@@ -10,7 +10,7 @@ hundreds of megabytes (PyPI offers no ``.metadata`` for torch, jax or tensorflow
 them the same way).
 
 Every request goes through the environment's proxy with the configured CA bundle
-($PIP_CERT, as gpuenv.fetch does); an index that cannot be reached is one GpuenvError.
+($PIP_CERT, as gpuenv.store.fetch does); an index that cannot be reached is one GpuenvError.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from email.parser import HeaderParser
 from pathlib import Path
 from typing import Any
 
-from gpuenv.errors import GpuenvError
-from gpuenv.wheelhouse import HTML_TYPE, JSON_TYPE, IndexFile, normalize, parse_page
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.store.wheelhouse import HTML_TYPE, JSON_TYPE, IndexFile, normalize, parse_page
 
 TIMEOUT = 60  # seconds per request
 BLOCK = 256 << 10  # a range request reads at least this much: the tail holds most of a zip's

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpuenv.errors import GpuenvError
+from gpuenv.matrix.errors import GpuenvError
 
 ALIASES = {
     "tf": "tensorflow",
@@ -19,7 +19,7 @@ ALIASES = {
 
 
 def framework_names(framework: str | None) -> tuple[str, ...]:
-    from gpuenv.compat import FRAMEWORKS
+    from gpuenv.catalog.compat import FRAMEWORKS
 
     if framework is None:
         return FRAMEWORKS
@@ -34,7 +34,7 @@ def framework_names(framework: str | None) -> tuple[str, ...]:
 def entries(framework: str | None = None) -> list[dict[str, Any]]:
     """Every release row of the catalog (newest first per framework): release, Pythons,
     CUDA and cuDNN of its GPU cells (or why there are none), source, when refreshed."""
-    from gpuenv import compat
+    from gpuenv.catalog import compat
 
     out = []
     for name in framework_names(framework):

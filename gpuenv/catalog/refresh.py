@@ -45,8 +45,8 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from gpuenv.catalog.index import Index, parse_metadata
-from gpuenv.errors import GpuenvError
-from gpuenv.wheelhouse import IndexFile, normalize
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.store.wheelhouse import IndexFile, normalize
 
 FLOORS = {"torch": "2.9", "jax": "0.7", "tensorflow": "2.12"}
 MACHINES = ("x86_64", "aarch64")

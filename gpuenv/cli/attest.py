@@ -25,8 +25,8 @@ def sbom_cmd(
 ) -> None:
     """Print the image's software bill of materials: every Python distribution and Debian
     package in it, and its base; the same image gives the same bytes."""
-    from gpuenv import engine
-    from gpuenv.attest.attach import sbom_for
+    from gpuenv.engine import client as engine
+    from gpuenv.publish.attest.attach import sbom_for
 
     with user_errors():
         data = sbom_for(engine.connect(), target, file, fmt)
@@ -60,7 +60,7 @@ def verify_cmd(
     state; exit 1 when it has none or one does not verify."""
     import os
 
-    from gpuenv.attest import verify
+    from gpuenv.publish.attest import verify
 
     with user_errors():
         key = key or (Path(os.environ[KEY_ENV]) if os.environ.get(KEY_ENV) else None)
@@ -72,10 +72,10 @@ def verify_cmd(
         if rebuild:
             from functools import partial
 
-            from gpuenv import engine
-            from gpuenv.build import plan_and_build
-            from gpuenv.progress import ConsoleReporter
-            from gpuenv.project import open_project
+            from gpuenv.building.builder import plan_and_build
+            from gpuenv.building.progress import ConsoleReporter
+            from gpuenv.building.project import open_project
+            from gpuenv.engine import client as engine
 
             project = open_project(file)
             reporter = ConsoleReporter()

@@ -44,11 +44,12 @@ def bench_cmd(
     file: FileOption = None,
 ) -> None:
     """Measure the shipped workloads (default: the default CPU and GPU cells)."""
-    from gpuenv import bench, engine
-    from gpuenv.errors import GpuenvError
-    from gpuenv.gpus import parse_gpus
-    from gpuenv.monitor import MonitorOptions
-    from gpuenv.project import open_project
+    from gpuenv import bench
+    from gpuenv.building.project import open_project
+    from gpuenv.engine import client as engine
+    from gpuenv.gpu.gpus import parse_gpus
+    from gpuenv.gpu.monitor import MonitorOptions
+    from gpuenv.matrix.errors import GpuenvError
 
     with user_errors():
         if not 0 < scale <= 1:
@@ -58,7 +59,8 @@ def bench_cmd(
             workloads=bench.select_workloads(workload), scale=scale, file=file,
             monitor=MonitorOptions.parse(monitor, None),
         )  # fmt: skip
-        rows = bench.bench(engine.connect(), open_project(file), opts, say)
+        project = open_project(file)  # a wrong matrix is named before the engine is reached
+        rows = bench.bench(engine.connect(), project, opts, say)
         if csv is not None:
             bench.write_csv(rows, csv)
         if plot is not None:

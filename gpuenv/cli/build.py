@@ -33,8 +33,9 @@ def base_cmd(
 
     Debian's archive moves on, so keep the base a lock names: --save writes it to a
     tarball, --load brings it back into any engine."""
-    from gpuenv import base, engine
-    from gpuenv.project import open_project
+    from gpuenv.building import base
+    from gpuenv.building.project import open_project
+    from gpuenv.engine import client as engine
 
     with user_errors():
         if load_tar is not None:
@@ -91,14 +92,16 @@ def build_cmd(
     ] = False,
 ) -> None:
     """Build the selected cells (all by default) into labelled images."""
-    from gpuenv import build, engine, plan
-    from gpuenv.project import open_project
+    from gpuenv.building import builder as build
+    from gpuenv.building import plan
+    from gpuenv.building.project import open_project
+    from gpuenv.engine import client as engine
 
     with user_errors():
         project = open_project(file, cached=True)  # a snapshot while nothing changed
         cells = project.select(patterns)
         bundle = project.ca_bundle(ca_bundle)
-        from gpuenv.registry import registry_from_env
+        from gpuenv.building.registry import registry_from_env
 
         registry_from_env()  # a malformed $GPUENV_REGISTRY is an error before the engine
         if dry_run:
@@ -108,8 +111,8 @@ def build_cmd(
             else:
                 print("\n".join(plan.describe(the_plan)))
             return
-        from gpuenv.progress import ConsoleReporter
-        from gpuenv.results import summary
+        from gpuenv.building.progress import ConsoleReporter
+        from gpuenv.building.results import summary
 
         reporter = ConsoleReporter()
         try:

@@ -21,8 +21,8 @@ def cache_cmd(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Show where the wheelhouse is, its size and entries (prune, export, import: below)."""
     if ctx.invoked_subcommand is not None:
         return
-    from gpuenv import wheelhouse
-    from gpuenv.results import human_size
+    from gpuenv.building.results import human_size
+    from gpuenv.store import wheelhouse
 
     with user_errors():
         info = wheelhouse.summary(wheelhouse.Store.default())
@@ -47,9 +47,10 @@ def prune_cmd(
 ) -> None:
     """Drop the files no entry of the matrix's lock names and no build used recently, and
     the resolved matrices kept for matrices not used as long."""
-    from gpuenv import cache, sendable, snapshot, wheelhouse
-    from gpuenv.project import open_project
-    from gpuenv.results import human_size
+    from gpuenv.building import sendable, snapshot
+    from gpuenv.building.project import open_project
+    from gpuenv.building.results import human_size
+    from gpuenv.store import cache, wheelhouse
 
     with user_errors():
         project = open_project(file)
@@ -73,8 +74,9 @@ def export_cmd(
     no_bases: Annotated[bool, typer.Option("--no-bases", help="Leave the base images out")] = False,
 ) -> None:
     """Write the wheelhouse and the matrix's base images to one tarball (air-gapped sites)."""
-    from gpuenv import engine, wheelhouse
-    from gpuenv.project import open_project
+    from gpuenv.building.project import open_project
+    from gpuenv.engine import client as engine
+    from gpuenv.store import wheelhouse
 
     with user_errors():
         bases: list[str] = []
@@ -92,11 +94,12 @@ def import_cmd(
     source: Annotated[Path, typer.Argument(help="Tarball from gpuenv cache export")],
 ) -> None:
     """Add an export's files to the wheelhouse (each checked by its sha256) and load its bases."""
-    from gpuenv import engine, wheelhouse
+    from gpuenv.engine import client as engine
+    from gpuenv.store import wheelhouse
 
     with user_errors():
         if not source.is_file():
-            from gpuenv.errors import GpuenvError
+            from gpuenv.matrix.errors import GpuenvError
 
             raise GpuenvError(f"{source}: no such file")
         files, loaded = wheelhouse.import_(

@@ -103,7 +103,7 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 @contextmanager
 def user_errors(exit_code: int | None = None) -> Iterator[None]:
     """Turn GpuenvError into one `error:` line and an exit code, never a traceback."""
-    from gpuenv.errors import GpuenvError
+    from gpuenv.matrix.errors import GpuenvError
 
     try:
         yield

@@ -17,7 +17,8 @@ def diff_cmd(
     as_json: JsonOption = False,
 ) -> None:
     """Show what differs between two environments; exit 1 when they differ (like diff)."""
-    from gpuenv import diff, engine
+    from gpuenv.engine import client as engine
+    from gpuenv.validate import diff
 
     with user_errors():
         refs = [_image_for(x, file) for x in (a, b)]
@@ -31,7 +32,7 @@ def diff_cmd(
 
 def _image_for(name: str, file: Path | None) -> str:
     """A cell name (or glob matching one) becomes its image; anything else is an image."""
-    from gpuenv.project import looks_like_image, matrix_file, open_project
+    from gpuenv.building.project import looks_like_image, matrix_file, open_project
 
     if looks_like_image(name) or not matrix_file(file).exists():
         return name

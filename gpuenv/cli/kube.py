@@ -1,4 +1,4 @@
-"""`gpuenv run --kube`'s options and its one call into gpuenv/kube/run.py (imported inside,
+"""`gpuenv run --kube`'s options and its one call into gpuenv/run/kube/run.py (imported inside,
 so `gpuenv --help` imports neither it nor the kubernetes client)."""
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ def kube_flags_given(**values: Any) -> list[str]:
 def run_kube(command: list[str], local: dict[str, Any], *, file: Path | None, **kw: Any) -> int:
     """Refuse the local options that mean nothing on a cluster, then submit, attach or show
     logs; gpuenv's own failures are one `error:` line, exit 125."""
-    from gpuenv.kube import KubeError
-    from gpuenv.kube import run as kube
+    from gpuenv.run.kube import KubeError
+    from gpuenv.run.kube import run as kube
 
     with user_errors(exit_code=125):
         for flag, value in local.items():

@@ -25,9 +25,9 @@ def lock_cmd(
     ] = None,
 ) -> None:
     """Write (or --check) matrix.lock: every cell's complete pip resolution, with hashes."""
-    from gpuenv import engine
-    from gpuenv import lock as locks
-    from gpuenv.project import open_project
+    from gpuenv.building import lock as locks
+    from gpuenv.building.project import open_project
+    from gpuenv.engine import client as engine
 
     with user_errors():
         project = open_project(file)

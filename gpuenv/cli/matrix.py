@@ -27,7 +27,7 @@ def matrix_cmd(
     ] = False,
 ) -> None:
     """List the matrix's resolved cells."""
-    from gpuenv.project import open_project
+    from gpuenv.building.project import open_project
 
     with user_errors():
         project = open_project(file)
@@ -68,8 +68,8 @@ def render_cmd(
     ] = Path("build"),
 ) -> None:
     """Write each cell's build context (Dockerfile + cell.json) to OUTPUT/<cell>/."""
-    from gpuenv import plan
-    from gpuenv.project import open_project
+    from gpuenv.building import plan
+    from gpuenv.building.project import open_project
 
     with user_errors():
         project = open_project(file)

@@ -18,7 +18,7 @@ def monitor_cmd(
     out: Annotated[Path | None, typer.Option("--out", help="Write every sample as CSV")] = None,
 ) -> None:
     """Run CMD here, sample every GPU while it runs, print a summary; exit with CMD's code."""
-    from gpuenv import monitor
+    from gpuenv.gpu import monitor
 
     with user_errors():
         opts = monitor.MonitorOptions.parse(interval, out)

@@ -44,9 +44,10 @@ def push_cmd(
     ] = None,
 ) -> None:
     """Tag and push the cells' images (and their aliases); report the digest per tag."""
-    from gpuenv import engine, publish
-    from gpuenv.project import open_project
-    from gpuenv.registry import registry_problem
+    from gpuenv.building.project import open_project
+    from gpuenv.building.registry import registry_problem
+    from gpuenv.engine import client as engine
+    from gpuenv.publish import push as publish
 
     def progress(r: publish.TagResult) -> None:
         if not as_json:
@@ -61,7 +62,7 @@ def push_cmd(
             if not (attest and key is not None):
                 raise fail("--attest and --key go together: --attest --key KEY.pem (keyless "
                            "signing needs Sigstore; see docs/publishing.md)", 2)  # fmt: skip
-            from gpuenv.attest.dsse import load_signer
+            from gpuenv.publish.attest.dsse import load_signer
 
             signer = load_signer(key)  # a bad key fails before anything is pushed
         project = open_project(file)
@@ -72,7 +73,7 @@ def push_cmd(
         )  # fmt: skip
         attested = []
         if signer is not None:
-            from gpuenv.attest.attach import attest_pushed
+            from gpuenv.publish.attest.attach import attest_pushed
 
             attested = attest_pushed(engine.connect(), project, results, signer)
     if as_json:

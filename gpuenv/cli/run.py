@@ -11,7 +11,7 @@ import typer
 from gpuenv.cli.common import FileOption, user_errors
 
 if TYPE_CHECKING:
-    from gpuenv.monitor import MonitorOptions
+    from gpuenv.gpu.monitor import MonitorOptions
 from gpuenv.cli.kube import (
     KubeAttach,
     KubeCode,
@@ -131,7 +131,7 @@ def run_cmd(
         )  # fmt: skip
         raise typer.Exit(code_)
     if slurm_given:
-        from gpuenv.errors import GpuenvError
+        from gpuenv.matrix.errors import GpuenvError
 
         with user_errors(exit_code=125):
             raise GpuenvError(f"{', '.join(slurm_given)}: only with --slurm")
@@ -154,13 +154,14 @@ def run_local(
     workdir: str | None, ipc: str | None, interactive: bool, file: Path | None,
     kube_given: list[str], monitor: str | None, monitor_out: Path | None,
 ) -> None:  # fmt: skip
-    from gpuenv import engine, run
-    from gpuenv.gpus import parse_gpus
-    from gpuenv.project import looks_like_image, open_project
+    from gpuenv.building.project import looks_like_image, open_project
+    from gpuenv.engine import client as engine
+    from gpuenv.gpu.gpus import parse_gpus
+    from gpuenv.run import local as run
 
     with user_errors(exit_code=125):
         if kube_given:
-            from gpuenv.errors import GpuenvError
+            from gpuenv.matrix.errors import GpuenvError
 
             raise GpuenvError(f"{', '.join(kube_given)}: only with --kube")
         request = parse_gpus(gpus) if gpus is not None else None
@@ -171,7 +172,7 @@ def run_local(
         project = None
         if image is None or not looks_like_image(image):
             # A bad matrix is an error before the engine is reached; an unchanged one comes
-            # from its snapshot (gpuenv/snapshot.py), without the schema or the catalog.
+            # from its snapshot (gpuenv/building/snapshot.py), without the schema or the catalog.
             project = open_project(file, cached=True)
         eng = engine.connect()
         target = run.target_for(eng, image, request is not None, file, project, request)
@@ -189,7 +190,7 @@ def run_local(
 def _monitor_options(monitor: str | None, out: Path | None) -> MonitorOptions | None:
     if monitor is None and out is None:
         return None  # the common case: no sampler, and monitor.py not even imported
-    from gpuenv.monitor import MonitorOptions
+    from gpuenv.gpu.monitor import MonitorOptions
 
     return MonitorOptions.parse(monitor, out)
 

@@ -1,4 +1,4 @@
-"""`gpuenv run --slurm`'s options and its one call into gpuenv/slurm/run.py (imported
+"""`gpuenv run --slurm`'s options and its one call into gpuenv/run/slurm/run.py (imported
 inside, so `gpuenv --help` does not import it)."""
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def run_slurm(command: list[str], refused: dict[str, Any], *, file: Path | None,
               **kw: Any) -> int:  # fmt: skip
     """Refuse the options that mean nothing on a Slurm node, then submit (and follow);
     gpuenv's own failures are one `error:` line, exit 125."""
-    from gpuenv.slurm import SlurmError
-    from gpuenv.slurm import run as slurm
+    from gpuenv.run.slurm import SlurmError
+    from gpuenv.run.slurm import run as slurm
 
     with user_errors(exit_code=125):
         for flag, value in refused.items():

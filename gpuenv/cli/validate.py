@@ -47,9 +47,9 @@ def validate_cmd(
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Show pytest's output")] = False,
 ) -> None:
     """Prove what images hold (pytest-testinfra suites against a container of each)."""
-    from gpuenv import engine
-    from gpuenv.errors import GpuenvError
-    from gpuenv.gpus import parse_gpus
+    from gpuenv.engine import client as engine
+    from gpuenv.gpu.gpus import parse_gpus
+    from gpuenv.matrix.errors import GpuenvError
     from gpuenv.validate import session
 
     with user_errors():

@@ -7,11 +7,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpuenv import compat, contract
-from gpuenv.cell import Cell, nvidia_lib_dirs
-from gpuenv.contract import UID, VENV, ImageLabels, image_labels, site_packages
-from gpuenv.errors import GpuenvError
-from gpuenv.lock import CellLock
+from gpuenv.building.lock import CellLock
+from gpuenv.catalog import compat
+from gpuenv.matrix import contract
+from gpuenv.matrix.cell import Cell, nvidia_lib_dirs
+from gpuenv.matrix.contract import UID, VENV, ImageLabels, image_labels, site_packages
+from gpuenv.matrix.errors import GpuenvError
 
 
 def from_cell(
@@ -108,7 +109,7 @@ def from_labels(image: str, found: dict[str, str]) -> dict[str, Any]:
         release = compat.cuda_release(row, cuda, cudnn, cat)
     elif cuda or cudnn:
         raise GpuenvError(f"{image}: a CPU image with io.gpuenv.cuda/cudnn labels")
-    from gpuenv.cell import cell_name
+    from gpuenv.matrix.cell import cell_name
 
     installed = row.version
     if variant == "cpu" and row.cpu_version:

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuenv import contract
-from gpuenv.engine import ContainerSpec, Engine, EngineError, ImageInfo
-from gpuenv.errors import GpuenvError
-from gpuenv.gpus import GpuRequest, explain_start_error
-from gpuenv.run import foreign_platform
+from gpuenv.engine.client import ContainerSpec, Engine, EngineError, ImageInfo
+from gpuenv.gpu.gpus import GpuRequest, explain_start_error
+from gpuenv.matrix import contract
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.run.local import foreign_platform
 
 SUITES = Path(__file__).parent / "suites"
 TARGETS_ENV = "GPUENV_VALIDATE_TARGETS"

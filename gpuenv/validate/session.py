@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuenv.errors import GpuenvError
+from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
-    from gpuenv.engine import Engine
-    from gpuenv.gpus import GpuRequest
+    from gpuenv.engine.client import Engine
+    from gpuenv.gpu.gpus import GpuRequest
     from gpuenv.validate.runner import ImageSummary, Target
 
 
@@ -82,14 +82,14 @@ def validate(
     record_sizes: bool = False,
     verbose: bool = False,
 ) -> Report:
-    from gpuenv import publish, sizes
-    from gpuenv.validate import expected, runner
+    from gpuenv.publish import push as publish
+    from gpuenv.validate import expected, runner, sizes
 
     targets: list[runner.Target] = []
     baseline_path = None
     if patterns or not images:
-        from gpuenv import lock as locks
-        from gpuenv.project import open_project
+        from gpuenv.building import lock as locks
+        from gpuenv.building.project import open_project
 
         project = open_project(file)
         baseline_path = sizes.baseline_path(project.path)
@@ -145,13 +145,13 @@ def validate_host(
         )
     info = None
     if scheme == "docker":
-        from gpuenv import engine
+        from gpuenv.engine import client as engine
 
         info = engine.connect().container_image(url.split("://", 1)[1].split("@")[-1])
         if info is None:
             raise GpuenvError(f"--host {url}: no such container in the engine")
     if cell_name is not None:
-        from gpuenv.project import open_project
+        from gpuenv.building.project import open_project
 
         cell = open_project(file).one_cell(cell_name, "--cell")
         exp = expected.from_cell(cell)

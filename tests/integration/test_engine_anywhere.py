@@ -9,8 +9,8 @@ shares this machine's loopback, each started and torn down here:
 
 The namespaced engines have no route to any index: the build succeeds because the engine
 fetches nothing (the wheels travel in the build context). `--reproducible` gives every
-engine the image ID the local engine gives (gpuenv/reproducible.py's canonical form), online
-and `--offline` (from the wheelhouse alone).
+engine the image ID the local engine gives (gpuenv/building/reproducible.py's canonical form),
+online and `--offline` (from the wheelhouse alone).
 
 The cell is JAX 0.7 on CPU, the smallest framework cell (~120 MB of wheels), fetched once
 into a wheelhouse the module shares.

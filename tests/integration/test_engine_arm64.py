@@ -145,8 +145,8 @@ def binfmt() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def arm_base(binfmt: None) -> Iterator[str]:
-    from gpuenv import base
-    from gpuenv.engine import connect
+    from gpuenv.building import base
+    from gpuenv.engine.client import connect
 
     if shutil.which("mmdebstrap") is None:
         pytest.skip("needs mmdebstrap (scripts/engine.sh installs it)")

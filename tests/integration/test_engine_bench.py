@@ -5,7 +5,7 @@
   cell's rows say why they are missing (no --gpus), and are not measured elsewhere.
 - The container's processes found from their cgroups: a container started by hand
   (`docker run -d --network none IMAGE sleep 60`), its PIDs from `docker top`, mapped back
-  by gpuenv.monitor.pids_of_container reading this host's /proc.
+  by gpuenv.gpu.monitor.pids_of_container reading this host's /proc.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import pytest
 from support.engine import TrackedContainer, docker
 
-from gpuenv import monitor
+from gpuenv.gpu import monitor
 
 pytestmark = pytest.mark.engine
 

@@ -72,7 +72,7 @@ class Held:
     test's word (a file) before it runs the real CLI gpuenv would have used."""
 
     def __init__(self, tmp: Path) -> None:
-        from gpuenv.engine import buildkit_cli, connect
+        from gpuenv.engine.client import buildkit_cli, connect
 
         real = buildkit_cli(connect())[0][0]
         self.entered, self.go = tmp / "entered", tmp / "go"

@@ -2,9 +2,10 @@
 the others. The other cell is the GPU cell of the same TF/Python: with the shipped GPU cell
 built first (the ``shipped_gpu`` fixture), its layers come from the engine's cache.
 
-An unlocked cell is resolved on the client when it is built (`uv pip compile`, gpuenv/lock.py),
-so a package no index has stops that cell there, before anything is sent to the engine: no
-build step fails, none is reported, and the error is the resolver's, naming the package."""
+An unlocked cell is resolved on the client when it is built (`uv pip compile`,
+gpuenv/building/lock.py), so a package no index has stops that cell there, before anything is
+sent to the engine: no build step fails, none is reported, and the error is the resolver's,
+naming the package."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ PYTHON = "3.13"
 
 
 def _newest(framework: str) -> Any:
-    from gpuenv import compat
+    from gpuenv.catalog import compat
 
     return compat.catalog(framework).newest()
 
@@ -201,7 +201,7 @@ def test_layers(built) -> None:
     GPU image installs torch and its CUDA wheels in one layer: one install step, which
     mounts one part of the context (python-env/: torch and the CUDA wheels together), and
     whose layer is nearly all of the image above the base."""
-    from gpuenv.cache import cache_dir
+    from gpuenv.store.cache import cache_dir
 
     cpu = [d for d in layers(image(JAX_CPU)) if d != EMPTY_LAYER]
     gpu = [d for d in layers(image(JAX_GPU)) if d != EMPTY_LAYER]
@@ -260,9 +260,9 @@ def test_torch_cpu_cell_is_planned_with_pytorchs_index(built) -> None:
     the key of its upstream indexes, which stands for the mirror (never the mirror itself,
     and not the key of the cells without it), the cell carries the mirror as its index and
     its CPU wheel as what it installs, and `build --dry-run` plans it."""
-    from gpuenv import plan as plans
-    from gpuenv import wheelhouse
-    from gpuenv.project import open_project
+    from gpuenv.building import plan as plans
+    from gpuenv.building.project import open_project
+    from gpuenv.store import wheelhouse
 
     text = MATRIX.replace(TORCH_EXCLUDE, "")
     text = (

@@ -1,4 +1,4 @@
-"""A no-op `gpuenv build` on a real engine: the plan (gpuenv/plan.py) is the only source of
+"""A no-op `gpuenv build` on a real engine: the plan (gpuenv/building/plan.py) is the only source of
 "up to date", so an up-to-date cell says `cached`, and another image behind a cell's tag is
 rebuilt, never reported as up to date."""
 

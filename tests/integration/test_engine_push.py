@@ -142,7 +142,7 @@ def test_a_stale_image_is_refused_with_the_reason(cli, cpu_built, registry, tmp_
 
 def test_an_image_that_failed_validation_is_refused(cli, cpu_built, registry, tmp_path,
                                                     monkeypatch):  # fmt: skip
-    from gpuenv import publish
+    from gpuenv.publish import push as publish
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     publish.record_validation({cpu_built["Id"]: False})

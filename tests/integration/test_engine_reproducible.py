@@ -28,7 +28,8 @@ def _build(context, tag: str) -> None:
 
 
 def test_two_no_cache_builds_normalise_to_the_same_image(tmp_path, gpuenv, in_image):
-    from gpuenv import engine, reproducible
+    from gpuenv.building import reproducible
+    from gpuenv.engine import client as engine
 
     eng = engine.connect()
     if eng.image(BASE) is None:

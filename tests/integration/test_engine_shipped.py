@@ -52,8 +52,10 @@ def test_labels_match_the_matrix(shipped, inspect):
 def test_spec_hash_label_is_what_gpuenv_computes(shipped, inspect, shipped_matrix):
     """The label is the hash of the rendered context and the base image's ID, recomputed here
     through the Python API from the same matrix file."""
-    from gpuenv import contract, engine, plan, render
-    from gpuenv.project import open_project
+    from gpuenv.building import plan, render
+    from gpuenv.building.project import open_project
+    from gpuenv.engine import client as engine
+    from gpuenv.matrix import contract
 
     project = open_project(shipped_matrix)
     cell = project.one_cell(shipped["cell"], "-i")

@@ -41,7 +41,7 @@ REPOSITORY = test_repository("tf")
 
 
 def _load(path: Path):
-    from gpuenv.project import open_project
+    from gpuenv.building.project import open_project
 
     project = open_project(path)
     return project, project.cells
@@ -49,8 +49,8 @@ def _load(path: Path):
 
 def _build_api(path: Path, engine=None) -> dict:
     """A build through the Python API, as the CLI calls it; results by cell name."""
-    from gpuenv import build
-    from gpuenv import engine as engines
+    from gpuenv.building import builder as build
+    from gpuenv.engine import client as engines
 
     project, cells = _load(path)
     bundle = project.ca_bundle(None)
@@ -63,8 +63,8 @@ def _build_api(path: Path, engine=None) -> dict:
 
 def _plan(path: Path, engine=None) -> dict[str, dict]:
     """`gpuenv build --dry-run --json`, in-process (sees monkeypatched templates)."""
-    from gpuenv import engine as engines
-    from gpuenv import plan
+    from gpuenv.building import plan
+    from gpuenv.engine import client as engines
 
     project, cells = _load(path)
     bundle = project.ca_bundle(None)
@@ -96,7 +96,7 @@ def baseline(write_test_matrix, shipped_gpu, gpuenv, parse_build):
 @pytest.fixture
 def templates(tmp_path, monkeypatch):
     """A private copy of images/ that gpuenv renders from (the repository's stays untouched)."""
-    from gpuenv import render
+    from gpuenv.building import render
 
     copy = tmp_path / "images"
     shutil.copytree(render.templates_dir(), copy)
@@ -109,7 +109,7 @@ class RecordingEngine:
     With `base_id` set, the bookworm base reports that ID (as if it had been rebuilt)."""
 
     def __init__(self, base_id: str | None = None) -> None:
-        from gpuenv import engine
+        from gpuenv.engine import client as engine
 
         self.real = engine.connect()
         self.builds = 0
@@ -127,8 +127,9 @@ class RecordingEngine:
         return info
 
     def build_directory(self, directory, **kwargs):
-        """Where every build goes (gpuenv/build.py: _build), with its context assembled."""
-        from gpuenv.engine import BuildFailed
+        """Where every build goes (gpuenv/building/builder.py: _build), with its context
+        assembled."""
+        from gpuenv.engine.client import BuildFailed
 
         assert (directory / "Dockerfile").is_file() and (directory / "python-env").is_dir()
         self.builds += 1
@@ -153,7 +154,7 @@ def test_unchanged_matrix_rebuilds_nothing(baseline, gpuenv, parse_build):
 
 
 def test_gpu_only_template_change_rebuilds_only_the_gpu_cell(baseline, templates):
-    from gpuenv import plan, render
+    from gpuenv.building import plan, render
 
     path, first = baseline
     project, cells = _load(path)
@@ -173,7 +174,7 @@ def test_gpu_only_template_change_rebuilds_only_the_gpu_cell(baseline, templates
     assert statuses(results) == {CPU: "cached", GPU: "built"}
     assert results[CPU].image_id == first[CPU]["image_id"]
     assert results[GPU].image_id != first[GPU]["image_id"]
-    from gpuenv import engine
+    from gpuenv.engine import client as engine
 
     env = engine.connect().image(f"{REPOSITORY}:{GPU}").env
     assert "GPUENV_TEST_TEMPLATE=gpu-only" in env
@@ -183,7 +184,7 @@ def test_shared_template_change_rebuilds_every_cell(baseline, templates):
     path, first = baseline
     partial = templates / "partials" / "runtime.j2"
     partial.write_text(partial.read_text() + "LABEL io.gpuenv.test-template=shared\n")
-    from gpuenv import render
+    from gpuenv.building import render
 
     render._digest_of.cache_clear()
     reason = ["template (images/) changed"]
@@ -238,8 +239,9 @@ def test_matrix_wide_package_change_rebuilds_every_cell(
 def test_lock_change_rebuilds_only_the_cells_whose_entry_changed(baseline, gpuenv):
     import dataclasses
 
-    from gpuenv import engine, plan, render
-    from gpuenv import lock as locks
+    from gpuenv.building import lock as locks
+    from gpuenv.building import plan, render
+    from gpuenv.engine import client as engine
 
     path, _first = baseline
     gpuenv("lock", "-f", str(path))
@@ -273,7 +275,8 @@ def test_lock_change_rebuilds_only_the_cells_whose_entry_changed(baseline, gpuen
 
 
 def test_spec_hash_is_deterministic_and_keyed_on_its_inputs(baseline):
-    from gpuenv import engine, plan, render
+    from gpuenv.building import plan, render
+    from gpuenv.engine import client as engine
 
     path, _first = baseline
     project, cells = _load(path)

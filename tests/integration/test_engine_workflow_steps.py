@@ -194,7 +194,7 @@ def test_the_image_workflow_steps_run_here(registry, pushed, cpu_built, loopback
     caches = [st["with"]["path"] for st in jobs["build"]["steps"]
               if st.get("uses", "").startswith("actions/cache")]  # fmt: skip
     saved = [path for path in caches if "wheelhouse" in path]
-    probe = "from gpuenv import wheelhouse; print(wheelhouse.Store.default().root)"
+    probe = "from gpuenv.store import wheelhouse; print(wheelhouse.Store.default().root)"
     where = subprocess.run(
         [sys.executable, "-c", probe], env={**base_env, "XDG_CACHE_HOME": str(cache_home)},
         capture_output=True, text=True, check=True,

@@ -58,7 +58,7 @@ def engine_on_fake_api(
 ) -> tuple[Any, dict[tuple[str, str], Any]]:
     """(gpuenv's real Engine, through the Docker SDK, connected to the tiny Engine API of
     `fake_socket` as API 1.41; its routes, paths under /v1.41)."""
-    from gpuenv import engine as engines
+    from gpuenv.engine import client as engines
 
     path, routes = fake_socket
     version = (200, {"ApiVersion": "1.41", "Components": []})

@@ -1,4 +1,4 @@
-"""The one stand-in for gpuenv.engine.Engine in unit tests: the same typed operations,
+"""The one stand-in for gpuenv.engine.client.Engine in unit tests: the same typed operations,
 over dictionaries, with scripted answers. It imitates gpuenv's engine interface, not the
 Docker SDK, so a test reads in gpuenv's terms (images, tags, specs, results).
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from gpuenv.engine import ContainerSpec, EngineError, ImageInfo
+from gpuenv.engine.client import ContainerSpec, EngineError, ImageInfo
 
 
 class FakeEngine:

@@ -1,4 +1,4 @@
-"""gpuenv/attest/dsse.py: DSSE envelopes signed with ECDSA P-256, checked independently."""
+"""gpuenv/publish/attest/dsse.py: DSSE envelopes signed with ECDSA P-256, checked independently."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from gpuenv.attest import dsse
-from gpuenv.errors import GpuenvError
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.publish.attest import dsse
 
 
 def write_key(tmp: Path, name: str, key) -> tuple[Path, Path]:

@@ -1,10 +1,10 @@
-"""gpuenv/attest/provenance.py: the in-toto statements and SLSA provenance v1 contents."""
+"""gpuenv/publish/attest/provenance.py: the in-toto statements and SLSA provenance v1 contents."""
 
 from __future__ import annotations
 
 import json
 
-from gpuenv.attest import provenance
+from gpuenv.publish.attest import provenance
 
 DIGEST = "sha256:" + "d" * 64
 FACTS = provenance.BuildFacts(

@@ -1,6 +1,6 @@
-"""gpuenv/attest/sbom.py: CycloneDX 1.6 / SPDX 2.3 documents from recorded contents.
+"""gpuenv/publish/attest/sbom.py: CycloneDX 1.6 / SPDX 2.3 documents from recorded contents.
 
-The contents are what gpuenv.attest.contents read from the shipped CPU image on this
+The contents are what gpuenv.publish.attest.contents read from the shipped CPU image on this
 project's machine (tests/unit/recorded/attest-contents-tf2.21-cpu.json)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 
-from gpuenv.attest import sbom
-from gpuenv.attest.contents import Contents
+from gpuenv.publish.attest import sbom
+from gpuenv.publish.attest.contents import Contents
 
 RECORDED = Path(__file__).parent / "recorded" / "attest-contents-tf2.21-cpu.json"
 LOCK_TEXT = (

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv import bench, run
-from gpuenv.errors import GpuenvError
-from gpuenv.gpus import parse_gpus
+from gpuenv import bench
+from gpuenv.gpu.gpus import parse_gpus
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.run import local as run
 
 CPU, GPU = "tf2.21-py3.11-cpu", "tf2.21-py3.11-cuda12.5-gpu"
 REPO = Path(__file__).resolve().parents[2]
@@ -171,7 +172,7 @@ def test_the_workload_dir_holds_copies_and_goes_away():
 
 
 def _bench(engine_class, monkeypatch, gpus, outcome):
-    from gpuenv.project import open_project
+    from gpuenv.building.project import open_project
 
     fake_engine = engine_class()
     fake_engine.outcomes[f"gpuenv/tensorflow:{CPU}"] = outcome
@@ -222,7 +223,7 @@ def test_gpu_rows_the_engine_refuses_say_why(fake_engine, monkeypatch):
     monkeypatch.setattr(run, "target_for", lambda eng, cell, gpu, file: run.Target(
         f"gpuenv/tensorflow:{cell}", {}))  # fmt: skip
     monkeypatch.setattr(run, "gpu_preflight", refuse)
-    from gpuenv.project import open_project
+    from gpuenv.building.project import open_project
 
     opts = bench.BenchOptions(gpus=parse_gpus("all"), workloads=bench.select_workloads(None))
     rows = bench.bench(fake_engine, open_project(REPO / "matrix.yaml"), opts, lambda s: None)

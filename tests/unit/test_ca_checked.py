@@ -1,4 +1,4 @@
-"""The CA bundle check's remembered verdict (gpuenv/ca.py): a bundle that passed is not
+"""The CA bundle check's remembered verdict (gpuenv/store/ca.py): a bundle that passed is not
 parsed again while one of its certificates is valid; other bytes, or a verdict past its
 certificates' expiry, are checked in full."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import certifi
 import pytest
 
-from gpuenv import ca, cache
-from gpuenv.errors import GpuenvError
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.store import ca, cache
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""gpuenv's cache directory (gpuenv/cache.py): records the resolved-matrix snapshots (and
+"""gpuenv's cache directory (gpuenv/store/cache.py): records the resolved-matrix snapshots (and
 the remembered no-op answers of gpuenv before issue 29) leave behind are pruned by age, and
 nothing else is."""
 
@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpuenv import cache, snapshot
+from gpuenv.building import snapshot
+from gpuenv.store import cache
 
 PREFIXES = (snapshot.PREFIX, "noop-")
 DAY = 86400

@@ -1,4 +1,4 @@
-"""gpuenv.capability: compute capability verdicts on real GPUs, and data/sass.yaml's rows.
+"""gpuenv.gpu.capability: compute capability verdicts on real GPUs, and data/sass.yaml's rows.
 
 The compute capabilities are NVIDIA's (developer.nvidia.com/cuda-gpus): K80 3.7, P100 6.0,
 V100 7.0, T4 7.5, A100 8.0, A10 and RTX 30 8.6, L4 and RTX 40 8.9, H100 9.0, B200 10.0,
@@ -13,8 +13,8 @@ from importlib import resources
 import pytest
 import yaml
 
-from gpuenv import capability
-from gpuenv.capability import (
+from gpuenv.gpu import capability
+from gpuenv.gpu.capability import (
     Arch,
     ComputeCapability,
     combine,
@@ -28,7 +28,7 @@ from gpuenv.capability import (
     releases_running_on,
     sass_runs_on,
 )
-from gpuenv.gpus import GpuInfo, Verdict, parse_nvidia_smi_query
+from gpuenv.gpu.gpus import GpuInfo, Verdict, parse_nvidia_smi_query
 
 GPUS = {
     "3.7": "Tesla K80",

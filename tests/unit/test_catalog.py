@@ -26,12 +26,12 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from gpuenv import compat, matrix
-from gpuenv.catalog import refresh
+from gpuenv.building.render import render
+from gpuenv.catalog import compat, refresh
 from gpuenv.catalog.index import Index, Unreachable, parse_metadata
-from gpuenv.errors import GpuenvError
-from gpuenv.render import render
-from gpuenv.wheelhouse import IndexFile
+from gpuenv.matrix import schema as matrix
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.store.wheelhouse import IndexFile
 
 FIXTURES = Path(__file__).parent / "fixtures" / "catalog"
 DATA = Path(refresh.__file__).resolve().parents[1] / "data"

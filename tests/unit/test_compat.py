@@ -11,11 +11,12 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from gpuenv import compat, matrix
-from gpuenv.cell import Cell
-from gpuenv.errors import MatrixError
-from gpuenv.lock import cuda_requirements, env_requirements
-from gpuenv.render import RenderOptions, render
+from gpuenv.building.lock import cuda_requirements, env_requirements
+from gpuenv.building.render import RenderOptions, render
+from gpuenv.catalog import compat
+from gpuenv.matrix import schema as matrix
+from gpuenv.matrix.cell import Cell
+from gpuenv.matrix.errors import MatrixError
 
 
 def _data(name: str) -> dict:
@@ -81,7 +82,7 @@ def resolve(write_matrix, text: str) -> compat.Resolution:
 
 def install_words(cell: Cell, dockerfile: str) -> set[str]:
     """What a build of the cell installs: the requirements its resolution is made from
-    (gpuenv/lock.py), which the install steps get in their mounted part of the context; the
+    (gpuenv/building/lock.py), which the install steps get in their mounted part of the context; the
     Dockerfile itself pins nothing."""
     assert not re.search(r"[A-Za-z0-9_.\-\[\]]+==[A-Za-z0-9_.+\-]+", dockerfile)
     assert "--require-hashes" in dockerfile

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv import doctor
-from gpuenv.doctor import Facts, Finding, evaluate, gpu_support, image_verdict
-from gpuenv.gpus import (
+from gpuenv.gpu.gpus import (
     GpuInfo,
     explain_start_error,
     parse_nvidia_smi_banner,
     parse_nvidia_smi_query,
 )
+from gpuenv.run import doctor
+from gpuenv.run.doctor import Facts, Finding, evaluate, gpu_support, image_verdict
 
 RECORDED = Path(__file__).parent / "recorded"
 TOOLKIT_MISSING = "install the NVIDIA Container Toolkit"

@@ -1,5 +1,5 @@
-"""What the engine module (gpuenv/engine.py, the Docker SDK) makes of an engine's answers:
-a refusal keeps the engine's own words (gpuenv/gpus.py explains the NVIDIA toolkit's from
+"""What the engine module (gpuenv/engine/client.py, the Docker SDK) makes of an engine's answers:
+a refusal keeps the engine's own words (gpuenv/gpu/gpus.py explains the NVIDIA toolkit's from
 them), a container is created, waited for and removed, and a peer that is not an engine, or no
 engine at all, is one EngineError saying what to do. A tiny Engine API on a Unix socket
 (tests/unit/engine_api.py) answers; the real engine, and attach (whose upgraded stream this
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuenv import engine as engines
-from gpuenv.engine import ContainerSpec, EngineError
+from gpuenv.engine import client as engines
+from gpuenv.engine.client import ContainerSpec, EngineError
 
 
 def test_a_container_is_created_run_and_removed(engine_on_fake_api):

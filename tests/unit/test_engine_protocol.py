@@ -13,8 +13,8 @@ import inspect
 import pytest
 from fake_engine import FakeEngine
 
-from gpuenv.engine import Engine
-from gpuenv.engine_protocol import EngineProtocol
+from gpuenv.engine.client import Engine
+from gpuenv.engine.protocol import EngineProtocol
 
 # The static check: mypy reports either line if the class does not satisfy the Protocol.
 PRODUCTION: type[EngineProtocol] = Engine

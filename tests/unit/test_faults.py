@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
-from gpuenv import cache, run, sizes
 from gpuenv.cli.signals import Terminated, interrupted_code
-from gpuenv.engine import EngineError, _frames, _pin_engine_ca, engine_error
+from gpuenv.engine.client import EngineError, _frames, _pin_engine_ca, engine_error
+from gpuenv.run import local as run
+from gpuenv.store import cache
+from gpuenv.validate import sizes
 
 # ----------------------------------------------------------------- interrupted: 130 or 143
 

@@ -1,4 +1,4 @@
-"""gpuenv/files.py: the user's input files are read only when they are regular files, and a
+"""gpuenv/matrix/files.py: the user's input files are read only when they are regular files, and a
 FIFO in their place is refused at once instead of blocking gpuenv."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv.files import read_regular
+from gpuenv.matrix.files import read_regular
 
 REPO = Path(__file__).resolve().parents[2]
 

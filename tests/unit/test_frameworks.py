@@ -16,11 +16,12 @@ from packaging.version import Version
 from test_matrix_errors import assert_rejected
 from test_render import _lint
 
-from gpuenv import compat, matrix
-from gpuenv.cell import Cell
-from gpuenv.errors import MatrixError
-from gpuenv.lock import cuda_requirements, env_requirements
-from gpuenv.render import RenderOptions, render, upstream_indexes, wheelhouse_key
+from gpuenv.building.lock import cuda_requirements, env_requirements
+from gpuenv.building.render import RenderOptions, render, upstream_indexes, wheelhouse_key
+from gpuenv.catalog import compat
+from gpuenv.matrix import schema as matrix
+from gpuenv.matrix.cell import Cell
+from gpuenv.matrix.errors import MatrixError
 
 GOLDEN = Path(__file__).parent / "golden"
 REPO = Path(__file__).resolve().parents[2]
@@ -69,8 +70,8 @@ def resolve(write_matrix, text: str) -> compat.Resolution:
 
 
 def install_words(cell: Cell) -> set[str]:
-    """What a build of the cell installs: its resolution's input (gpuenv/lock.py), which its
-    install steps receive in their mounted part (the Dockerfile names no package)."""
+    """What a build of the cell installs: its resolution's input (gpuenv/building/lock.py), which
+    its install steps receive in their mounted part (the Dockerfile names no package)."""
     return set(env_requirements(cell)) | set(cuda_requirements(cell))
 
 
@@ -559,7 +560,7 @@ def test_include_errors_keep_their_framework(write_matrix):
     ],
 )
 def test_cuda_13_driver_verdicts(driver, level, says):
-    from gpuenv.gpus import driver_verdict
+    from gpuenv.gpu.gpus import driver_verdict
 
     verdict = driver_verdict(driver, "13.0")
     assert verdict.level == level and says in verdict.message
@@ -578,8 +579,8 @@ def test_cuda_13_driver_verdicts(driver, level, says):
     ],
 )
 def test_capability_verdicts_per_framework(framework, release, cc, level, says):
-    from gpuenv.capability import gpu_verdict
-    from gpuenv.gpus import GpuInfo
+    from gpuenv.gpu.capability import gpu_verdict
+    from gpuenv.gpu.gpus import GpuInfo
 
     verdict = gpu_verdict([GpuInfo("580.95.05", "GPU", cc)], framework, release)
     assert verdict.level == level and says in verdict.message, verdict
@@ -591,8 +592,8 @@ KERNEL_RECORDS = {("torch", "2.9"), ("torch", "2.11"), ("jax", "0.7"), ("jax", "
 
 
 def test_kernel_records_match_the_catalog_rows():
-    from gpuenv.capability import judge_release, kernels_for
-    from gpuenv.gpus import GpuInfo
+    from gpuenv.gpu.capability import judge_release, kernels_for
+    from gpuenv.gpu.gpus import GpuInfo
 
     for framework, rows in ROWS.items():
         for row in rows:
@@ -609,8 +610,8 @@ def test_kernel_records_match_the_catalog_rows():
 def test_bench_refuses_cells_of_other_frameworks(write_matrix):
     """bench's workloads import TensorFlow: a torch cell is refused up front, not run."""
     from gpuenv import bench
-    from gpuenv.errors import GpuenvError
-    from gpuenv.project import open_project
+    from gpuenv.building.project import open_project
+    from gpuenv.matrix.errors import GpuenvError
 
     project = open_project(write_matrix(matrix_text("torch", "2.11", "3.11")))
     with pytest.raises(

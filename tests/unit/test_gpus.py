@@ -1,4 +1,4 @@
-"""gpuenv.gpus: --gpus parsing, driver verdicts, nvidia-smi parsing, the toolkit's errors.
+"""gpuenv.gpu.gpus: --gpus parsing, driver verdicts, nvidia-smi parsing, the toolkit's errors.
 
 The error texts are verbatim: the first as the Docker SDK reported it on this project's
 engine (Engine 20.10, no NVIDIA runtime), the others as users posted them in public issues
@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuenv import compat
-from gpuenv.errors import GpuenvError
-from gpuenv.gpus import (
+from gpuenv.catalog import compat
+from gpuenv.gpu.gpus import (
     GPU_UNAVAILABLE,
     GpuInfo,
     GpuRequest,
@@ -22,6 +21,7 @@ from gpuenv.gpus import (
     parse_nvidia_smi_banner,
     parse_nvidia_smi_query,
 )
+from gpuenv.matrix.errors import GpuenvError
 
 UUID = "GPU-6d5a7e3c-4f1b-2a9d-8c7e-0b1f2a3c4d5e"
 

@@ -698,7 +698,7 @@ def test_hostile_input(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_render_reads_no_ca_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A broken $PIP_CERT stops the verbs that fetch (above), not `render`: no rendered file
-    depends on the bundle any more (gpuenv/ca.py), so it is never opened there."""
+    depends on the bundle any more (gpuenv/store/ca.py), so it is never opened there."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "matrix.yaml").write_text(BASE)
     env = {"DOCKER_HOST": NO_ENGINE, "PIP_CERT": "/dev/zero", "GPUENV_CA_BUNDLE": None,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from kubernetes.client import ApiException
 
-from gpuenv.kube import KubeError, client
-from gpuenv.kube.layer import MAX_FILES, build_context, collect
+from gpuenv.run.kube import KubeError, client
+from gpuenv.run.kube.layer import MAX_FILES, build_context, collect
 
 KUBECONFIG = """\
 apiVersion: v1
@@ -140,7 +140,7 @@ def test_code_layer_is_deterministic_and_leaves_out_caches(tmp_path):
 
 
 def test_code_layer_limits(tmp_path, monkeypatch):
-    import gpuenv.kube.layer as layer
+    import gpuenv.run.kube.layer as layer
 
     (tmp_path / "a.bin").write_bytes(b"\0" * 100)
     monkeypatch.setattr(layer, "MAX_BYTES", 50)
@@ -214,7 +214,7 @@ def test_help_does_not_import_the_kubernetes_client():
     code = (
         "import sys, gpuenv.cli as c; sys.argv=['gpuenv','run','--help'];\n"
         "try:\n    c.main()\nexcept SystemExit:\n    pass\n"
-        "assert 'kubernetes' not in sys.modules and 'gpuenv.kube' not in sys.modules"
+        "assert 'kubernetes' not in sys.modules and 'gpuenv.run.kube' not in sys.modules"
     )
     repo = Path(__file__).resolve().parents[2]
     run = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True,

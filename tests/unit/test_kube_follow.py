@@ -47,10 +47,10 @@ from kubernetes.client import (
     V1PodStatus,
 )
 
-from gpuenv.kube import KubeError
-from gpuenv.kube import run as kube_run
-from gpuenv.kube.follow import explain_unschedulable, follow, observe
-from gpuenv.kube.manifest import REQUIRES
+from gpuenv.run.kube import KubeError
+from gpuenv.run.kube import run as kube_run
+from gpuenv.run.kube.follow import explain_unschedulable, follow, observe
+from gpuenv.run.kube.manifest import REQUIRES
 
 T0 = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
 IMAGE = "registry.example.com:5000/acme/tensorflow@sha256:" + "c" * 64

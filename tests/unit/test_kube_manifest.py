@@ -11,10 +11,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gpuenv.capability import gpu_verdict
-from gpuenv.gpus import GpuInfo
-from gpuenv.kube import KubeError
-from gpuenv.kube.manifest import (
+from gpuenv.gpu.capability import gpu_verdict
+from gpuenv.gpu.gpus import GpuInfo
+from gpuenv.run.kube import KubeError
+from gpuenv.run.kube.manifest import (
     GFD_CC_MAJOR,
     GFD_CC_MINOR,
     GFD_CUDA_MAJOR,

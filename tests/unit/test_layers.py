@@ -1,6 +1,6 @@
-"""Layers by change frequency (gpuenv/layers.py): one resolution, split into the framework's
-closure and the rest, without an engine. The Requires-Dist lines below are TensorFlow 2.21's
-and its dependencies' own, abridged (their METADATA on PyPI), plus a user's packages."""
+"""Layers by change frequency (gpuenv/building/layers.py): one resolution, split into the
+framework's closure and the rest, without an engine. The Requires-Dist lines below are TensorFlow
+2.21's and its dependencies' own, abridged (their METADATA on PyPI), plus a user's packages."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv import layers
-from gpuenv.lock import framework_requirements
-from gpuenv.render import RenderOptions, render
+from gpuenv.building import layers
+from gpuenv.building.lock import framework_requirements
+from gpuenv.building.render import RenderOptions, render
 
 H = "--hash=sha256:" + "0" * 64
 
@@ -110,7 +110,8 @@ def test_requires_dist_is_read_from_the_wheel(tmp_path: Path):
 
 @pytest.fixture
 def cells(write_matrix):
-    from gpuenv import compat, matrix
+    from gpuenv.catalog import compat
+    from gpuenv.matrix import schema as matrix
 
     text = (
         'name: t/x\nmatrix: {tensorflow: ["2.21"], python: ["3.11"], variant: [cpu, gpu]}\n'
@@ -136,9 +137,11 @@ def test_dry_run_names_the_first_layer_an_edit_rebuilds(cells, write_matrix):
     """gpuenv build --dry-run: which input changed decides the first layer rebuilt."""
     import json
 
-    from gpuenv import compat, matrix, plan
-    from gpuenv.engine import ImageInfo
-    from gpuenv.render import BuildContext
+    from gpuenv.building import plan
+    from gpuenv.building.render import BuildContext
+    from gpuenv.catalog import compat
+    from gpuenv.engine.client import ImageInfo
+    from gpuenv.matrix import schema as matrix
 
     def inputs(text: str) -> dict[str, str]:
         cpu = next(c for c in compat.resolve(matrix.load(write_matrix(text))).cells

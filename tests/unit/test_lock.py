@@ -9,16 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv import compat, matrix, sendable
-from gpuenv import lock as locks
-from gpuenv.cell import Cell
-from gpuenv.contract import LOCK_DIR
-from gpuenv.diff import IDENTITY_LABELS, Inventory, compare, render_text
-from gpuenv.engine import ImageInfo
-from gpuenv.errors import GpuenvError
-from gpuenv.lock import CellLock, Lock
-from gpuenv.plan import spec_hash
-from gpuenv.render import RenderOptions, render
+from gpuenv.building import lock as locks
+from gpuenv.building import sendable
+from gpuenv.building.lock import CellLock, Lock
+from gpuenv.building.plan import spec_hash
+from gpuenv.building.render import RenderOptions, render
+from gpuenv.catalog import compat
+from gpuenv.engine.client import ImageInfo
+from gpuenv.matrix import schema as matrix
+from gpuenv.matrix.cell import Cell
+from gpuenv.matrix.contract import LOCK_DIR
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.validate.diff import IDENTITY_LABELS, Inventory, compare, render_text
 from gpuenv.validate.expected import locked_versions
 
 DATE = "2026-11-01T00:00:00Z"
@@ -247,8 +249,8 @@ def test_gpu_cell_installs_the_cuda_wheels_from_the_lock(cells):
 
 
 def test_without_a_lock_nothing_is_copied_and_the_steps_are_the_same(cells):
-    # An unlocked cell is resolved at build time (gpuenv/build.py, Sender.resolution) and
-    # installed from its mounted part as a locked one is: hashes required, no index.
+    # An unlocked cell is resolved at build time (gpuenv/building/sendable.py, Sender.resolution)
+    # and installed from its mounted part as a locked one is: hashes required, no index.
     for cell in cells.values():
         ctx = render(cell, RenderOptions())
         assert set(ctx.files) == {"Dockerfile", "cell.json"}
@@ -348,7 +350,7 @@ def test_long_sections_are_cut_at_the_limit():
 
 
 def test_reproducible_epoch_comes_from_the_lock():
-    from gpuenv import reproducible
+    from gpuenv.building import reproducible
 
     assert reproducible.epoch_for("2026-11-22T00:00:00Z", 1) == 1795305600
     assert reproducible.epoch_for(None, 1735689600) == 1735689600

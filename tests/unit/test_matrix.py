@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuenv import compat, matrix
-from gpuenv.errors import MatrixError
+from gpuenv.catalog import compat
+from gpuenv.matrix import schema as matrix
+from gpuenv.matrix.errors import MatrixError
 
 HEAD = """\
 name: acme/gpuenv

@@ -1,4 +1,4 @@
-"""gpuenv/monitor.py without a GPU or an engine: parsing nvidia-smi's CSV, the summary
+"""gpuenv/gpu/monitor.py without a GPU or an engine: parsing nvidia-smi's CSV, the summary
 (energy, peaks), seed 001's advice, PID-to-container mapping, the options.
 
 Inputs: tests/unit/recorded/ holds outputs recorded from real hosts (sources in its README);
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv import monitor
-from gpuenv.errors import GpuenvError
-from gpuenv.gpus import GpuRequest, parse_gpus
+from gpuenv.gpu import monitor
+from gpuenv.gpu.gpus import GpuRequest, parse_gpus
+from gpuenv.matrix.errors import GpuenvError
 
 HERE = Path(__file__).resolve().parent
 RECORDED = HERE / "recorded"
@@ -327,7 +327,7 @@ def test_watching_a_container_without_gpus_says_so(fake_engine, capsys):
 def test_a_helper_container_that_cannot_start_is_removed(fake_engine):
     """A remote engine's sampler is a helper container; a start the engine refuses (no
     GPU there) raises, and must not leave the helper behind."""
-    from gpuenv.engine import EngineError
+    from gpuenv.engine.client import EngineError
 
     engine = fake_engine()
     engine.is_local = False

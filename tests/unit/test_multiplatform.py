@@ -1,4 +1,4 @@
-"""gpuenv.multiplatform and push's pairing of cells into index tags, without a registry: the
+"""gpuenv.publish.multiplatform and push's pairing of cells into index tags, without a registry: the
 registry's side is a stand-in holding manifests and config blobs by digest."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from gpuenv import multiplatform, publish
-from gpuenv.errors import GpuenvError
-from gpuenv.multiplatform import DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.publish import multiplatform
+from gpuenv.publish import push as publish
+from gpuenv.publish.multiplatform import DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST
 
 
 def digest(data: bytes) -> str:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv import run
-from gpuenv.errors import GpuenvError
-from gpuenv.gpus import parse_gpus
+from gpuenv.gpu.gpus import parse_gpus
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.run import local as run
 from gpuenv.validate import runner
 
 SECRET = "s3cr3t-Value-that-must-never-be-printed"
@@ -92,7 +92,7 @@ def test_env_from_the_environment_reaches_only_the_spec(tmp_path, monkeypatch):
 
 def test_start_errors_never_print_the_environment(tmp_path, monkeypatch):
     """The engine's refusal is explained from its own text and the command, not the env."""
-    from gpuenv.engine import EngineError
+    from gpuenv.engine.client import EngineError
 
     monkeypatch.setenv("TOKEN", SECRET)
     opts = options(tmp_path, env=["TOKEN"], command=["nope"])

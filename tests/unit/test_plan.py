@@ -13,10 +13,11 @@ import shutil
 
 import pytest
 
-from gpuenv import contract, plan, render
-from gpuenv.engine import ImageInfo
-from gpuenv.lock import CellLock, Lock
-from gpuenv.project import open_project
+from gpuenv.building import plan, render
+from gpuenv.building.lock import CellLock, Lock
+from gpuenv.building.project import open_project
+from gpuenv.engine.client import ImageInfo
+from gpuenv.matrix import contract
 
 BASE = "gpuenv/debian:bookworm"
 BASE_ID = "sha256:" + "ba" * 32
@@ -135,7 +136,7 @@ def test_a_ca_bundle_rebuilds_nothing(fake_engine, matrix, tmp_path):
 
 def test_a_changed_lock_entry_rebuilds_only_that_cell(fake_engine, matrix, monkeypatch):
     project = open_project(matrix)
-    from gpuenv import lock as locks
+    from gpuenv.building import lock as locks
 
     date = "2026-11-01T00:00:00Z"
     entries = {

@@ -1,4 +1,4 @@
-"""gpuenv.publish without an engine: push streams, retries, targets, aliases, refusals, pulls.
+"""gpuenv.publish.push without an engine: push streams, retries, targets, aliases, refusals, pulls.
 
 The push streams under tests/unit/recorded/push-*.jsonl are what Docker Engine 20.10 sent to
 the Docker SDK (`api.push(..., stream=True)`, one JSON document a line, verbatim) when
@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 
-from gpuenv import compat, publish
-from gpuenv import matrix as matrices
-from gpuenv import registry as registries
-from gpuenv.engine import EngineError, ImageInfo
-from gpuenv.errors import GpuenvError, MatrixError
+from gpuenv.building import pull
+from gpuenv.building import registry as registries
+from gpuenv.catalog import compat
+from gpuenv.engine.client import EngineError, ImageInfo
+from gpuenv.matrix import schema as matrices
+from gpuenv.matrix.errors import GpuenvError, MatrixError
+from gpuenv.publish import push as publish
 
 RECORDED = Path(__file__).parent / "recorded"
 
@@ -271,7 +273,7 @@ CELL_IMAGE = "gpuenv/tensorflow:tf2.21-py3.11-cpu"
 def unreadable_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """The registry's labels cannot be read here: pull_matching pulls to compare (the
     fallback these tests exercise; the registry read itself: test_registry.py)."""
-    monkeypatch.setattr(publish, "peek_spec_hash", lambda engine, ref: ("?", "test"))
+    monkeypatch.setattr(pull, "peek_spec_hash", lambda engine, ref: ("?", "test"))
 
 
 def _image(spec: str, image_id: str = "sha256:pulled") -> ImageInfo:
@@ -280,28 +282,28 @@ def _image(spec: str, image_id: str = "sha256:pulled") -> ImageInfo:
 
 def test_a_pulled_image_with_the_spec_hash_becomes_the_cells(fake_engine, unreadable_registry):
     eng = fake_engine(remote={PULLED: _image("h1")})
-    assert publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE) == ("sha256:pulled", "")
+    assert pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE) == ("sha256:pulled", "")
     assert eng.local == {CELL_IMAGE: _image("h1")}  # the registry's tag is not left behind
 
 
 def test_a_pulled_image_with_another_spec_hash_is_removed(fake_engine, unreadable_registry):
     eng = fake_engine(remote={PULLED: _image("h-old")})
-    image_id, why = publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)
+    image_id, why = pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)
     assert image_id is None and "another spec hash" in why
     assert eng.local == {} and eng.removed == [PULLED]
 
 
 def test_a_registry_tag_that_was_already_there_is_kept(fake_engine, unreadable_registry):
     eng = fake_engine(remote={PULLED: _image("h1")}, local={PULLED: _image("h1")})
-    assert publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)[0] == "sha256:pulled"
+    assert pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)[0] == "sha256:pulled"
     assert set(eng.local) == {PULLED, CELL_IMAGE} and eng.removed == []
     eng = fake_engine(remote={PULLED: _image("h-old")}, local={PULLED: _image("h-old")})
-    assert publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)[0] is None
+    assert pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)[0] is None
     assert set(eng.local) == {PULLED} and eng.removed == []
     # The pull moved the tag to another image, not the one wanted: the tag goes back.
     mine = _image("h-mine", "sha256:mine")
     eng = fake_engine(remote={PULLED: _image("h-old")}, local={PULLED: mine})
-    assert publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)[0] is None
+    assert pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)[0] is None
     assert eng.local == {PULLED: mine} and set(eng.images) == {"sha256:mine"}
 
 
@@ -328,7 +330,7 @@ def test_a_failed_pull_leaves_nothing_and_says_why(
     fake_engine, unreadable_registry, remote, needle
 ):
     eng = fake_engine(remote={PULLED: remote})
-    image_id, why = publish.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)
+    image_id, why = pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)
     assert image_id is None
     assert why.startswith(f"pull {PULLED}: ") and needle in why and "\n" not in why
     assert eng.local == {}

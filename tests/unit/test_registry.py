@@ -1,5 +1,5 @@
 """Reading an image's labels from a registry (registry.remote_labels) and pull before build
-deciding on them (publish.pull_matching): a small registry API v2 served by http.server on
+deciding on them (pull.pull_matching): a small registry API v2 served by http.server on
 loopback, answering manifests, an index, config blobs and bearer challenges."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from gpuenv import publish, registry
-from gpuenv.engine import ImageInfo
+from gpuenv.building import pull, registry
+from gpuenv.engine.client import ImageInfo
 
 MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 INDEX = "application/vnd.oci.image.index.v1+json"
@@ -174,7 +174,7 @@ def test_another_spec_hash_in_the_registry_is_not_pulled(served, fake_engine):
     ref = f"{host}/x/tensorflow:c1"
     store.add_image("x/tensorflow", "c1", {"io.gpuenv.spec-hash": "h-old"})
     eng = fake_engine(remote={ref: _image("h-old")})
-    image_id, why = publish.pull_matching(eng, ref, "h1", keep_as="acme/tf:c1")
+    image_id, why = pull.pull_matching(eng, ref, "h1", keep_as="acme/tf:c1")
     assert image_id is None and "another spec hash" in why and "not pulled" in why
     assert eng.pulled == [] and eng.local == {}
 
@@ -184,14 +184,14 @@ def test_the_same_spec_hash_is_pulled(served, fake_engine):
     ref = f"{host}/x/tensorflow:c1"
     store.add_image("x/tensorflow", "c1", {"io.gpuenv.spec-hash": "h1"})
     eng = fake_engine(remote={ref: _image("h1")})
-    assert publish.pull_matching(eng, ref, "h1", keep_as="acme/tf:c1") == ("sha256:pulled", "")
+    assert pull.pull_matching(eng, ref, "h1", keep_as="acme/tf:c1") == ("sha256:pulled", "")
     assert eng.pulled == [ref]
 
 
 def test_a_missing_tag_or_a_registry_that_is_down_is_not_pulled(served, fake_engine):
     _, host = served
     eng = fake_engine(remote={})
-    image_id, why = publish.pull_matching(eng, f"{host}/x/tf:none", "h1", keep_as="a/b:c")
+    image_id, why = pull.pull_matching(eng, f"{host}/x/tf:none", "h1", keep_as="a/b:c")
     assert image_id is None and "not found" in why and eng.pulled == []
 
 
@@ -201,6 +201,6 @@ def test_a_remote_engine_pulls_to_compare(served, fake_engine):
     store.add_image("x/tensorflow", "c1", {"io.gpuenv.spec-hash": "h-old"})
     eng = fake_engine(remote={ref: _image("h-old")})
     eng.is_local = False  # its view of 127.0.0.1 is another host's
-    image_id, why = publish.pull_matching(eng, ref, "h1", keep_as="acme/tf:c1")
+    image_id, why = pull.pull_matching(eng, ref, "h1", keep_as="acme/tf:c1")
     assert image_id is None and "another spec hash" in why
     assert eng.pulled == [ref] and eng.local == {}

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv import compat, matrix
-from gpuenv.cell import Cell
-from gpuenv.lock import cuda_requirements, env_requirements
-from gpuenv.render import RenderOptions, render
-from gpuenv.wheelhouse import index_key, upstreams
+from gpuenv.building.lock import cuda_requirements, env_requirements
+from gpuenv.building.render import RenderOptions, render
+from gpuenv.catalog import compat
+from gpuenv.matrix import schema as matrix
+from gpuenv.matrix.cell import Cell
+from gpuenv.store.wheelhouse import index_key, upstreams
 
 GOLDEN = Path(__file__).parent / "golden"
 SHIPPED = Path(__file__).resolve().parents[2] / "matrix.yaml"

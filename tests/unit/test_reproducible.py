@@ -1,5 +1,5 @@
-"""gpuenv/reproducible.py's canonical form, on layers and configs made here: what two engines
-write differently (copy-ups, mode bits, whiteout markers, mount points, header order) comes
+"""gpuenv/building/reproducible.py's canonical form, on layers and configs made here: what two
+engines write differently (copy-ups, mode bits, whiteout markers, mount points, header order) comes
 out the same; what a step really changed stays."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import tarfile
 
-from gpuenv import reproducible
+from gpuenv.building import reproducible
 
 EPOCH = 1735689600
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gpuenv import lock as locks
-from gpuenv import plan
+from gpuenv.building import lock as locks
+from gpuenv.building import plan
+from gpuenv.building.project import open_project
 from gpuenv.cli import app
-from gpuenv.project import open_project
 
 MATRIX = """\
 name: acme/gpuenv
@@ -70,7 +70,7 @@ def test_per_include_requirements_only_reach_that_cell(tmp_path):
 
 
 def test_an_edit_changes_the_plan_inputs_and_names_the_file(tmp_path):
-    from gpuenv.engine import ImageInfo
+    from gpuenv.engine.client import ImageInfo
 
     def inputs() -> tuple[dict[str, str], str]:
         project = open_project(path)

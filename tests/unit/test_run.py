@@ -1,4 +1,4 @@
-"""gpuenv.run's pure parts: the container spec, the command, -e/-v/-p, grace period,
+"""gpuenv.run.local's pure parts: the container spec, the command, -e/-v/-p, grace period,
 preflight verdict wiring and the driver cache (no engine needed).
 
 (Test modules need unique basenames: the test directories are not packages. The
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv import cache, run
-from gpuenv.errors import GpuenvError
-from gpuenv.gpus import GpuInfo, parse_gpus
-from gpuenv.project import looks_like_image
+from gpuenv.building.project import looks_like_image
+from gpuenv.gpu.gpus import GpuInfo, parse_gpus
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.run import local as run
+from gpuenv.store import cache
 
 
 def opts(tmp: Path | str = "/home/ana/proj", **kw) -> run.RunOptions:
@@ -431,8 +432,8 @@ def test_a_missing_gpu_cell_is_built_only_on_an_engine_that_gives_gpus(
     cell is built: an engine without NVIDIA support is one error and nothing is built."""
     from fake_engine import image
 
-    from gpuenv.engine import EngineError
-    from gpuenv.project import open_project
+    from gpuenv.building.project import open_project
+    from gpuenv.engine.client import EngineError
 
     project = open_project(shipped_matrix)
     cell = project.default_cell(True)

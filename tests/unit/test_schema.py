@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuenv import matrix
+from gpuenv.matrix import schema as matrix
 
-SCHEMA = Path(matrix.__file__).parent / "data" / "matrix.schema.json"
-REGENERATE = ".venv/bin/python -m gpuenv.matrix > gpuenv/data/matrix.schema.json"
+SCHEMA = Path(matrix.__file__).parents[1] / "data" / "matrix.schema.json"
+REGENERATE = ".venv/bin/python -m gpuenv.matrix.schema > gpuenv/data/matrix.schema.json"
 
 
 def test_schema_file_is_current():

@@ -1,4 +1,4 @@
-"""What a build sends (gpuenv/sendable.py), without an engine: the target its wheels are
+"""What a build sends (gpuenv/building/sendable.py), without an engine: the target its wheels are
 chosen for, the parts its install steps mount (the same the templates mount), and the
 context directory assembled from a stand-in fetcher."""
 
@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv import compat, matrix, sendable
-from gpuenv.cell import Cell
-from gpuenv.errors import GpuenvError
-from gpuenv.lock import CellLock
-from gpuenv.render import render
+from gpuenv.building import sendable
+from gpuenv.building.lock import CellLock
+from gpuenv.building.render import render
+from gpuenv.catalog import compat
+from gpuenv.matrix import schema as matrix
+from gpuenv.matrix.cell import Cell
+from gpuenv.matrix.errors import GpuenvError
 
 MIXED = """\
 name: acme/ml

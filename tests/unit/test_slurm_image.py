@@ -1,4 +1,4 @@
-"""The image on shared storage (gpuenv/slurm/image.py): its layout, what enroot reads
+"""The image on shared storage (gpuenv/run/slurm/image.py): its layout, what enroot reads
 inside it, and the tar stream rewritten on its way to tar2sqfs. Writing a real SquashFS
 from the engine is shown in tests/integration/test_engine_slurm.py."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv.engine import ImageInfo
-from gpuenv.slurm import SlurmError
-from gpuenv.slurm.image import Shared, environment_lines, rc_script, rewrite, shared_dir
+from gpuenv.engine.client import ImageInfo
+from gpuenv.run.slurm import SlurmError
+from gpuenv.run.slurm.image import Shared, environment_lines, rc_script, rewrite, shared_dir
 
 ID = "sha256:" + "ab" * 32
 

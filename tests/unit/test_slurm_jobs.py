@@ -1,5 +1,5 @@
-"""Slurm's outputs, as gpuenv/slurm/jobs.py reads them, on outputs recorded from the lab
-cluster (tests/unit/recorded/README.md, "Slurm"); following a job (gpuenv/slurm/run.py)
+"""Slurm's outputs, as gpuenv/run/slurm/jobs.py reads them, on outputs recorded from the lab
+cluster (tests/unit/recorded/README.md, "Slurm"); following a job (gpuenv/run/slurm/run.py)
 against a stand-in for Slurm's commands that replays recorded states."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv.slurm import SlurmError
-from gpuenv.slurm import run as slurm_run
-from gpuenv.slurm.jobs import Job, Slurm, job_from, parse_show_job, parse_submitted, refusal
+from gpuenv.run.slurm import SlurmError
+from gpuenv.run.slurm import run as slurm_run
+from gpuenv.run.slurm.jobs import Job, Slurm, job_from, parse_show_job, parse_submitted, refusal
 
 RECORDED = Path(__file__).parent / "recorded" / "slurm"
 

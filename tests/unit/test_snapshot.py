@@ -1,4 +1,4 @@
-"""The resolved-matrix snapshot (gpuenv/snapshot.py): a hit gives exactly what loading
+"""The resolved-matrix snapshot (gpuenv/building/snapshot.py): a hit gives exactly what loading
 gives, every input change misses, a corrupt entry is ignored, and what `--help`, a no-op
 build and `run` import stays small."""
 
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv import cache, fingerprint, plan, snapshot
-from gpuenv.project import open_project
+from gpuenv.building import fingerprint, plan, snapshot
+from gpuenv.building.project import open_project
+from gpuenv.store import cache
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -171,14 +172,14 @@ def test_bad_inputs_still_fail_as_before(project_dir):
     path = project_dir / "matrix.yaml"
     open_project(path, cached=True)
     (project_dir / "reqs.txt").write_text("-e .\n")
-    from gpuenv.errors import MatrixError
+    from gpuenv.matrix.errors import MatrixError
 
     with pytest.raises(MatrixError, match="pip options"):
         open_project(path, cached=True)
     (project_dir / "matrix.lock").write_text("version: 7\n")
     (project_dir / "reqs.txt").write_text("six\n")
     project = open_project(path, cached=True)
-    from gpuenv.errors import GpuenvError
+    from gpuenv.matrix.errors import GpuenvError
 
     with pytest.raises(GpuenvError, match="not a gpuenv lock"):
         project.lock  # noqa: B018 (the lock's own error, every time: never snapshotted)
@@ -224,8 +225,8 @@ def test_help_imports_nothing_heavy(tmp_path):
 def test_a_snapshot_hit_imports_no_schema_templates_or_yaml(project_dir):
     code = (
         "from pathlib import Path\n"
-        "from gpuenv import plan\n"
-        "from gpuenv.project import open_project\n"
+        "from gpuenv.building import plan\n"
+        "from gpuenv.building.project import open_project\n"
         "p = open_project(Path('matrix.yaml'), cached=True)\n"
         "plan.render_all(p, p.cells)\n"
         "p.default_cell(False)"
@@ -235,7 +236,7 @@ def test_a_snapshot_hit_imports_no_schema_templates_or_yaml(project_dir):
 
 
 def test_an_edit_while_loading_writes_no_snapshot(project_dir, cache_home, monkeypatch):
-    from gpuenv import project as projects
+    from gpuenv.building import project as projects
 
     path = project_dir / "matrix.yaml"
     real = projects._load
@@ -254,7 +255,7 @@ def test_an_edit_while_loading_writes_no_snapshot(project_dir, cache_home, monke
 
 
 def test_a_requirements_edit_after_loading_is_not_recorded_as_loaded(project_dir, monkeypatch):
-    from gpuenv import project as projects
+    from gpuenv.building import project as projects
 
     path = project_dir / "matrix.yaml"
     real = projects._load

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv import compat, matrix, sizes
-from gpuenv.cell import Cell
-from gpuenv.contract import image_labels as render_labels
-from gpuenv.errors import GpuenvError
-from gpuenv.validate import expected, runner
+from gpuenv.catalog import compat
+from gpuenv.matrix import schema as matrix
+from gpuenv.matrix.cell import Cell
+from gpuenv.matrix.contract import image_labels as render_labels
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.validate import expected, runner, sizes
 
 SHIPPED = Path(__file__).resolve().parents[2] / "matrix.yaml"
 CPU_CELL = "tf2.21-py3.11-cpu"

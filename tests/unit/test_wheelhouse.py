@@ -17,11 +17,11 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from gpuenv import credentials, wheelhouse
-from gpuenv import lock as locks
-from gpuenv.errors import GpuenvError
-from gpuenv.fetch import Fetcher
-from gpuenv.wheelhouse import IndexFile, Requirement, Store, pick_wheel, wheel_rank
+from gpuenv.building import lock as locks
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.store import credentials, wheelhouse
+from gpuenv.store.fetch import Fetcher
+from gpuenv.store.wheelhouse import IndexFile, Requirement, Store, pick_wheel, wheel_rank
 
 WHEEL = b"not really a zip, but bytes with a hash"
 SHA = hashlib.sha256(WHEEL).hexdigest()
@@ -621,9 +621,9 @@ def test_the_fallback_store_is_used_only_when_private(tmp_path, monkeypatch):
     import os
     import tempfile
 
-    import gpuenv.cache
+    import gpuenv.store.cache
 
-    monkeypatch.setattr(gpuenv.cache, "cache_dir", lambda: None)
+    monkeypatch.setattr(gpuenv.store.cache, "cache_dir", lambda: None)
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
     mine = tmp_path / f"gpuenv-{os.getuid()}"
     store = wheelhouse.Store.default()

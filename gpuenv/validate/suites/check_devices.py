@@ -45,9 +45,9 @@ def test_cudnn_op_runs(gpu_box: Box) -> None:
 
 def test_gpu_compute_capability_runs_the_framework(gpu_box: Box) -> None:
     """A GPU the framework's wheel has no kernels for fails at run time with "no kernel image
-    is available"; one it reaches only by PTX JIT is slower to start (gpuenv/capability.py)."""
-    from gpuenv.capability import gpu_verdict
-    from gpuenv.gpus import parse_nvidia_smi_query
+    is available"; one it reaches only by PTX JIT is slower to start (gpuenv/gpu/capability.py)."""
+    from gpuenv.gpu.capability import gpu_verdict
+    from gpuenv.gpu.gpus import parse_nvidia_smi_query
 
     query = "nvidia-smi --query-gpu=driver_version,name,compute_cap --format=csv,noheader"
     result = gpu_box.sh(query)

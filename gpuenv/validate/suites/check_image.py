@@ -10,7 +10,7 @@ import pytest
 from conftest import Box
 from framework_code import CODE, base_version
 
-from gpuenv.sizes import GROWTH_LIMIT
+from gpuenv.validate.sizes import GROWTH_LIMIT
 
 INSTALLED_PYTHON = "import sys; print('%d.%d' % sys.version_info[:2])"
 

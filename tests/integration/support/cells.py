@@ -76,7 +76,8 @@ TEST_REPOSITORIES = frozenset(
 
 def context_dir(cache_home: Path, matrix: Path, cell: str) -> Path:
     """Where gpuenv assembles the build context of a matrix's cell, with XDG_CACHE_HOME
-    `cache_home` (gpuenv/build.py, Sender.context: one directory per matrix and cell)."""
+    `cache_home` (gpuenv/building/sendable.py, Sender.context: one directory per matrix and
+    cell)."""
     project = hashlib.sha256(str(matrix.resolve()).encode()).hexdigest()[:16]
     return cache_home / "gpuenv" / "contexts" / project / cell
 

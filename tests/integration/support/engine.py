@@ -28,8 +28,8 @@ SESSION_LABEL = f"{SESSION_LABEL_KEY}={SESSION_ID}"
 def engine_problem() -> str | None:
     """None when an engine answers, else why not (gpuenv's own one-line message)."""
     try:
-        from gpuenv.engine import connect
-        from gpuenv.errors import GpuenvError
+        from gpuenv.engine.client import connect
+        from gpuenv.matrix.errors import GpuenvError
     except ImportError as exc:  # pragma: no cover - the project is not installed
         return f"gpuenv is not importable: {exc}"
     try:
@@ -117,7 +117,7 @@ def run_in_image(image: str, *cmd: str, user: str | None = None, timeout: float 
 def logging_docker_cli(tmp: Path) -> dict[str, Path]:
     """A stand-in for the docker CLI gpuenv builds with: the same CLI (the one gpuenv picks
     here), with what each build prints (the engine's build log) and its arguments kept."""
-    from gpuenv.engine import buildkit_cli, connect
+    from gpuenv.engine.client import buildkit_cli, connect
 
     real = buildkit_cli(connect())[0][0]
     log, args = tmp / "build.log", tmp / "build.args"

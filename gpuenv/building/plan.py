@@ -1,0 +1,335 @@
+"""The build plan: what `gpuenv build` will do for each cell, and why, computed once.
+
+From the project (matrix, catalog, lock read once) and the engine's state, `make_plan`
+renders every selected cell, takes its spec hash, and decides: `up-to-date` (the image
+carries that spec hash), `pull` (a published image may carry it: $GPUENV_REGISTRY), or
+`build`, naming which input changed. The builder (gpuenv/building/builder.py) only executes a plan;
+`gpuenv build --dry-run` prints it.
+
+Why a cell rebuilds: each image records a digest per input in the io.gpuenv.inputs label
+(template files, base image, packages, lock entry, the rendered context as a whole),
+so the plan can compare the inputs one by one rather than only say "the hash differs".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from gpuenv.matrix import contract
+from gpuenv.matrix.errors import GpuenvError
+
+if TYPE_CHECKING:
+    from gpuenv.building.lock import CellLock, Lock
+    from gpuenv.building.project import Project
+    from gpuenv.building.render import BuildContext, RenderOptions
+    from gpuenv.engine.client import Engine, ImageInfo
+    from gpuenv.matrix.cell import Cell
+    from gpuenv.matrix.schema import LoadedMatrix
+
+Action = Literal["up-to-date", "pull", "build"]
+
+# The inputs a rebuild can be blamed on, in the order they are reported.
+INPUTS = ("template", "base", "apt", "framework", "packages", "requirements", "lock", "context")
+REASONS = {
+    "template": "template (images/) changed",
+    "base": "base image changed",
+    "apt": "apt packages changed",
+    "framework": "framework, its CUDA wheels or the indexes changed",
+    "packages": "packages changed",
+    "requirements": "requirements file changed",
+    "lock": "lock entry changed",
+    "context": "rendered build context changed",
+}
+# The image's layers, bottom up (images/Dockerfile.j2): an edit rebuilds the first layer it
+# touches and every one above it; the engine's cache keeps those below.
+LAYERS = ("base", "apt", "framework", "packages")
+FIRST_LAYER = {
+    "template": "base", "base": "base", "context": "base", "apt": "apt",
+    "framework": "framework", "lock": "framework", "packages": "packages",
+    "requirements": "packages",
+}  # fmt: skip
+
+
+def spec_hash(context_digest: str, base_id: str) -> str:
+    """What the io.gpuenv.spec-hash label holds. The lock reaches it through the context
+    (its requirements files are part of it); the empty "lock" key keeps the hashes of
+    images built before this was noticed valid."""
+    doc = {"context": context_digest, "base": base_id, "lock": ""}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _short(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def input_digests(
+    ctx: BuildContext, base_id: str, lock: CellLock | None, options: RenderOptions
+) -> dict[str, str]:
+    from gpuenv.building.render import templates_digest
+
+    cell = ctx.cell
+    framework = {
+        "framework": cell.framework_requirement,
+        "wheels": cell.wheels,
+        "index": [options.index_url, *options.extra_index_urls, *cell.indexes],
+    }
+    return {
+        "template": templates_digest()[:16],
+        "base": base_id,
+        "apt": _short(json.dumps(list(cell.apt))),
+        "framework": _short(json.dumps(framework, sort_keys=True)),
+        "packages": _short(json.dumps(list(cell.pip))),
+        # path=digest per requirements file, so a rebuild names the file that changed.
+        "requirements": ",".join(f"{p}={d[:12]}" for p, d in sorted(cell.requirements.items())),
+        "lock": _short(f"{lock.python_env}\0{lock.cuda}") if lock else "",
+        "context": ctx.digest()[:16],
+    }
+
+
+@dataclass
+class CellPlan:
+    cell: Cell
+    context: BuildContext
+    base_id: str | None  # None: the base is missing (the build bootstraps it first)
+    spec_hash: str | None  # None until the base exists
+    inputs: dict[str, str]
+    lock: CellLock | None
+    existing: ImageInfo | None
+    action: Action = "build"
+    reasons: list[str] = field(default_factory=list)
+    pull_ref: str | None = None
+    rebuilds_from: str | None = None  # the first layer (LAYERS) a rebuild cannot take cached
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cell": self.cell.name,
+            "image": self.cell.image,
+            "action": self.action,
+            "reasons": self.reasons,
+            "rebuilds_from": self.rebuilds_from,
+            "spec_hash": self.spec_hash,
+            "base": self.cell.base.image,
+            "base_id": self.base_id,
+            "locked": self.lock is not None,
+            "pull_from": self.pull_ref,
+            "existing_image_id": self.existing.id if self.existing else None,
+        }
+
+
+@dataclass
+class BuildPlan:
+    cells: list[CellPlan]
+    ca_bundle: Path | None
+    no_cache: bool
+    lock: Lock | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"no_cache": self.no_cache, "cells": [p.to_json() for p in self.cells]}
+
+
+def render_options(m: LoadedMatrix | Project) -> RenderOptions:
+    from gpuenv.building.project import Project, settings_of
+    from gpuenv.building.render import RenderOptions
+
+    settings = m.settings if isinstance(m, Project) else settings_of(m)
+    return RenderOptions(index_url=settings.index_url, extra_index_urls=settings.extra_index_urls)
+
+
+def upstream_indexes(m: LoadedMatrix, cell: Cell) -> tuple[str, ...]:
+    """The package indexes a cell's wheels are fetched from, in order: the matrix's, then
+    the cell's own (render.upstream_indexes, as the Dockerfile's index key names them)."""
+    from gpuenv.building.render import upstream_indexes as of_options
+
+    return of_options(render_options(m), cell)
+
+
+def lock_entries(project: Project, cells: list[Cell]) -> dict[str, CellLock]:
+    """The cells' entries of matrix.lock, when there is one; a stale lock is an error."""
+    lock = project.lock
+    if lock is None:
+        return {}
+    from gpuenv.building import lock as locks
+
+    drifted = locks.drift(lock, cells)
+    if drifted:
+        why = "; ".join(f"{name}: {reason}" for name, reason in drifted.items())
+        raise GpuenvError(f"{lock.path} does not match the matrix ({why}); re-lock: gpuenv lock")
+    return {c.name: lock.cells[c.name] for c in cells}
+
+
+def render_all(project: Project, cells: list[Cell]) -> dict[str, BuildContext]:
+    """Every cell's build context, with its lock entries; a template error, or a lock that
+    no longer matches, stops here, before anything touches the engine."""
+    from gpuenv.building.render import BuildContext
+
+    options = render_options(project)
+    locked = lock_entries(project, cells)
+    # The snapshot's contexts for these options (gpuenv/building/snapshot.py: its key covers the
+    # matrix, lock, catalog and templates); only the cells it lacks are rendered.
+    key = json.dumps(asdict(options), sort_keys=True)
+    cached = project.cached_contexts(key)
+    missing = [c for c in cells if c.name not in cached]
+    if missing:
+        from gpuenv.building.render import render
+
+        fresh = {c.name: render(c, options, locked.get(c.name)).files for c in missing}
+        project.remember_contexts(key, fresh)
+        cached = {**cached, **fresh}
+    return {c.name: BuildContext(c, dict(cached[c.name])) for c in cells}
+
+
+def _base_ids(engine: Engine, project: Project, cells: list[Cell]) -> dict[str, str | None]:
+    """Each base's image ID (None when missing); a base that drifted from the lock is an
+    error: building on it would not give the locked environment."""
+    lock = project.lock
+    out: dict[str, str | None] = {}
+    for cell in cells:
+        image = cell.base.image
+        if image in out:
+            continue
+        info = engine.image(image)
+        out[image] = info.id if info else None
+        if lock is None or info is None:
+            continue
+        from gpuenv.building import lock as locks
+
+        why = locks.base_drift(lock, image, info)
+        if why:
+            raise GpuenvError(
+                f"base {image} differs from {lock.path} ({why}): load the saved "
+                "base (gpuenv base --load FILE) or re-lock (gpuenv lock)"
+            )
+    return out
+
+
+def _why_rebuild(existing: ImageInfo, inputs: dict[str, str]) -> tuple[list[str], str]:
+    """Why the image is rebuilt, and the first layer that rebuild cannot take cached."""
+    try:
+        recorded = json.loads(existing.labels.get(contract.INPUTS, ""))
+    except ValueError:
+        recorded = None
+    if not isinstance(recorded, dict):
+        return ["spec hash differs (the image records no inputs: built by an older gpuenv)"], "base"
+    if "framework" not in recorded:  # built before layers were split by change frequency
+        return [REASONS["template"]], "base"
+    changed, blamed = [], []
+    for k in INPUTS:
+        if k == "context" or recorded.get(k, "" if k == "requirements" else None) == inputs[k]:
+            continue
+        blamed.append(k)
+        if k == "requirements":
+            changed.append(_requirements_reason(str(recorded.get(k) or ""), inputs[k]))
+        else:
+            changed.append(REASONS[k])
+    if not blamed:
+        return [REASONS["context"]], "base"
+    if "lock" in blamed and {"packages", "requirements"} & set(blamed):
+        # The lock was rewritten for the packages edited: their layer, unless the new
+        # resolution moved a version the framework needs (then its layer too).
+        blamed.remove("lock")
+    return changed, min((FIRST_LAYER[k] for k in blamed), key=LAYERS.index)
+
+
+def _requirements_reason(before: str, now: str) -> str:
+    """Which requirements files were edited, added or dropped since the image was built."""
+
+    def parse(text: str) -> dict[str, str]:
+        return dict(item.rpartition("=")[::2] for item in text.split(",") if "=" in item)
+
+    old, new = parse(before), parse(now)
+    edited = [p for p in new if p in old and old[p] != new[p]]
+    added = [p for p in new if p not in old]
+    dropped = [p for p in old if p not in new]
+    parts = [f"requirements file {p} changed" for p in edited]
+    parts += [f"requirements file {p} added" for p in added]
+    parts += [f"requirements file {p} removed" for p in dropped]
+    return "; ".join(parts) or REASONS["requirements"]
+
+
+def make_plan(
+    engine: Engine,
+    project: Project,
+    cells: list[Cell],
+    *,
+    ca_bundle: Path | None,
+    no_cache: bool = False,
+    pull_from: str | None = None,
+    contexts: dict[str, BuildContext] | None = None,
+) -> BuildPlan:
+    """Decide per cell what a build would do. `pull_from` is the repository published
+    images are pulled from before building ($GPUENV_REGISTRY's, gpuenv/publish/push.py);
+    `contexts` are the cells' rendered contexts when the caller already has them
+    (render_all); they are rendered here otherwise."""
+    options = render_options(project)
+    locked = lock_entries(project, cells)
+    if contexts is None:
+        contexts = render_all(project, cells)
+    bases = _base_ids(engine, project, cells)
+    plans = []
+    for cell in cells:
+        ctx = contexts[cell.name]
+        base_id = bases[cell.base.image]
+        digest = spec_hash(ctx.digest(), base_id) if base_id else None
+        inputs = input_digests(ctx, base_id or "", locked.get(cell.name), options)
+        existing = engine.image(cell.image)
+        p = CellPlan(cell, ctx, base_id, digest, inputs, locked.get(cell.name), existing)
+        if base_id is None:
+            p.reasons = [f"base {cell.base.image} is missing (it is made first)"]
+        elif no_cache:
+            p.reasons = ["--no-cache"]
+        elif existing is None:
+            p.reasons = ["image missing"]
+        elif existing.labels.get(contract.SPEC_HASH) == digest:
+            p.action = "up-to-date"
+        else:
+            p.reasons, p.rebuilds_from = _why_rebuild(existing, inputs)
+        if p.action == "build" and pull_from and not no_cache and base_id:
+            p.action, p.pull_ref = "pull", f"{pull_from}:{cell.name}"
+        plans.append(p)
+    return BuildPlan(plans, ca_bundle, no_cache, project.lock)
+
+
+def dry_run(
+    engine: Engine, project: Project, cells: list[Cell], ca_bundle: Path | None, no_cache: bool
+) -> BuildPlan:
+    """`gpuenv build --dry-run`: the plan a build would follow now, building nothing."""
+    from gpuenv.building.registry import pull_repository
+
+    return make_plan(
+        engine, project, cells, ca_bundle=ca_bundle, no_cache=no_cache,
+        pull_from=pull_repository(project),
+    )  # fmt: skip
+
+
+def describe(plan: BuildPlan) -> list[str]:
+    """The plan as lines for `gpuenv build --dry-run`."""
+    lines = []
+    for p in plan.cells:
+        if p.action == "up-to-date":
+            lines.append(f"{p.cell.name}: up to date ({p.cell.image})")
+            continue
+        why = "; ".join(p.reasons)
+        if p.action == "pull":
+            lines.append(f"{p.cell.name}: pull {p.pull_ref} if its spec hash matches, else build")
+            lines.append(f"    because: {why}")
+        else:
+            lines.append(f"{p.cell.name}: build ({why})")
+        if p.rebuilds_from is not None:
+            lines.append(f"    rebuilds: {_rebuilt(p.rebuilds_from)}")
+    return lines
+
+
+def _rebuilt(layer: str) -> str:
+    """What a rebuild from `layer` redoes, in words."""
+    if layer == "base":
+        return "every layer"
+    if layer == "packages":
+        return (
+            "the packages layer and the metadata (the framework's stay cached unless the new "
+            "resolution moves a version it needs)"
+        )
+    return f"the {layer} layer and every layer above it"

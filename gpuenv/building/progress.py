@@ -1,0 +1,93 @@
+"""Console output for builds: live progress on a terminal, plain lines in CI logs."""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from gpuenv.building.results import CellResult, Reporter
+from gpuenv.matrix.cell import Cell
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+# Rich is imported only for a terminal (live status lines); a build whose output goes to a
+# log or a pipe prints plain lines and never imports it.
+
+
+class ConsoleReporter(Reporter):
+    """Per-cell status lines. On a TTY they update in place (rich Live); elsewhere each
+    Dockerfile step is printed once, so CI logs stay readable."""
+
+    def __init__(self) -> None:
+        self.console: Any = None
+        self.lock = threading.Lock()
+        self.current: dict[str, str] = {}
+        self.live: Any = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.live import Live
+
+            self.console = Console(stderr=True, highlight=False, soft_wrap=True)
+            self.live = Live(self._render(), console=self.console, transient=True)
+            self.live.start()
+
+    def _print(self, text: str, markup: str | None = None) -> None:
+        """`markup`: the same line with rich markup, for the terminal."""
+        if self.console is not None:
+            self.console.print(markup or text, markup=markup is not None)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def _render(self) -> Table:
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table.grid(padding=(0, 1))
+        for name, line in self.current.items():
+            table.add_row(Text(f"⠿ {name}", style="bold"), Text(line[:100], style="dim"))
+        return table
+
+    def info(self, message: str) -> None:
+        self._print(f"gpuenv: {message}")
+
+    def started(self, cell: Cell) -> None:
+        with self.lock:
+            self.current[cell.name] = "starting"
+            if self.live:
+                self.live.update(self._render())
+            else:
+                self._print(f"==> {cell.name}: building {cell.image}")
+
+    def log(self, cell: Cell, line: str) -> None:
+        line = line.strip()
+        if not line:
+            return
+        with self.lock:
+            self.current[cell.name] = line
+            if self.live:
+                self.live.update(self._render())
+            elif line.startswith("Step ") or re.match(r"#\d+ \[[^\]]*\d+/\d+\]", line):
+                # A step starting: the classic builder's "Step 2/5 :", BuildKit's "#6 [2/5] RUN".
+                self._print(f"    {cell.name}: {line[:160]}")
+
+    def finished(self, result: CellResult) -> None:
+        with self.lock:
+            self.current.pop(result.cell.name, None)
+            if self.live:
+                self.live.update(self._render())
+            if result.status == "failed":
+                name, error = result.cell.name, str(result.error)
+                self._print(f"✗ {name} failed: {error}", f"[red]✗ {name} failed[/red]: {error}")
+                if result.step:
+                    self._print(f"  failing step: {result.step}")
+                for line in result.log_tail:
+                    self._print(f"  | {line}")
+            elif result.status == "built":
+                self._print(f"✓ {result.cell.name} built in {result.seconds:.1f} s")
+
+    def close(self) -> None:
+        if self.live:
+            self.live.stop()

@@ -1,0 +1,158 @@
+"""Render a cell into a build context: a Dockerfile from the Jinja2 templates in images/.
+
+Rendering is a pure function of the cell and the render options: no timestamps, sorted
+inputs, StrictUndefined. The spec hash (build.py) is taken over these files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuenv.building import fingerprint
+from gpuenv.matrix import contract
+from gpuenv.matrix.cell import Cell
+
+if TYPE_CHECKING:
+    import jinja2
+
+    from gpuenv.building.lock import CellLock
+
+# The uv release the install steps run (sent in the build context, never in a layer). Part
+# of the rendered Dockerfile, so changing it rebuilds, as it should.
+UV_VERSION = "0.13.9"
+# Where an install step's part of the context is mounted (partials/macros.j2).
+MOUNT = "/mnt"
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+
+
+def wheelhouse_key(options: RenderOptions, cell: Cell) -> str:
+    """The wheelhouse key of the indexes a cell installs from: the matrix's, then the cell's
+    own (PyTorch's CPU index for torch CPU cells), in the order the proxy asks them."""
+    from gpuenv.store.wheelhouse import index_key
+
+    return index_key(upstream_indexes(options, cell))
+
+
+def upstream_indexes(options: RenderOptions, cell: Cell) -> tuple[str, ...]:
+    from gpuenv.store.wheelhouse import upstreams
+
+    return upstreams(options.index_url, (*options.extra_index_urls, *cell.indexes))
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    cell: Cell
+    files: dict[str, str] = field(default_factory=dict)  # relative path -> text
+
+    @property
+    def dockerfile(self) -> str:
+        return self.files["Dockerfile"]
+
+    def digest(self) -> str:
+        """sha256 over the context's files (names and contents)."""
+        h = hashlib.sha256()
+        for name in sorted(self.files):
+            data = self.files[name].encode()
+            h.update(f"{name}\0{len(data)}\0".encode())
+            h.update(data)
+        return h.hexdigest()
+
+    def write(self, root: Path) -> Path:
+        target = root / self.cell.name
+        target.mkdir(parents=True, exist_ok=True)
+        for name, text in self.files.items():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            (target / name).write_text(text, encoding="utf-8")
+        return target
+
+
+templates_dir = fingerprint.templates_dir
+
+
+def templates_digest() -> str:
+    """sha256 over every template file (names and contents): what `build --dry-run` compares
+    to say "template" when a cell's Dockerfile changed because images/ did."""
+    return _digest_of(templates_dir())
+
+
+@cache
+def _digest_of(root: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f"{path.relative_to(root)}\0".encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@cache
+def _environment(root: Path) -> jinja2.Environment:
+    import jinja2  # only when rendering: a snapshot's contexts need no templates
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(root),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,  # Dockerfiles, not HTML; every value is validated upstream
+    )
+
+
+def render(
+    cell: Cell, options: RenderOptions | None = None, lock: CellLock | None = None
+) -> BuildContext:
+    options = options or RenderOptions()
+    env = _environment(templates_dir())
+    venv, sp = contract.VENV, contract.site_packages(cell.python)
+    path = f"{venv}/bin:{contract.SYSTEM_PATH}"
+    if cell.is_gpu and cell.ptxas_dir:
+        # ptxas, for XLA's and TensorFlow's own PTX compilation.
+        path = f"{venv}/bin:{sp}/nvidia/{cell.ptxas_dir}:{contract.SYSTEM_PATH}"
+    uv = f"{MOUNT}/uv"
+    dockerfile = env.get_template("Dockerfile.j2").render(
+        cell=cell,
+        # Which upstream indexes the wheels come from: a change of upstream rebuilds.
+        index_key=f"{wheelhouse_key(options, cell)} (uv {UV_VERSION})",
+        mount=MOUNT,
+        uv=uv,
+        install=(
+            f"{uv} pip install --quiet --no-cache --offline --no-index --find-links {MOUNT} "
+            f"--require-hashes --no-deps --python {venv}/bin/python -r {MOUNT}/requirements.txt"
+        ),
+        venv=venv,
+        user=contract.USER,
+        uid=contract.UID,
+        path=path,
+        locked=lock is not None,
+        lock_dir=contract.LOCK_DIR,
+        require_cuda=driver_cuda_floor(cell) if cell.is_gpu else None,
+        ld_library_path=":".join(f"{sp}/nvidia/{d}/lib" for d in cell.nvidia_lib_dirs),
+        labels=contract.image_labels(cell),
+    )
+    cell_json = json.dumps(cell.to_json(), indent=2, sort_keys=True) + "\n"
+    files = {"Dockerfile": dockerfile, "cell.json": cell_json}
+    if lock is not None:
+        files["requirements/python-env.txt"] = lock.python_env
+        if cell.is_gpu and not cell.cuda_with_framework:
+            files["requirements/cuda.txt"] = lock.cuda
+    return BuildContext(cell, files)
+
+
+def driver_cuda_floor(cell: Cell) -> str:
+    """NVIDIA_REQUIRE_CUDA's value: the CUDA major's floor (cuda>=12.0), not the exact minor,
+    so hosts with an older driver of the same major pass under minor-version compatibility."""
+    from gpuenv.catalog.compat import driver_floor
+
+    assert cell.cuda is not None
+    driver_floor(cell.cuda)  # an unknown major fails here, not on a GPU host
+    return f"{cell.cuda.split('.')[0]}.0"

@@ -1,0 +1,329 @@
+"""What a build sends to the engine: the rendered context plus, per install step, the part of
+the build context it mounts, assembled on the client.
+
+An install step's part (`python-env/`, `cuda/`) holds the resolution as `requirements.txt`
+(hashes on every line: the lock's entry, or `uv pip compile` now for an unlocked cell), the
+one wheel per line that fits the cell's machine (an arm64 cell's aarch64 wheels on any
+engine) and the base's glibc, fetched into the
+wheelhouse and checked (gpuenv/store/fetch.py), and uv's executable for that machine. The engine
+receives it through its own build API (BuildKit's session, or podman's build endpoint), so a
+remote, rootless, Desktop or podman engine builds from exactly the bytes a local one does,
+with no network, no listener on anyone's loopback and no credential or CA of the client.
+
+Each cell's context is a directory in gpuenv's cache, kept between builds (files are hard
+links into the wheelhouse, so it costs no space): BuildKit sends only what changed since its
+last build from that directory, which is what a remote engine over a slow link feels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuenv.building import layers
+from gpuenv.building.lock import framework_requirements
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.store.cache import read_record, update_record
+from gpuenv.store.wheelhouse import locked_requirements
+
+if TYPE_CHECKING:
+    from gpuenv.building.lock import CellLock
+    from gpuenv.building.plan import CellPlan
+    from gpuenv.building.project import Project
+    from gpuenv.building.render import BuildContext
+    from gpuenv.engine.client import Engine
+    from gpuenv.matrix.cell import Cell
+    from gpuenv.store.fetch import Fetcher
+
+# Requires-Dist of the wheels the store holds, by sha256 (a gpuenv cache record).
+REQUIRES_RECORD = "requires-dist.json"
+# glibc of each Debian suite's libc6 (packages.debian.org/<suite>/libc6): the newest
+# manylinux a wheel for that base may need. Bases that are other images: manylinux_2_28, the
+# floor PyTorch's and NVIDIA's current wheels are built for.
+GLIBC = {"bullseye": (2, 31), "bookworm": (2, 36), "trixie": (2, 41)}
+DEFAULT_GLIBC = (2, 28)
+# The engine's architecture as engines name it (Docker: uname's; podman: Go's).
+MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the wheels will run: the cell's Python on the cell's machine."""
+
+    python: str
+    machine: str  # x86_64 | aarch64
+    glibc: tuple[int, int]
+
+
+def target_of(cell: Cell, engine_arch: str) -> Target:
+    """The wheels are the cell's architecture's (an arm64 cell gets aarch64 wheels on an
+    x86_64 engine, which runs its steps under emulation); the engine must be one gpuenv
+    knows how to build on at all."""
+    if MACHINES.get(engine_arch) is None:
+        raise GpuenvError(
+            f"the engine runs on {engine_arch!r}; gpuenv builds on x86_64 and aarch64 "
+            "engines only (aarch64 hosts have not been shown: docs/proven.md)"
+        )
+    machine = cell.machine
+    glibc = GLIBC.get(cell.base.value, DEFAULT_GLIBC) if cell.base.kind == "debian" else None
+    return Target(cell.python, machine, glibc or DEFAULT_GLIBC)
+
+
+def parts(cell: Cell, resolution: CellLock) -> dict[str, str]:
+    """The resolutions the install steps' parts are made from: the environment's (split in
+    two by gpuenv/building/layers.py when the cell has packages of its own) and the CUDA wheels'."""
+    out = {"python-env": resolution.python_env}
+    if cell.is_gpu and not cell.cuda_with_framework:
+        out["cuda"] = resolution.cuda
+    return out
+
+
+@contextlib.contextmanager
+def assembled(
+    root: Path,
+    ctx: BuildContext,
+    resolution: CellLock,
+    fetcher: Fetcher,
+    key: str,
+    uv: Path,
+    target: Target,
+) -> Iterator[Path]:
+    """The cell's build context as a directory under `root`, held (a lock per cell) while
+    the build reads it: the rendered files, then each part's requirements, wheels and uv."""
+    root.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # contexts/: no one else's
+    root.mkdir(exist_ok=True, mode=0o700)
+    here = root / ctx.cell.name
+    with (root / f".{ctx.cell.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another gpuenv building this cell waits here
+        shutil.rmtree(here, ignore_errors=True)
+        here.mkdir(mode=0o700)
+        ctx.write(root)
+        for part, text in parts(ctx.cell, resolution).items():
+            fetched = fetcher.wheels(key, text, target.python, target.machine, target.glibc)
+            # One wheel per requirement, in the resolution's order.
+            wheels = {r.name: w for r, w in zip(locked_requirements(text), fetched, strict=True)}
+            if part == layers.FRAMEWORK and ctx.cell.pip:
+                known = read_record(REQUIRES_RECORD)
+                requires = _RequiresDist(wheels, known)
+                roots = framework_requirements(ctx.cell)
+                split = layers.split(text, roots, requires, target.python, target.machine)
+                if requires.read:
+                    update_record(REQUIRES_RECORD, requires.read)
+                _write_part(here / layers.FRAMEWORK, split.framework, wheels, uv)
+                _write_part(here / layers.PACKAGES, split.packages, wheels, uv)
+                (here / layers.PACKAGES / layers.COMPILE).write_text(layers.COMPILE_SCRIPT)
+            else:
+                _write_part(here / part, text, wheels, uv)
+        yield here
+
+
+class _RequiresDist:
+    """Requires-Dist of a resolution's wheels by name, remembered per stored wheel: its file
+    is named by the sha256 of its bytes, so the answer never changes, and reading it costs a
+    pass over the zip's directory (27,000 entries in TensorFlow's: 0.1-0.3 s a wheel)."""
+
+    def __init__(self, wheels: dict[str, tuple[str, Path]], known: dict[str, object]) -> None:
+        self.wheels, self.known = wheels, known
+        self.read: dict[str, list[str]] = {}  # what was read from wheels this time
+
+    def __call__(self, name: str) -> list[str]:
+        stored = self.wheels[name][1]
+        remembered = self.known.get(stored.name)
+        if isinstance(remembered, list) and all(isinstance(x, str) for x in remembered):
+            return remembered
+        self.read[stored.name] = self.known[stored.name] = layers.requires_dist(stored)
+        return self.read[stored.name]
+
+
+def _write_part(directory: Path, text: str, wheels: dict[str, tuple[str, Path]], uv: Path) -> None:
+    """A part: its requirements, the wheel of each (fetched and checked), and uv."""
+    directory.mkdir(mode=0o700)
+    (directory / "requirements.txt").write_text(text, encoding="utf-8")
+    _link(uv, directory / "uv")
+    for req in locked_requirements(text):
+        filename, stored = wheels[req.name]
+        _link(stored, directory / filename)
+
+
+def contexts_root(wheelhouse_root: Path) -> Path:
+    """Where the context directories live: beside the wheelhouse (hard links need one
+    filesystem), `<cache>/contexts/<matrix>/<cell>/`."""
+    return wheelhouse_root.parent / "contexts"
+
+
+def prune(root: Path) -> int:
+    """Remove the context directories no build holds (they are made again by the next build
+    of their cell; kept, their hard links would keep pruned wheels on disk). Returns how
+    many went."""
+    removed = 0
+    for lock_path in sorted(root.glob("*/.*.lock")):
+        with lock_path.open("w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a build is reading it
+            directory = lock_path.parent / lock_path.name[1:].removesuffix(".lock")
+            if directory.is_dir():
+                shutil.rmtree(directory)
+                removed += 1
+    return removed
+
+
+def _link(source: Path, target: Path) -> None:
+    """A hard link where the filesystem allows (no copy of a 600 MB wheel), else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)  # with its mtime, which uv records (FILE_MTIME)
+
+
+class Sender:
+    """What a project's builds send: each cell's resolution (its lock entry, or resolved now
+    with `uv pip compile`), its wheels fetched into the wheelhouse, and the context directory
+    the engine builds from (gpuenv/building/py)."""
+
+    def __init__(
+        self, engine: Engine, project: Project, cells: list[Cell], ca_bundle: Path | None,
+        offline: bool,
+    ) -> None:  # fmt: skip
+        from gpuenv.building import plan
+        from gpuenv.store import credentials, fetch, wheelhouse
+
+        self.project, self.ca_bundle = project, ca_bundle
+        self.store = wheelhouse.Store.default()
+        b = project.matrix.model.build
+        cell_indexes = [i for c in cells for i in c.indexes]
+        own = (b.index_url, *b.extra_index_urls, *cell_indexes)
+        self.credentials = credentials.load(tuple(dict.fromkeys(u for u in own if u)))
+        if not offline:
+            for cell in cells:
+                urls = plan.upstream_indexes(project.matrix, cell)
+                self.store.save_index(wheelhouse.index_key(urls), urls)
+        self.fetcher: Fetcher = fetch.Fetcher(
+            self.store, credentials=self.credentials, ca_bundle=ca_bundle, offline=offline
+        )
+        self.architecture = engine.architecture()
+        self._resolved: dict[str, str] = {}  # requirements, Python, indexes -> resolution
+        self._lock = threading.Lock()
+
+    def resolution(self, p: CellPlan) -> CellLock:
+        """The lock's entry, or (an unlocked cell) a resolution made now, each part once per
+        set of requirements: a GPU cell's environment step then gets exactly its CPU
+        sibling's, and shares its layer."""
+        if p.lock is not None:
+            return p.lock
+        from gpuenv.building import lock as locks
+
+        cell = p.cell
+        b = self.project.matrix.model.build
+        indexes = (b.index_url, tuple(dict.fromkeys((*b.extra_index_urls, *cell.indexes))))
+        platform = locks.platform_of(cell)
+        env = self._resolve(locks.env_requirements(cell), cell.python, indexes, platform)
+        cuda = ""
+        if cell.is_gpu and not cell.cuda_with_framework:
+            cuda = self._resolve(locks.cuda_requirements(cell), cell.python, indexes, platform)
+        return locks.CellLock(locks.inputs_digest(cell, None), env, cuda)
+
+    def _resolve(
+        self,
+        requirements: list[str],
+        python: str,
+        indexes: tuple[str | None, tuple[str, ...]],
+        platform: str,
+    ) -> str:
+        from gpuenv.building import lock as locks
+
+        memo = json.dumps([python, requirements, indexes, platform])
+        with self._lock:
+            if memo not in self._resolved:
+                # No exclude-newer date: what the indexes offer now, and an index that gives
+                # no upload times (PEP 503 HTML alone, as many private ones) still resolves.
+                self._resolved[memo] = locks.compile_requirements(
+                    requirements, python, None, *indexes,
+                    credentials=self.credentials, ca_bundle=self.ca_bundle, platform=platform,
+                )  # fmt: skip
+            return self._resolved[memo]
+
+    def platform_for(self, cell: Cell) -> str | None:
+        """The platform to build for when it is not the engine's own (an arm64 cell on an
+        x86_64 engine: its steps run under QEMU); None builds as every cell always has."""
+
+        return None if MACHINES.get(self.architecture) == cell.machine else cell.platform
+
+    def context(self, p: CellPlan) -> AbstractContextManager[Path]:
+        """The cell's context directory, assembled (a context manager)."""
+        from gpuenv.building import plan
+        from gpuenv.building.render import UV_VERSION
+        from gpuenv.store import wheelhouse
+
+        key = wheelhouse.index_key(plan.upstream_indexes(self.project.matrix, p.cell))
+        target = target_of(p.cell, self.architecture)
+        uv = self.fetcher.uv_file(key, UV_VERSION, target.machine)
+        # One directory per matrix and cell: builds of one cell name from two matrices
+        # neither wait for each other nor undo each other's incremental transfers.
+        project = hashlib.sha256(str(self.project.path.resolve()).encode()).hexdigest()[:16]
+        root = contexts_root(self.store.root) / project
+        return assembled(root, p.context, self.resolution(p), self.fetcher, key, uv, target)
+
+
+OFFLINE_SHOWN = 8  # missing distributions named in the error
+
+
+def check_offline(engine: Engine, project: Project, cells: list[Cell]) -> None:
+    """What --offline cannot do, as one error before anything is built: a cell that is not
+    locked, apt packages (Debian's archive), a base not in the engine (it would have to be
+    bootstrapped), or locked distributions (or uv itself) the wheelhouse does not hold."""
+    from gpuenv.building import plan as plans
+    from gpuenv.building.render import UV_VERSION
+    from gpuenv.store import fetch, wheelhouse
+
+    with_apt = [c.name for c in cells if c.apt]
+    if with_apt:
+        raise GpuenvError(
+            f"--offline cannot install apt packages (they come from Debian's archive): "
+            f"{', '.join(with_apt)}; build these cells online"
+        )
+    lock = project.lock
+    unlocked = [c.name for c in cells if lock is None or c.name not in lock.cells]
+    if unlocked:
+        raise GpuenvError(
+            f"--offline builds locked cells only; not in {project.lock_path.name}: "
+            f"{', '.join(unlocked)}; lock them online first: gpuenv lock"
+        )
+    assert lock is not None
+    for image in sorted({c.base.image for c in cells}):
+        if engine.image(image) is None:
+            raise GpuenvError(
+                f"--offline: base {image} is not in the engine and cannot be bootstrapped "
+                "offline; load it: gpuenv base --load FILE (or gpuenv cache import FILE)"
+            )
+    store = wheelhouse.Store.default()
+    for cell in cells:
+        key = wheelhouse.index_key(plans.upstream_indexes(project.matrix, cell))
+        entry = lock.cells[cell.name]
+        needed = wheelhouse.locked_requirements(entry.python_env + "\n" + entry.cuda)
+        missing = wheelhouse.offline_misses(store, key, needed)
+        machine = target_of(cell, engine.architecture()).machine
+        uv = wheelhouse.uv_wheel(store.page(key, "uv") or [], UV_VERSION, machine)
+        kept = fetch.uv_path(store, UV_VERSION, machine).is_file()  # taken out of any key's
+        if not kept and (uv is None or not store.has(uv.sha256)):
+            missing.append(f"uv=={UV_VERSION} (the installer the build bootstraps)")
+        if missing:
+            more = (
+                f" and {len(missing) - OFFLINE_SHOWN} more" if len(missing) > OFFLINE_SHOWN else ""
+            )
+            raise GpuenvError(
+                f"--offline: the wheelhouse lacks {len(missing)} distribution(s) of cell "
+                f"{cell.name}: {', '.join(missing[:OFFLINE_SHOWN])}{more}; build it once online "
+                "(or gpuenv cache import FILE)"
+            )

@@ -1,0 +1,904 @@
+"""The Docker Engine, through the Docker SDK for Python. The only module that imports docker.
+
+The SDK (requests, urllib3, ssl) is imported on first use, so commands that never reach
+the engine (`--help`, `matrix`, `render`) do not pay for it. Every engine (a local socket,
+tcp, ssh, TLS, contexts) is reached the same way: through the SDK.
+
+The rest of gpuenv sees typed operations (image info, build, tag/remove, a container spec
+→ create/start/attach/wait/stop/remove, logs, push/pull, save/load, history) and gpuenv's
+own errors: every engine failure a user can meet (engine down, socket permissions, a
+missing image, a refused container) leaves here as an EngineError with one line saying
+what to do, and the engine's own text in `detail` for callers that explain it further
+(the NVIDIA toolkit's messages, gpuenv/gpu/gpus.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gpuenv.matrix import contract
+from gpuenv.matrix.errors import GpuenvError
+
+LogSink = Callable[[str], None]
+# What the docker CLI ends a build with when the engine went away under it (restarted,
+# killed, the link down), not because a step failed: the session's stream ended unanswered.
+_ENGINE_GONE = (
+    "did not provide an image ID",
+    "Cannot connect to the Docker daemon",
+    "error during connect",
+    "transport is closing",
+    "connection reset by peer",
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class EngineError(GpuenvError):
+    """The engine refused or failed; `detail` is its own text, `status` its HTTP status."""
+
+    def __init__(self, message: str, detail: str = "", status: int | None = None) -> None:
+        super().__init__(message, exit_code=125)
+        self.detail = detail or message
+        self.status = status
+
+
+class BuildFailed(Exception):
+    """A build step failed; the message is the engine's."""
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What `docker image inspect` says, in the parts gpuenv reads."""
+
+    id: str
+    tags: tuple[str, ...] = ()
+    size: int = 0
+    created: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    env: tuple[str, ...] = ()  # KEY=VALUE, as in the config
+    user: str = ""
+    working_dir: str = ""
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    architecture: str = ""  # amd64, arm64: what the image's config says
+
+    @property
+    def env_map(self) -> dict[str, str]:
+        return dict(e.split("=", 1) for e in self.env if "=" in e)
+
+    @property
+    def claims(self) -> contract.ImageLabels:
+        return contract.ImageLabels(self.labels)
+
+    @classmethod
+    def from_inspect(cls, data: dict[str, Any]) -> ImageInfo:
+        config = data.get("Config") or {}
+        return cls(
+            id=str(data["Id"]),
+            tags=tuple(data.get("RepoTags") or ()),
+            size=int(data.get("Size") or 0),
+            created=str(data.get("Created") or ""),
+            labels=dict(config.get("Labels") or {}),
+            env=tuple(config.get("Env") or ()),
+            user=str(config.get("User") or ""),
+            working_dir=str(config.get("WorkingDir") or ""),
+            entrypoint=tuple(config.get("Entrypoint") or ()),
+            cmd=tuple(config.get("Cmd") or ()),
+            architecture=str(data.get("Architecture") or ""),
+        )
+
+
+@dataclass
+class ContainerSpec:
+    """A container as gpuenv asks for one; `device_requests` hold the Engine API's
+    DeviceRequest bodies (gpuenv.gpu.gpus.GpuRequest.as_api())."""
+
+    image: str
+    command: list[str]
+    user: str | None = None
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    binds: list[str] = field(default_factory=list)
+    ports: dict[str, Any] = field(default_factory=dict)
+    tmpfs: dict[str, str] = field(default_factory=dict)
+    device_requests: list[dict[str, Any]] = field(default_factory=list)
+    init: bool = True
+    shm_size: str | None = None
+    ipc: str | None = None
+    network: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    tty: bool = False
+    stdin: bool = False
+    platform: str | None = None  # linux/arm64: an image of another architecture, emulated
+
+
+def engine_error(exc: Exception) -> EngineError:
+    text = str(exc)
+    status = getattr(exc, "status_code", None)
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if "Permission denied" in text or "PermissionError" in text:
+        message = (
+            f"permission denied on the Docker socket ({host}); add your user to the docker "
+            "group (sudo usermod -aG docker $USER, then log in again) or run as root"
+        )
+    elif any(
+        s in text
+        for s in (
+            "No such file",
+            "Connection refused",
+            "Connection aborted",
+            "Failed to establish",
+            "timed out",
+            "FileNotFoundError",
+            "Connection broken",
+            "RemoteDisconnected",
+        )
+    ):
+        message = (
+            f"cannot reach the Docker Engine at {host}: is dockerd running? "
+            "(on Debian: sudo scripts/engine.sh starts one)"
+        )
+    elif "no space left on device" in text:
+        message = "the engine's disk is full; free space (docker image prune) and retry"
+    else:
+        message = f"Docker Engine error: {(text.splitlines() or [''])[0][:300]}"
+    return EngineError(message, detail=text, status=status)
+
+
+def _sdk_error(exc: BaseException, name: str = "DockerException") -> bool:
+    """Whether exc is the SDK's `name` error (False when the SDK was never imported: then
+    nothing can have raised one)."""
+    errors = sys.modules.get("docker.errors")
+    return errors is not None and isinstance(exc, getattr(errors, name))
+
+
+def _status(exc: BaseException) -> int | None:
+    return getattr(exc, "status_code", None)
+
+
+def _connection_error(exc: BaseException) -> bool:
+    """An SDK error, or what a connection that breaks mid-stream raises below the SDK
+    (urllib3, requests: an engine restarted during a build, "Connection broken"). Checked
+    by the modules already imported: when they were not, nothing can have raised them."""
+    if _sdk_error(exc):
+        return True
+    for module, name in (("requests.exceptions", "RequestException"),
+                         ("urllib3.exceptions", "HTTPError")):  # fmt: skip
+        found = sys.modules.get(module)
+        if found is not None and isinstance(exc, getattr(found, name)):
+            return True
+    return False
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """SDK, Engine API and socket failures leave as EngineError."""
+    try:
+        yield
+    except OSError as exc:
+        raise engine_error(exc) from None
+    except Exception as exc:
+        if _connection_error(exc):
+            raise engine_error(exc) from None
+        raise
+
+
+def _base_url() -> tuple[str | None, dict[str, Any]]:
+    """DOCKER_HOST if set, else the current Docker context's endpoint (as the CLI does)."""
+    if os.environ.get("DOCKER_HOST"):
+        return None, {}
+    from docker.context import ContextAPI
+
+    try:
+        ctx = ContextAPI.get_current_context()
+    except Exception:  # a broken ~/.docker/config.json must not stop a local engine
+        return None, {}
+    if ctx is None or ctx.name == "default":
+        return None, {}
+    endpoint = ctx.endpoints.get("docker", {})
+    return endpoint.get("Host"), {"tls": ctx.TLSConfig} if ctx.TLSConfig else {}
+
+
+class Engine:
+    def __init__(self, client: Any = None) -> None:
+        """An SDK client, or None to make one (from the environment) on first use."""
+        self._client = client
+        self._podman: bool | None = None
+        self._builds: set[Any] = set()  # the docker CLIs building now (subprocess.Popen)
+
+    @property
+    def _api(self) -> Any:
+        if self._client is None:
+            self._client = _sdk_client(None, {})
+        return self._client.api
+
+    @property
+    def url(self) -> str:
+        return str(self._api.base_url)
+
+    @property
+    def is_local(self) -> bool:
+        return self.url.startswith(("http+docker://localhost", "unix:"))
+
+    def info(self) -> dict[str, Any]:
+        with _translated():
+            return dict(self._api.info())
+
+    def ping(self, timeout: float) -> bool:
+        """Whether the engine answers within `timeout` seconds (a dropped link never
+        answers, and a stream from it never ends: callers watch with this)."""
+        try:
+            resp = self._api.get(self._api._url("/_ping"), timeout=timeout)
+            return bool(resp.status_code == 200)
+        except Exception:  # refused, reset, timed out, TLS: all mean "not now"
+            return False
+
+    def remove_container_patiently(self, cid: str, patience: float) -> bool:
+        """Remove a container, waiting up to `patience` seconds for an engine that is
+        restarting or a link that is down to come back; False when it did not."""
+        deadline = time.monotonic() + patience
+        while True:
+            if self.ping(timeout=5.0):
+                try:
+                    self.remove_container(cid)
+                    return True
+                except EngineError:
+                    pass
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+
+    def close(self) -> None:
+        """Close the client's connections; streams in flight (a build) end, and the engine
+        cancels what they were doing. The docker CLIs building (other threads' cells under
+        `build -j`) are told to cancel too: they would outlive gpuenv."""
+        _cancel(list(self._builds))
+        if self._client is not None:
+            self._client.api.close()
+
+    # ------------------------------------------------------------------ images
+
+    def image(self, ref: str) -> ImageInfo | None:
+        """`docker image inspect`, or None when there is no such image."""
+        try:
+            return ImageInfo.from_inspect(self._api.inspect_image(ref))
+        except Exception as exc:
+            if _status(exc) == 404 or _sdk_error(exc, "ImageNotFound"):
+                return None
+            if isinstance(exc, OSError) or _connection_error(exc):
+                raise engine_error(exc) from None
+            raise
+
+    def labels(self, ref: str) -> dict[str, str] | None:
+        info = self.image(ref)
+        return None if info is None else dict(info.labels)
+
+    def container_image(self, container: str) -> ImageInfo | None:
+        """The image a container runs (one gpuenv may not have started), or None when
+        there is no such container."""
+        try:
+            data = self._api.inspect_container(container)
+        except Exception as exc:
+            if _sdk_error(exc, "NotFound"):
+                return None
+            if isinstance(exc, OSError) or _sdk_error(exc):
+                raise engine_error(exc) from None
+            raise
+        return self.image(str(data["Image"]))
+
+    def gpuenv_images(self) -> list[dict[str, str]]:
+        """Labels of every tagged image gpuenv built (they carry io.gpuenv.cell)."""
+        with _translated():
+            images = self._api.images(filters={"label": contract.CELL, "dangling": False})
+        return [dict(i.get("Labels") or {}) for i in images if i.get("RepoTags")]
+
+    def history(self, ref: str) -> list[dict[str, Any]]:
+        """The image's layers, newest first: {"size", "created_by"}."""
+        with _translated():
+            history = self._api.history(ref)
+        return [
+            {
+                "size": int(h.get("Size") or 0),
+                "created_by": " ".join(str(h.get("CreatedBy") or "(imported)").split()),
+            }
+            for h in history
+        ]
+
+    def tag(self, image_id: str, ref: str) -> None:
+        repo, _, tag = ref.rpartition(":")
+        with _translated():
+            self._api.tag(image_id, repo, tag)
+
+    def remove_if_untagged(self, image_id: str) -> bool:
+        """Remove a superseded image only when no tag points at it any more (removing by
+        ID would also drop a tag a user added, e.g. docker tag acme/tf:cell acme/tf:rel1)."""
+        info = self.image(image_id)
+        if info is None or info.tags:
+            return False
+        return self.remove_image(image_id)
+
+    def remove_image(self, ref: str, *, force: bool = False) -> bool:
+        try:
+            self._api.remove_image(ref, force=force, noprune=False)
+            return True
+        except Exception as exc:
+            if _sdk_error(exc, "APIError"):
+                return False
+            raise
+
+    def import_image(self, tar_path: str, ref: str, changes: list[str]) -> str:
+        """`docker import` of a root filesystem tar file, tagged ref."""
+        repo, _, tag = ref.rpartition(":")
+        with _translated():
+            out = self._api.import_image(src=tar_path, repository=repo, tag=tag, changes=changes)
+        status = str(out)
+        match = re.search(r"sha256:[0-9a-f]{64}", status)
+        if match is None:
+            raise GpuenvError(f"docker import of {ref} failed: {status.strip()[:300]}")
+        return match.group(0)
+
+    def save(self, ref: str, path: str) -> None:
+        """`docker save` to a tar file."""
+        with _translated(), open(path, "wb") as fh:
+            for chunk in self._api.get_image(ref):
+                fh.write(chunk)
+
+    def load(self, path: str) -> list[str]:
+        """`docker load` of a tar file; returns what the engine said it loaded."""
+        with _translated(), open(path, "rb") as fh:
+            out = self._api.load_image(fh)
+        messages = []
+        for item in out if isinstance(out, list) else [out]:
+            if isinstance(item, dict) and item.get("error"):
+                raise GpuenvError(f"docker load {path}: {item['error']}")
+            if isinstance(item, dict) and item.get("stream"):
+                messages.append(str(item["stream"]).strip())
+        return messages
+
+    # ------------------------------------------------------------------ registries
+
+    def push(self, ref: str) -> Iterator[dict[str, Any]]:
+        """The decoded push stream. The SDK raises nothing for a failed push: the error is
+        inside the stream, and the caller must read it to the end (gpuenv/publish/push.py)."""
+        repo, _, tag = ref.rpartition(":")
+        with _translated():
+            yield from self._api.push(repo, tag=tag, stream=True, decode=True)
+
+    def pull(self, ref: str) -> Iterator[dict[str, Any]]:
+        """The decoded pull stream (errors may come inside it, as for push)."""
+        repo, _, tag = ref.rpartition(":")
+        with _translated():
+            yield from self._api.pull(repo, tag=tag, stream=True, decode=True)
+
+    # ------------------------------------------------------------------ builds
+
+    def build(
+        self,
+        context: Any,
+        *,
+        labels: dict[str, str],
+        nocache: bool,
+        on_log: LogSink,
+        patience: float = 30,
+        network: str = "none",
+        platform: str | None = None,
+    ) -> str:
+        """Build an uploaded tar context without tagging it; returns the full image ID
+        (sha256:...), the form `image inspect` gives, so callers can compare the two.
+
+        The caller tags only after success, so a failed or interrupted build never leaves a
+        tag on a half-built image. forcerm removes intermediate containers either way.
+        """
+        # image_id: the full sha256:... ID from the aux message; short_id: the "Successfully
+        # built <12 hex>" line, when no aux message came.
+        running: list[str] = []  # the container of the step in progress ("Running in <id>")
+        try:
+            image_id, short_id = self._build_stream(
+                context, labels, nocache, on_log, running, network, platform
+            )
+        except EngineError as exc:
+            # The engine went away mid-build (restarted, killed): its builder never removes
+            # the step's container, which is left Dead once the engine is back. Remove it.
+            left = running and not self.remove_container_patiently(running[-1], patience)
+            raise EngineError(
+                f"the Docker Engine at {self.url} went away during the build "
+                f"({exc.detail.splitlines()[0][:200] if exc.detail else exc.message}); "
+                "nothing was tagged; run the build again once the engine is back"
+                + (f" (and docker rm -f {running[-1][:12]})" if left else ""),
+                detail=exc.detail,
+            ) from None
+        if image_id is None and short_id is not None:
+            info = self.image(short_id)
+            image_id = info.id if info else None
+        if image_id is None:
+            raise BuildFailed("the engine ended the build without an image")
+        return image_id
+
+    @property
+    def is_podman(self) -> bool:
+        """podman's Docker-compatible API service (its version names the component)."""
+        if self._podman is not None:
+            return self._podman
+        with _translated():
+            version = self._api.version()
+        names = [str(c.get("Name", "")) for c in version.get("Components") or []]
+        self._podman = any("podman" in n.lower() for n in names)
+        return self._podman
+
+    def build_path(self) -> str:
+        """How builds reach this engine, for `gpuenv doctor` (EngineError: none can)."""
+        if self.is_podman:
+            return ("podman's build endpoint: its builder takes the install steps' RUN --mount; "
+                    "the context is uploaded whole")  # fmt: skip
+        cli = " ".join(buildkit_cli(self)[0])
+        return (f"BuildKit through `{cli}`: the context travels over the build session, "
+                "only what changed since the last build of a cell")  # fmt: skip
+
+    def architecture(self) -> str:
+        """The engine's machine (x86_64, aarch64; podman says amd64, arm64)."""
+        return str(self.info().get("Architecture") or "")
+
+    def build_directory(
+        self,
+        directory: Path,
+        *,
+        labels: dict[str, str],
+        nocache: bool,
+        network: str,
+        on_log: LogSink,
+        platform: str | None = None,
+    ) -> str:
+        """Build a context directory whose Dockerfile mounts parts of it (RUN --mount), without
+        tagging; returns the image ID. `platform` (linux/arm64) builds for another
+        architecture: its steps run under the engine's QEMU emulation (binfmt_misc).
+        Docker engines build it with BuildKit through the
+        docker CLI (the SDK cannot drive BuildKit: docker/docker-py#2230), which sends the
+        context over the build session: local, rootless, Desktop and remote engines alike.
+        podman's API service builds it through its own endpoint (its builder takes the same
+        mounts), from an uploaded tar."""
+        if self.is_podman:
+            return self._build_uploaded(directory, labels, nocache, network, on_log, platform)
+        return self._build_buildkit(directory, labels, nocache, network, on_log, platform)
+
+    def _build_uploaded(
+        self, directory: Path, labels: dict[str, str], nocache: bool, network: str,
+        on_log: LogSink, platform: str | None = None,
+    ) -> str:  # fmt: skip
+        import tarfile
+        import tempfile
+
+        with tempfile.TemporaryFile() as tar_file:
+            with tarfile.open(fileobj=tar_file, mode="w") as tar:
+                tar.add(directory, arcname=".")
+            tar_file.seek(0)
+            return self.build(
+                tar_file, labels=labels, nocache=nocache, on_log=on_log, network=network,
+                platform=platform,
+            )  # fmt: skip
+
+    def _build_buildkit(
+        self, directory: Path, labels: dict[str, str], nocache: bool, network: str,
+        on_log: LogSink, platform: str | None = None,
+    ) -> str:  # fmt: skip
+        import subprocess
+        import tempfile
+
+        cli, env = buildkit_cli(self)
+        with tempfile.TemporaryDirectory(prefix="gpuenv-build-") as tmp:
+            iidfile = Path(tmp) / "iid"
+            command = [*cli, "--progress", "plain", "--network", network,
+                       "--iidfile", str(iidfile)]  # fmt: skip
+            for key, value in sorted(labels.items()):
+                command += ["--label", f"{key}={value}"]
+            if nocache:
+                command.append("--no-cache")
+            if platform:
+                command += ["--platform", platform]
+            command.append(str(directory))
+            tail: list[str] = []
+            proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, errors="replace")  # fmt: skip
+            assert proc.stdout is not None
+            self._builds.add(proc)
+            try:
+                for line in proc.stdout:
+                    line = _ANSI.sub("", line.rstrip("\n"))
+                    on_log(line)
+                    tail.append(line)
+                    del tail[:-20]
+            except BaseException:
+                _cancel([proc])
+                raise
+            finally:
+                code = proc.wait()
+                self._builds.discard(proc)
+            if code != 0:
+                errors = [t for t in tail if t.startswith(("ERROR", "error", "failed to"))]
+                why = (errors or tail or [f"exit {code}"])[-1]
+                if any(sign in line for line in tail[-3:] for sign in _ENGINE_GONE):
+                    raise EngineError(f"the Docker Engine at {self.url} went away during the "
+                                      "build; nothing was tagged", detail=why)  # fmt: skip
+                raise BuildFailed(why.removeprefix("ERROR: ").strip())
+            return iidfile.read_text().strip()
+
+    def _build_stream(
+        self,
+        context: Any,
+        labels: dict[str, str],
+        nocache: bool,
+        on_log: LogSink,
+        running: list[str],
+        network: str,
+        platform: str | None = None,
+    ) -> tuple[str | None, str | None]:
+        image_id = short_id = None
+        with _translated():
+            stream: Iterator[dict[str, Any]] = self._api.build(
+                fileobj=context,
+                custom_context=True,
+                encoding="gzip" if getattr(context, "gzipped", False) else None,
+                labels=labels,
+                nocache=nocache,
+                rm=True,
+                forcerm=True,
+                pull=False,
+                network_mode=network,
+                decode=True,
+                **({"platform": platform} if platform else {}),
+            )
+            for chunk in stream:
+                if "stream" in chunk:
+                    # The engine passes the step's colour codes through; logs get plain text.
+                    for line in _ANSI.sub("", str(chunk["stream"])).splitlines():
+                        on_log(line)
+                        m = re.match(r"Successfully built ([0-9a-f]{12,64})", line)
+                        if m:
+                            short_id = m.group(1)
+                        m = re.match(r"\s*---> Running in ([0-9a-f]{12,64})", line)
+                        if m:
+                            running.append(m.group(1))
+                if "aux" in chunk and isinstance(chunk["aux"], dict) and "ID" in chunk["aux"]:
+                    image_id = str(chunk["aux"]["ID"])
+                if "error" in chunk or "errorDetail" in chunk:
+                    detail = chunk.get("errorDetail") or {}
+                    raise BuildFailed(str(detail.get("message") or chunk.get("error")).strip())
+        return image_id, short_id
+
+    # ------------------------------------------------------------------ containers
+
+    def create(self, spec: ContainerSpec) -> str:
+        """Create (not start) a container; returns its ID."""
+        if spec.tmpfs and self.is_podman:
+            spec = replace(spec, tmpfs={p: _podman_tmpfs(o) for p, o in spec.tmpfs.items()})
+        api = self._api
+        with _translated():
+            host = api.create_host_config(
+                binds=spec.binds or None,
+                port_bindings=spec.ports or None,
+                device_requests=[_device_request(d) for d in spec.device_requests] or None,
+                init=spec.init,
+                shm_size=spec.shm_size,
+                ipc_mode=spec.ipc,
+                network_mode=spec.network,
+                tmpfs=spec.tmpfs or None,
+                auto_remove=False,
+            )
+            created = api.create_container(
+                image=spec.image,
+                command=spec.command,
+                user=spec.user,
+                working_dir=spec.workdir,
+                environment=spec.env or None,
+                host_config=host,
+                labels=spec.labels or None,
+                tty=spec.tty,
+                stdin_open=spec.stdin,
+                ports=list(spec.ports) or None,
+                # Named only for another architecture's image (Engine API 1.41+); the
+                # engine then runs it without its platform-mismatch warning.
+                **({"platform": spec.platform} if spec.platform else {}),
+            )
+        return str(created["Id"])
+
+    def start(self, cid: str) -> None:
+        with _translated():
+            self._api.start(cid)
+
+    def attach(self, cid: str) -> Iterator[tuple[bytes | None, bytes | None]]:
+        """(stdout, stderr) chunks of a created container, from before it starts."""
+        # Attached now (before the caller starts it), read later: nothing is missed.
+        with _translated():
+            if self.url.startswith("https://"):
+                return _translated_stream(self._attach_tls(cid))
+            stream = self._api.attach(
+                cid, stdout=True, stderr=True, stream=True, logs=True, demux=True
+            )
+        return _translated_stream(stream)
+
+    def _attach_tls(self, cid: str) -> Iterator[tuple[bytes | None, bytes | None]]:
+        """attach over TLS, read without the SDK's reader: it polls the socket's descriptor
+        before each read, and bytes the TLS layer has already decrypted do not wake a poll,
+        so a remote workload's output arrived only when more came (often: at its end).
+        SSLSocket.recv returns those pending bytes at once."""
+        api = self._api
+        response = api._post(
+            api._url("/containers/{0}/attach", cid),
+            params={"logs": 1, "stdout": 1, "stderr": 1, "stream": 1},
+            stream=True,
+        )
+        sock = api._get_raw_response_socket(response)
+        sock.settimeout(None)  # a quiet workload is not a failure; _watch notices a dead link
+        return _frames(lambda: sock.recv(65536))
+
+    def attach_socket(self, cid: str) -> Any:
+        """A raw socket to the container's TTY (stdin, stdout, stderr)."""
+        with _translated():
+            sock = self._api.attach_socket(
+                cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
+        return getattr(sock, "_sock", sock)
+
+    def resize(self, cid: str, height: int, width: int) -> None:
+        with _translated():
+            self._api.resize(cid, height=height, width=width)
+
+    def wait(self, cid: str, timeout: float | None = None) -> int:
+        """The container's exit code once it has stopped."""
+        with _translated():
+            return int(self._api.wait(cid, timeout=timeout)["StatusCode"])
+
+    def stop(self, cid: str, timeout: int) -> None:
+        """SIGTERM, then SIGKILL after `timeout` seconds, as `docker stop` does."""
+        with _translated():
+            self._api.stop(cid, timeout=timeout)
+
+    def logs(self, cid: str, *, stderr: bool = False) -> str:
+        with _translated():
+            return bytes(self._api.logs(cid, stdout=True, stderr=stderr)).decode(errors="replace")
+
+    def remove_container(self, cid: str) -> None:
+        """Remove (forcing) a container; one already gone, or going, is no error."""
+        try:
+            self._api.remove_container(cid, force=True, v=True)
+        except Exception as exc:
+            if _status(exc) in (404, 409) or _sdk_error(exc, "NotFound"):  # 409: removing
+                return
+            if isinstance(exc, OSError) or _connection_error(exc):
+                raise engine_error(exc) from None
+            raise
+
+    def exec(self, cid: str, command: list[str], user: str = "") -> tuple[int, str]:
+        """Run a command in a running container; (exit code, stdout)."""
+        api = self._api
+        with _translated():
+            exec_id = api.exec_create(cid, command, stdout=True, stderr=False, user=user)["Id"]
+            out = api.exec_start(exec_id, demux=True)
+            code = api.exec_inspect(exec_id).get("ExitCode") or 0
+        stdout = (out[0] if isinstance(out, tuple) else out) or b""
+        return int(code), stdout.decode(errors="replace")
+
+    @contextmanager
+    def exported_filesystem(self, ref: str) -> Iterator[Iterator[bytes]]:
+        """The image's root filesystem as a tar stream, as `docker export` gives it: of a
+        container created (never started, so nothing runs and nothing is written) and
+        removed when the block ends. `docker save` would give layers to merge instead."""
+        spec = ContainerSpec(ref, ["/bin/true"], network="none", init=False,
+                             labels=contract.container_labels("export"))  # fmt: skip
+        cid = self.create(spec)
+        try:
+            with _translated():
+                stream = self._api.export(cid)
+            yield _translated_stream(stream)
+        finally:
+            self.remove_container(cid)
+
+    def run_capture(
+        self, image: str, command: list[str], platform: str | None = None
+    ) -> tuple[int, str]:
+        """Run a short command in a throwaway container (no network); (exit code, stdout)."""
+        spec = ContainerSpec(image, command, network="none", init=False, platform=platform,
+                             labels=contract.container_labels("probe"))  # fmt: skip
+        cid = self.create(spec)
+        try:
+            self.start(cid)
+            code = self.wait(cid, timeout=120)
+            out = self.logs(cid)
+        finally:
+            self.remove_container(cid)
+        return code, out
+
+
+def _translated_stream(stream: Iterator[Any]) -> Iterator[Any]:
+    with _translated():
+        yield from stream
+
+
+def _podman_tmpfs(options: str) -> str:
+    """podman refuses tmpfs's uid=/gid= options ("unknown mount option"); its own `U` chowns
+    the mount to the container's user, which is the uid:gid asked for."""
+    kept = [o for o in options.split(",") if not o.startswith(("uid=", "gid="))]
+    return ",".join([*kept, "U"]) if len(kept) < len(options.split(",")) else options
+
+
+def _device_request(body: dict[str, Any]) -> Any:
+    import docker.types
+
+    return docker.types.DeviceRequest(
+        driver=body["Driver"],
+        count=body["Count"],
+        device_ids=body["DeviceIDs"],
+        capabilities=body["Capabilities"],
+        options=body["Options"],
+    )
+
+
+def _cancel(builds: list[Any]) -> None:
+    """Ctrl-C or SIGTERM to gpuenv alone: each docker CLI building is sent SIGINT, on which it
+    cancels its build (the engine stops the step, nothing is tagged), as at a terminal;
+    killed if it has not ended within 30 s."""
+    import signal
+    import subprocess
+
+    for proc in builds:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 30
+    for proc in builds:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def buildkit_cli(engine: Engine) -> tuple[list[str], dict[str, str]]:
+    """The command that builds with BuildKit on this engine, and its environment: the first
+    of $GPUENV_DOCKER_CLI and each `docker` on PATH (then /usr/bin/docker) that has buildx
+    (`docker buildx build --load`) or is older than 23, whose own client BuildKit is
+    (`DOCKER_BUILDKIT=1 docker build`; from 23 on, `docker build` needs buildx). It talks to
+    the engine gpuenv talks to: DOCKER_HOST and TLS from the environment, or the socket."""
+    import shutil
+    import subprocess
+
+    env = dict(os.environ)
+    if _cli.found is not None:
+        return list(_cli.found), {**env, "DOCKER_BUILDKIT": "1"}
+    candidates = [os.environ.get("GPUENV_DOCKER_CLI", "")]
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        candidates.append(os.path.join(directory, "docker") if directory else "")
+    candidates.append("/usr/bin/docker")
+    tried = []
+    for candidate in dict.fromkeys(c for c in candidates if c):
+        path = shutil.which(candidate)
+        if path is None or path in tried:
+            continue
+        tried.append(path)
+        probe = {**env, "DOCKER_CLI_HINTS": "false"}
+        buildx = subprocess.run([path, "buildx", "version"], env=probe, capture_output=True,
+                                text=True, check=False, timeout=30)  # fmt: skip
+        if buildx.returncode == 0:
+            _cli.found = (path, "buildx", "build", "--load")
+            break
+        version = subprocess.run([path, "version", "--format", "{{.Client.Version}}"],
+                                 env=probe, capture_output=True, text=True, check=False,
+                                 timeout=30)  # fmt: skip
+        major = re.match(r"(\d+)\.", version.stdout.strip())
+        if major and int(major.group(1)) < 23:
+            _cli.found = (path, "build")
+            break
+    if _cli.found is None:
+        raise EngineError(
+            "building needs BuildKit, through a docker CLI with buildx (tried: "
+            f"{', '.join(tried) or 'no docker on PATH'}); install docker-buildx (Debian, "
+            "Ubuntu: docker-buildx; Docker's own packages: docker-buildx-plugin), or point "
+            "GPUENV_DOCKER_CLI at a docker CLI that has it"
+        )
+    return list(_cli.found), {**env, "DOCKER_BUILDKIT": "1"}
+
+
+class _Cli:
+    found: tuple[str, ...] | None = None
+
+
+_cli = _Cli()
+
+
+@dataclass
+class _Connection:
+    engine: Engine | None = None
+
+
+_conn = _Connection()
+
+
+def connect() -> Engine:
+    """A client for DOCKER_HOST / the current context / the local socket; making it asks
+    the engine its API version, which proves it answers."""
+    if _conn.engine is not None:
+        return _conn.engine
+    _conn.engine = Engine(_sdk_client(*_base_url()))
+    return _conn.engine
+
+
+def _sdk_client(base_url: str | None, extra: dict[str, Any]) -> Any:
+    import docker
+
+    # With the default version="auto" the client asks the engine for its API version
+    # first, which already proves the engine answers: no separate ping.
+    try:
+        with _translated(), _without_ca_overrides():
+            client = (
+                docker.DockerClient(base_url=base_url, **extra) if base_url else docker.from_env()
+            )
+    except (ValueError, TypeError) as exc:  # the SDK's parse errors of a malformed address
+        where = os.environ.get("DOCKER_HOST") or base_url or ""
+        raise EngineError(
+            f"DOCKER_HOST={where[:200]!r} is not a Docker Engine address ({exc}); "
+            "expected unix:///PATH, tcp://HOST:PORT or ssh://USER@HOST"
+        ) from None
+    _pin_engine_ca(client.api)
+    return client
+
+
+_CA_OVERRIDES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+
+
+@contextmanager
+def _without_ca_overrides() -> Iterator[None]:
+    """While the client is made (its first request asks the API version): see below."""
+    saved = {k: os.environ.pop(k) for k in _CA_OVERRIDES if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def _pin_engine_ca(api: Any) -> None:
+    """Verify a TLS engine (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) against its own CA.
+
+    The SDK sets the session's `verify` to DOCKER_CERT_PATH/ca.pem, but requests lets
+    $REQUESTS_CA_BUNDLE / $CURL_CA_BUNDLE replace a session's `verify` on every request
+    (psf/requests#3829), and machines behind a TLS-intercepting proxy set those: the
+    engine's certificate then fails verification against the proxy's CA."""
+    pinned = getattr(api, "verify", None)
+    if not isinstance(pinned, str):
+        return
+    merge = api.merge_environment_settings
+
+    def merge_keeping_ca(url: str, proxies: Any, stream: Any, verify: Any, cert: Any) -> Any:
+        settings = merge(url, proxies, stream, verify, cert)
+        settings["verify"] = pinned
+        return settings
+
+    api.merge_environment_settings = merge_keeping_ca
+
+
+def _frames(recv: Callable[[], bytes]) -> Iterator[tuple[bytes | None, bytes | None]]:
+    """The engine's multiplexed stream (non-TTY), read by `recv` (b"" at the end): frames of
+    an 8-byte header (stream 1 stdout, 2 stderr; big-endian length in bytes 4-7) and a
+    payload (the TLS attach above reads it itself)."""
+    buf = b""
+
+    def fill(n: int) -> bool:
+        nonlocal buf
+        while len(buf) < n:
+            chunk = recv()
+            if not chunk:
+                return False
+            buf += chunk
+        return True
+
+    while fill(8):
+        kind, size = buf[0], int.from_bytes(buf[4:8], "big")
+        if not fill(8 + size):
+            return
+        payload, buf = buf[8 : 8 + size], buf[8 + size :]
+        yield (None, payload) if kind == 2 else (payload, None)

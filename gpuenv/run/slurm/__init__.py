@@ -1,0 +1,24 @@
+"""`gpuenv run --slurm`: the same workload as a Slurm batch job.
+
+- `script.py`: the batch script, generated (pure) from the job's inputs, one launcher per
+  container runtime (charliecloud, apptainer, pyxis, podman); --time's syntax.
+- `image.py`: the image on shared storage, written once per image ID as a SquashFS with
+  what each runtime needs beside and inside it.
+- `jobs.py`: Slurm's own commands on PATH (sbatch, scontrol, scancel), honouring
+  $SLURM_CONF; their outputs parsed.
+- `run.py`: wires them for the verb and follows the job to its exit code.
+
+Slurm is reached through its commands on this machine (a login node). A login node over ssh
+would be one more runner for jobs.py's commands (docs/architecture.md says how).
+"""
+
+from __future__ import annotations
+
+from gpuenv.matrix.errors import GpuenvError
+
+
+class SlurmError(GpuenvError):
+    """Slurm (or the request) refused; one line for the user, exit 125."""
+
+    def __init__(self, message: str, *, exit_code: int = 125) -> None:
+        super().__init__(message, exit_code=exit_code)

@@ -1,0 +1,290 @@
+"""`gpuenv run --slurm`: options checked, the image written to shared storage, the batch
+job submitted and followed.
+
+Exit codes as local `gpuenv run`: the job's (its first failing task's, 128+N for a signal),
+125 for gpuenv's own failures (no Slurm on PATH, a request sbatch refuses, such as "Requested
+node configuration is not available", a job pending for a reason that never clears, a job
+someone else cancelled, a node that failed), 124 when the job ran past --time, 127 for a
+script that is not there, 130/143 after Ctrl-C/SIGTERM, which cancel the job (scancel) and
+wait until Slurm has ended its processes.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from gpuenv.run.interrupts import Interrupted, raising_interrupted
+from gpuenv.run.slurm import SlurmError
+from gpuenv.run.slurm.jobs import NEVER, Job, Slurm
+from gpuenv.run.slurm.script import (
+    DEFAULT_RUNTIME,
+    RUNTIMES,
+    JobInputs,
+    batch_script,
+    check_partition,
+    check_path,
+    job_name,
+    output_path,
+    parse_time,
+)
+
+POLL_SECONDS = 0.5
+CANCEL_PATIENCE = 120  # seconds for Slurm to end a cancelled job's processes (KillWait...)
+
+
+def say(message: str) -> None:
+    print(f"gpuenv: {message}", file=sys.stderr)
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+@dataclass
+class SlurmOptions:
+    command: list[str]
+    image: str | None = None
+    env: list[str] = field(default_factory=list)
+    nodes: int = 1
+    gpus_per_node: int = 0
+    partition: str | None = None
+    time: str | None = None
+    runtime: str = DEFAULT_RUNTIME
+    shared: str | None = None
+    detach: bool = False
+    dry_run: bool = False
+    file: Path | None = None
+    cwd: Path = field(default_factory=Path.cwd)
+
+
+# Local options that mean nothing on a Slurm node, and what to use instead.
+REFUSED = {
+    "--gpus": "GPUs are asked per node: --gpus-per-node N",
+    "-v/--volume": "a host path is not on the cluster's nodes; the working directory is "
+    "bound on every node (put data on shared storage under it)",
+    "-p/--publish": "a job's ports are on its nodes",
+    "--network": "a task uses its node's network",
+    "--ipc": "a task shares its node's IPC namespace already",
+    "--interactive/-it": "follow the output, or srun --jobid JOB --pty into the allocation",
+    "--workdir": "the working directory is the current one, bound on every node",
+    "--monitor": "GPU sampling runs on the local engine only",
+    "--monitor-out": "GPU sampling runs on the local engine only",
+}
+
+
+def check(opts: SlurmOptions) -> tuple[str | None, str | None]:
+    """Every option, before Slurm or the engine are reached: (--time, --partition)."""
+    if opts.nodes < 1:
+        raise SlurmError(f"--nodes {opts.nodes}: expected 1 or more")
+    if opts.gpus_per_node < 0:
+        raise SlurmError(f"--gpus-per-node {opts.gpus_per_node}: expected 0 or more")
+    if opts.runtime not in RUNTIMES:
+        raise SlurmError(f"--runtime {opts.runtime!r}: expected one of {', '.join(RUNTIMES)}")
+    if opts.detach and opts.dry_run:
+        raise SlurmError("--detach and --dry-run: give one")
+    check_path(str(opts.cwd), "the working directory")
+    if str(opts.cwd) == "/":
+        raise SlurmError("run gpuenv from your project directory: it binds the current directory")
+    return (
+        parse_time(opts.time) if opts.time else None,
+        check_partition(opts.partition) if opts.partition else None,
+    )
+
+
+def submit(opts: SlurmOptions) -> int:
+    from gpuenv.engine import client as engine
+    from gpuenv.matrix import contract
+    from gpuenv.run import local as run
+    from gpuenv.run.slurm import image
+
+    time_limit, partition = check(opts)
+    argv = run.command_for(opts.command, opts.cwd)
+    env = run.parse_env(opts.env)
+    # Slurm first: no point writing gigabytes to find out there is no cluster. A dry run
+    # needs none (it still asks sbatch --test-only when there is one).
+    slurm = _find_slurm(required=not opts.dry_run)
+    shared = image.shared_dir(opts.shared)
+    eng = engine.connect()
+    try:
+        target = run.target_for(eng, opts.image, opts.gpus_per_node > 0, opts.file)
+        info = eng.image(target.image)
+        if info is None:
+            raise SlurmError(f"image {target.image} not found in the engine")
+        claims = contract.ImageLabels(target.labels)
+        if claims.is_gpu and not opts.gpus_per_node:
+            warn(f"{target.image} is a GPU image but no --gpus-per-node: its framework will use "
+                 "the CPU")  # fmt: skip
+        if opts.gpus_per_node and claims.is_gpuenv and not claims.is_gpu:
+            warn(f"{target.image} is a CPU image: the framework in it cannot use the GPUs")
+        what = target.cell.name if target.cell else target.image
+        inputs = JobInputs(
+            name=job_name(what), command=tuple(argv), image=shared.files(info.id),
+            image_id=info.id, what=what, cwd=str(opts.cwd), jobs_dir=str(shared.jobs),
+            runtime=opts.runtime, nodes=opts.nodes, gpus_per_node=opts.gpus_per_node,
+            partition=partition, time=time_limit, env=tuple(env.items()),
+        )  # fmt: skip
+        script = batch_script(inputs)
+        # Asked before the image is written: a request the cluster can never satisfy
+        # ("Requested node configuration is not available") costs no SquashFS.
+        verdict = slurm.test_only(script) if slurm is not None else None
+        if opts.dry_run:
+            sys.stdout.write(script)
+            sys.stdout.flush()
+            if verdict:
+                say(f"sbatch --test-only: {verdict}")
+            return 0
+        files = image.ensure(eng, target.image, info, shared, say, str(opts.cwd))
+    finally:
+        eng.close()
+    if opts.runtime == "charliecloud":
+        _check_mount_point(files.squashfs, str(opts.cwd))
+    assert slurm is not None
+    job_id = slurm.submit(script)
+    out = output_path(str(shared.jobs), job_id)
+    say(f"submitted batch job {job_id} ({opts.nodes} node(s), runtime {opts.runtime}); "
+        f"output: {out}")  # fmt: skip
+    if opts.detach:
+        print(job_id)
+        return 0
+    return attach(slurm, job_id, Path(out))
+
+
+def _check_mount_point(squashfs: str, cwd: str) -> None:
+    """ch-run binds the working directory's top directory, which must be in the image (a
+    SquashFS written from another directory may lack it)."""
+    from gpuenv.run.slurm.image import root_entries, top_directory
+
+    top = top_directory(cwd)
+    entries = root_entries(squashfs)
+    if entries is not None and top not in entries:
+        raise SlurmError(
+            f"the working directory {cwd}: /{top} is not in {squashfs} (written from another "
+            "directory), and Charliecloud cannot create it in a read-only image; remove that "
+            "file to have it written again from here, or use --runtime apptainer or pyxis"
+        )
+
+
+def _find_slurm(required: bool) -> Slurm | None:
+    try:
+        return Slurm.find()
+    except SlurmError:
+        if required:
+            raise
+        return None
+
+
+def attach(slurm: Slurm, job_id: str, out_path: Path, *,
+           sleep: Callable[[float], None] = time.sleep) -> int:  # fmt: skip
+    """Follow the job to its exit code; Ctrl-C or SIGTERM cancel it (scancel) and wait for
+    Slurm to end its processes."""
+    try:
+        with raising_interrupted():
+            return follow(slurm, job_id, out_path, sys.stdout.buffer, sleep=sleep)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        code = exc.code if isinstance(exc, Interrupted) else 130
+        # A second signal while cancelling must not leave the job running.
+        with _ignoring_signals():
+            _cancel(slurm, job_id, sleep)
+        return code
+
+
+@contextmanager
+def _ignoring_signals() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _cancel(slurm: Slurm, job_id: str, sleep: Callable[[float], None]) -> None:
+    with suppress(SlurmError):
+        slurm.cancel(job_id)
+        deadline = time.monotonic() + CANCEL_PATIENCE
+        while time.monotonic() < deadline:
+            job = slurm.job(job_id)
+            if job is None or job.ended:
+                say(f"cancelled job {job_id}")
+                return
+            sleep(POLL_SECONDS)
+        warn(f"job {job_id} was cancelled but Slurm still ends its processes (squeue -j {job_id})")
+
+
+def follow(slurm: Slurm, job_id: str, out_path: Path, out: BinaryIO, *,
+           sleep: Callable[[float], None] = time.sleep) -> int:  # fmt: skip
+    """Pending reasons in words, the job's output as it grows, then its exit code."""
+    offset = 0
+    said = ""
+    while True:
+        job = slurm.job(job_id)
+        offset = _copy_new(out_path, offset, out)
+        if job is None:
+            raise SlurmError(
+                f"Slurm no longer knows job {job_id} (it forgets ended jobs after MinJobAge); "
+                f"its output is in {out_path}"
+            )
+        if job.pending:
+            if job.reason in NEVER:
+                _cancel(slurm, job_id, sleep)
+                why = job.reason_words()
+                raise SlurmError(f"job {job_id} can never start: {why}; cancelled it")
+            line = f"job {job_id} pending: {job.reason_words()}"
+        elif job.ended:
+            sleep(POLL_SECONDS)  # shared storage may show the last bytes a moment later
+            _copy_new(out_path, offset, out)
+            return exit_code(job)
+        else:
+            line = f"job {job_id} {job.state.lower()} on {job.nodes}"
+        if line != said:
+            say(line)
+            said = line
+        sleep(POLL_SECONDS)
+
+
+def exit_code(job: Job) -> int:
+    """The ended job's exit code, as the batch script (its first failing task) gave it."""
+    if job.state in ("COMPLETED", "FAILED"):
+        return 128 + job.signal if job.signal else job.exit_code
+    if job.state == "TIMEOUT":
+        say(f"job {job.id} ran past --time: Slurm ended it")
+        return 124
+    if job.state == "OUT_OF_MEMORY":
+        say(f"job {job.id} ran out of memory on {job.nodes}")
+        return 137
+    words = {
+        "CANCELLED": "was cancelled (scancel, or an administrator)",
+        "NODE_FAIL": f"lost a node ({job.nodes})",
+        "PREEMPTED": "was preempted",
+        "BOOT_FAIL": "could not boot its nodes",
+        "DEADLINE": "reached its deadline",
+    }
+    raise SlurmError(f"job {job.id} {words.get(job.state, job.state)}")
+
+
+def _copy_new(path: Path, offset: int, out: BinaryIO) -> int:
+    """Write what the output file gained since `offset`; the new offset."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            while chunk := fh.read(1 << 16):
+                out.write(chunk)
+                offset += len(chunk)
+    except FileNotFoundError:
+        return offset  # not started yet
+    out.flush()
+    return offset
+
+
+__all__ = ["REFUSED", "SlurmOptions", "attach", "exit_code", "follow", "submit"]

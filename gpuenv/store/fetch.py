@@ -1,0 +1,327 @@
+"""Host-side fetching into the wheelhouse: what a build's install steps will install.
+
+Before a cell is built, its resolution (the lock's entry, or `uv pip compile` now for an
+unlocked cell) is fetched here: for each requirement, the project page of the upstream
+indexes `<key>` stands for (in uv's order, the first that knows the project answers), then
+the one wheel the target installs among the files with a locked hash
+(wheelhouse.pick_wheel). A file is fetched once, checked against its sha256 on the way in,
+stored under it, and checked again before a build takes it. Upstream is reached from this
+process only, through the environment's proxy and the configured CA bundle, with the
+private indexes' credentials (gpuenv/store/credentials.py): the engine never sees any of them,
+and nothing listens for it (gpuenv/building/sendable.py sends the wheels in the build context).
+
+Offline (`gpuenv build --offline`) it never goes upstream: pages and files come from the
+wheelhouse alone and a miss is recorded, naming the distribution.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import ssl
+import tempfile
+import threading
+import urllib.error
+import urllib.request
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.store.credentials import Credentials
+from gpuenv.store.wheelhouse import (
+    HTML_TYPE,
+    JSON_TYPE,
+    HashMismatch,
+    IndexFile,
+    Requirement,
+    Store,
+    locked_requirements,
+    normalize,
+    parse_page,
+    pick_wheel,
+    uv_wheel,
+)
+
+TIMEOUT = 120  # seconds per upstream request
+PARALLEL = 8  # downloads at once (uv's default is 50; 8 fills a link without a storm)
+
+
+class Upstream:
+    """Fetches from the upstream indexes: proxies from the environment, the CA bundle, and
+    the credentials of the host asked (never carried over a redirect)."""
+
+    def __init__(self, credentials: Credentials, ca_bundle: Path | None) -> None:
+        self.credentials = credentials
+        context = ssl.create_default_context()
+        if ca_bundle is not None:
+            context.load_verify_locations(cafile=str(ca_bundle))
+        self.opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
+
+    def open(self, url: str, accept: str | None = None) -> Any:
+        request = urllib.request.Request(url, headers={"User-Agent": "gpuenv-wheelhouse"})
+        if accept:  # an index page: fresh from the origin, as pip asks for one. A CDN's
+            # copy can be minutes older than what the resolver just saw: a release made
+            # meanwhile would be missing, and the lock's hash of it "not offered".
+            request.add_header("Accept", accept)
+            request.add_header("Cache-Control", "max-age=0")
+        credential = self.credentials.for_url(url)
+        if credential is not None:
+            request.add_unredirected_header("Authorization", credential.header())
+        return self.opener.open(request, timeout=TIMEOUT)
+
+
+class Fetcher:
+    """One gpuenv process's way to the upstream indexes and the wheelhouse."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        credentials: Credentials,
+        ca_bundle: Path | None = None,
+        offline: bool = False,
+        upstream: Upstream | None = None,
+    ) -> None:
+        self.store = store
+        self.offline = offline
+        self.credentials = credentials
+        self._ca_bundle = ca_bundle
+        self._upstream = upstream
+        self.problems: list[str] = []  # why a page or file could not be given: for the error
+        self.fetched = 0  # files downloaded upstream
+        self._lock = threading.Lock()
+
+    @property
+    def upstream(self) -> Upstream:
+        """Made on first use: loading the CA bundle costs tens of milliseconds, and an
+        offline build or one whose cells are all cached never asks upstream."""
+        with self._lock:
+            if self._upstream is None:
+                self._upstream = Upstream(self.credentials, self._ca_bundle)
+            return self._upstream
+
+    def problem(self, message: str) -> None:
+        with self._lock:
+            if message not in self.problems:
+                self.problems.append(message)
+
+    # ---------------------------------------------------------------- pages
+
+    def page(self, key: str, project: str) -> list[IndexFile] | None:
+        """The project's files through the upstreams `key` names; None: no index knows it."""
+        project = normalize(project)
+        if self.offline:
+            files = self.store.page(key, project)
+            if files is None:
+                self.problem(
+                    f"--offline: the wheelhouse has no index page of {project}; build once "
+                    "online (or gpuenv cache import FILE) first"
+                )
+            return files
+        urls = self.store.index(key)
+        if urls is None:
+            return None
+        for base in urls:
+            url = f"{base}{project}/"
+            try:
+                with self.upstream.open(
+                    url, f"{JSON_TYPE}, {HTML_TYPE};q=0.2, text/html;q=0.1"
+                ) as reply:
+                    body = reply.read()
+                    ctype = reply.headers.get("Content-Type", "text/html")
+                    final = reply.geturl()
+            except urllib.error.HTTPError as exc:
+                if exc.code in (404, 410):
+                    continue  # not on this index: ask the next
+                if exc.code in (401, 403):
+                    self.problem(self._refused(base, exc.code))
+                else:
+                    self.problem(f"the index {base} answered HTTP {exc.code} for {project}")
+                raise _Upstream(exc.code) from None
+            except (urllib.error.URLError, OSError) as exc:
+                reason = getattr(exc, "reason", exc)
+                self.problem(f"cannot reach the index {base} (for {project}): {reason}")
+                raise _Upstream(502) from None
+            files = parse_page(body, ctype, final)
+            self.store.save_page(key, project, files, base)
+            return files
+        return None
+
+    def _refused(self, base: str, code: int) -> str:
+        return refused(base, code, self.credentials)
+
+    # ---------------------------------------------------------------- files
+
+    def file(self, key: str, project: str, sha: str, filename: str) -> Path | None:
+        """The stored, verified file (fetched first when online and missing)."""
+        metadata = filename.endswith(".metadata")
+        name = filename.removesuffix(".metadata") if metadata else filename
+        files = self.store.page(key, project) or []
+        entry = next((f for f in files if f.sha256 == sha and f.filename == name), None)
+        if entry is None:
+            return None
+        want = entry.metadata_sha256 if metadata else sha
+        if want is None:
+            return None
+        path = self.store.verified(want)
+        if path is not None:
+            return path
+        if self.offline:
+            self.problem(
+                f"--offline: the wheelhouse lacks {filename} ({project}); build once online "
+                "(or gpuenv cache import FILE) first"
+            )
+            return None
+        url = entry.url + (".metadata" if metadata else "")
+        lock_path = self.store.root / "files" / ".locks" / want
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        # One download per file, even across processes: the others wait, then find it.
+        with lock_path.open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            path = self.store.verified(want)
+            if path is not None:
+                return path
+            try:
+                with self.upstream.open(url) as reply:
+                    self.store.put(want, reply, url)
+            except HashMismatch as exc:
+                self.problem(exc.message)
+                raise _Upstream(502) from None
+            except urllib.error.HTTPError as exc:
+                if exc.code in (401, 403):
+                    self.problem(self._refused(url, exc.code))
+                else:
+                    self.problem(f"{url}: HTTP {exc.code}")
+                raise _Upstream(502) from None
+            except (urllib.error.URLError, OSError) as exc:
+                self.problem(f"cannot download {url}: {getattr(exc, 'reason', exc)}")
+                raise _Upstream(502) from None
+            with self._lock:
+                self.fetched += 1
+        return self.store.verified(want)
+
+    def uv_executable(self, key: str, version: str, machine: str) -> bytes | None:
+        """uv's executable of that release for the engine's machine, out of its wheel from
+        the indexes `key` names (stored and checked like every file): the installer the
+        build's steps run, sent with their wheels."""
+        wheel = uv_wheel(self.page(key, "uv") or [], version, machine)
+        if wheel is None:
+            if self.offline:
+                self.problem(f"--offline: the wheelhouse lacks uv {version} for {machine}")
+            return None
+        stored = self.file(key, "uv", wheel.sha256, wheel.filename)
+        if stored is None:
+            return None
+        try:
+            with zipfile.ZipFile(stored) as whl:
+                return whl.read(f"uv-{version}.data/scripts/uv")
+        except (zipfile.BadZipFile, KeyError, OSError) as exc:
+            self.problem(f"{wheel.filename}: no uv executable in it ({exc})")
+            raise _Upstream(502) from None
+
+    def uv_file(self, key: str, version: str, machine: str) -> Path:
+        """uv's executable for `machine`, kept in the wheelhouse (tools/) once taken out
+        of its checked wheel."""
+        path = uv_path(self.store, version, machine)
+        if path.is_file():
+            if not self.offline:
+                # Its wheel stored under this key too, so an export of the wheelhouse lets an
+                # offline build of these indexes find it (best effort: the file is here).
+                with contextlib.suppress(GpuenvError, _Upstream):
+                    self.uv_executable(key, version, machine)
+            return path
+        try:
+            executable = self.uv_executable(key, version, machine)
+        except _Upstream:
+            executable = None
+        if executable is None:
+            raise GpuenvError(
+                self.problems[-1]
+                if self.problems
+                else f"uv {version} for {machine} is not on the indexes of this build"
+            )
+        self.store.make_private()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # one per thread
+        with os.fdopen(fd, "wb") as out:
+            out.write(executable)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+        return path
+
+    def wheels(
+        self, key: str, text: str, python: str, machine: str, glibc: tuple[int, int]
+    ) -> list[tuple[str, Path]]:
+        """(filename, stored path) of the wheel each requirement of a resolution installs
+        on the target: fetched in parallel, each checked. A requirement with no wheel for
+        the target, or one that cannot be fetched, is an error naming it."""
+        requirements = locked_requirements(text)
+
+        def one(req: Requirement) -> tuple[str, Path]:
+            files = self.page(key, req.name)
+            if files is None:
+                raise GpuenvError(
+                    self.problems[-1]
+                    if self.problems
+                    else f"{req.name}=={req.version}: not on any index of this build"
+                )
+            wheel = pick_wheel(files, req, python, machine, glibc)
+            if wheel is None and not any(f.sha256 in req.hashes for f in files):
+                # A release minutes old may be missing from one CDN node's copy of the page
+                # while the resolver saw it on another's: ask once more before refusing.
+                files = self.page(key, req.name) or files
+                wheel = pick_wheel(files, req, python, machine, glibc)
+            if wheel is None and not any(f.sha256 in req.hashes for f in files):
+                raise GpuenvError(
+                    f"hash mismatch for {req.name}=={req.version}: the index offers no file "
+                    "with a hash the resolution lists; if the lock is right, the index serves "
+                    "other files (else re-lock: gpuenv lock)"
+                )
+            if wheel is None:
+                raise GpuenvError(
+                    f"{req.name}=={req.version} has no wheel for CPython {python} on "
+                    f"linux/{machine} (glibc {glibc[0]}.{glibc[1]}) among its locked hashes; "
+                    "gpuenv installs wheels only: pin a release that ships one"
+                )
+            stored = self.file(key, req.name, wheel.sha256, wheel.filename)
+            if stored is None:
+                raise GpuenvError(
+                    self.problems[-1] if self.problems else f"{wheel.filename}: not fetched"
+                )
+            return wheel.filename, stored
+
+        try:
+            with ThreadPoolExecutor(PARALLEL) as pool:
+                return list(pool.map(one, requirements))
+        except _Upstream:
+            raise GpuenvError(self.problems[0] if self.problems else "upstream failed") from None
+
+
+def refused(base: str, code: int, credentials: Credentials) -> str:
+    """Why an index answered 401/403, and the fix: whose credentials it refused, from where."""
+    credential = credentials.for_url(base)
+    if credential is None:
+        return (
+            f"the index {base} requires credentials (HTTP {code}): put them in ~/.netrc "
+            "(machine HOST login USER password PASSWORD) or set GPUENV_INDEX_USERNAME and "
+            "GPUENV_INDEX_PASSWORD"
+        )
+    return (
+        f"the index {base} refused the credentials of user {credential.username!r} from "
+        f"{credential.source} (HTTP {code}); correct them"
+    )
+
+
+def uv_path(store: Store, version: str, machine: str) -> Path:
+    """Where uv's executable for `machine` is kept once taken out of its checked wheel."""
+    return store.root / "tools" / f"uv-{version}-{machine}"
+
+
+class _Upstream(Exception):
+    """An upstream failure, already recorded in Fetcher.problems."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code

@@ -1,0 +1,638 @@
+"""The wheelhouse: a host-side, content-addressed store of the distributions builds install.
+
+Layout under the gpuenv cache directory (gpuenv/store/cache.py), `wheelhouse/`:
+
+- `files/<aa>/<sha256>`: a distribution (or its PEP 658 metadata file), named by the sha256
+  of its bytes; written atomically after the bytes were checked against the index's hash,
+  checked again when a build takes it. Its access time is its last use (prune keeps recent
+  ones); its modification time is fixed (FILE_MTIME), see there.
+- `pages/<key>/<project>.json`: the last index page of a project seen through the upstream
+  indexes `<key>` names, as the list of files they offer (what an offline build
+  resolves against).
+- `indexes/<key>.json`: the upstream URLs a key stands for (never credentials).
+
+The fetcher (gpuenv/store/fetch.py) fills it host side; builds take their wheels from it
+(gpuenv/building/sendable.py). This module is the store and the pure parts around it: parsing index
+pages (PEP 503 HTML, PEP 691 JSON), hash checks, which wheel of a locked requirement a
+target installs, what prune drops, and the export/import tarball.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import stat
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import urldefrag, urljoin
+
+from gpuenv.matrix.errors import GpuenvError
+
+if TYPE_CHECKING:
+    from gpuenv.engine.client import Engine
+
+PYPI = "https://pypi.org/simple/"
+JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+HTML_TYPE = "application/vnd.pypi.simple.v1+html"
+KEEP_DAYS = 30  # prune keeps what a build used this recently
+# Every stored file's modification time. uv records a local wheel's mtime in the installed
+# distribution (`*.dist-info/uv_cache.json`), so a wheel's download time would otherwise
+# reach the layer and make two builds of one lock differ. 1980-01-01, the zip epoch.
+FILE_MTIME = 315532800
+# The stamps (inode, size, ctime) of stored files as last hashed, at the store's top (not
+# exported: another machine's inodes mean nothing). A file's last use is touched at most
+# once in USE_EVERY seconds (a touch changes its ctime: it is hashed once more after).
+VERIFIED = "verified.json"
+USE_EVERY = 6 * 3600
+RACY_NS = 2_000_000_000
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_KEY = re.compile(r"[0-9a-f]{16}")
+
+
+# ------------------------------------------------------------------------------ indexes
+
+
+def upstreams(index_url: str | None, extra_index_urls: Iterable[str] = ()) -> tuple[str, ...]:
+    """The upstream indexes in the order gpuenv asks them, as uv does: the extra indexes
+    first, then the index (PyPI by default); the first that knows a project answers for it
+    (no merging across indexes: a public name cannot shadow a private package)."""
+    urls = [*extra_index_urls, index_url or PYPI]
+    return tuple(u if u.endswith("/") else u + "/" for u in dict.fromkeys(urls))
+
+
+def index_key(urls: Iterable[str]) -> str:
+    """The short name of a set of upstream indexes, in the RUN line's local index URL: a
+    change of upstream changes the line (and the spec hash), and nothing else about the
+    upstream (its host, never a credential) reaches the image."""
+    return hashlib.sha256("\n".join(urls).encode()).hexdigest()[:16]
+
+
+def normalize(name: str) -> str:
+    """PEP 503's normalised project name."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# ------------------------------------------------------------------------------ pages
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    """One distribution an index offers."""
+
+    filename: str
+    url: str  # upstream, absolute, without fragment
+    sha256: str
+    requires_python: str | None = None
+    yanked: bool | str = False
+    metadata_sha256: str | None = None  # PEP 658/714: the .metadata file's hash
+    upload_time: str | None = None
+
+
+def parse_page(body: bytes, content_type: str, page_url: str) -> list[IndexFile]:
+    """An upstream project page (PEP 691 JSON or PEP 503 HTML) as files. Files the index
+    gives no sha256 for are left out: the wheelhouse cannot check them."""
+    if content_type.split(";")[0].strip() == JSON_TYPE:
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise GpuenvError(f"{page_url}: the index sent a page that is not JSON") from None
+        return _from_json(doc, page_url)
+    parser = _Links()
+    parser.feed(body.decode("utf-8", "replace"))
+    return [f for f in (_from_link(attrs, page_url) for attrs in parser.links) if f]
+
+
+def _from_json(doc: Any, page_url: str) -> list[IndexFile]:
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, list):
+        raise GpuenvError(f"{page_url}: the index's JSON page has no file list")
+    out = []
+    for f in files:
+        if not isinstance(f, dict) or not isinstance(f.get("filename"), str):
+            continue
+        hashes = f.get("hashes") if isinstance(f.get("hashes"), dict) else {}
+        sha = str(hashes.get("sha256", "")).lower()
+        if not _SHA256.fullmatch(sha) or not _safe_filename(f["filename"]):
+            continue
+        meta = f.get("core-metadata", f.get("dist-info-metadata"))
+        meta_sha = None
+        if isinstance(meta, dict) and _SHA256.fullmatch(str(meta.get("sha256", "")).lower()):
+            meta_sha = str(meta["sha256"]).lower()
+        yanked = f.get("yanked", False)
+        out.append(
+            IndexFile(
+                filename=f["filename"],
+                url=urldefrag(urljoin(page_url, str(f.get("url", ""))))[0],
+                sha256=sha,
+                requires_python=f.get("requires-python") or None,
+                yanked=yanked if isinstance(yanked, bool | str) else bool(yanked),
+                metadata_sha256=meta_sha,
+                upload_time=f.get("upload-time") if isinstance(f.get("upload-time"), str) else None,
+            )
+        )
+    return out
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[dict[str, str | None]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self.links.append(dict(attrs))
+
+
+def _from_link(attrs: dict[str, str | None], page_url: str) -> IndexFile | None:
+    href = attrs.get("href")
+    if not href:
+        return None
+    url, fragment = urldefrag(urljoin(page_url, href))
+    name, _, value = fragment.partition("=")
+    filename = url.rstrip("/").rsplit("/", 1)[-1]
+    if name != "sha256" or not _SHA256.fullmatch(value.lower()) or not _safe_filename(filename):
+        return None
+    meta = attrs.get("data-core-metadata") or attrs.get("data-dist-info-metadata") or ""
+    meta_name, _, meta_value = meta.partition("=")
+    meta_sha = (
+        meta_value.lower()
+        if meta_name == "sha256" and _SHA256.fullmatch(meta_value.lower())
+        else None
+    )
+    yanked: bool | str = False
+    if "data-yanked" in attrs:
+        yanked = attrs["data-yanked"] or True
+    return IndexFile(
+        filename=filename,
+        url=url,
+        sha256=value.lower(),
+        requires_python=attrs.get("data-requires-python") or None,
+        yanked=yanked,
+        metadata_sha256=meta_sha,
+    )
+
+
+def _safe_filename(name: str) -> bool:
+    return bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+!-]*", name)) and len(name) < 256
+
+
+# ------------------------------------------------------------------------------ the store
+
+
+class HashMismatch(GpuenvError):
+    pass
+
+
+class Store:
+    """The wheelhouse directory. Every write is a temporary file renamed into place, so
+    concurrent builds (threads or processes) never see half a file."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._checked: dict[str, tuple[int, int]] = {}  # sha256 -> (inode, size) verified
+        # sha256 -> [inode, size, ctime_ns] of files an earlier process hashed (VERIFIED).
+        self._stamps: dict[str, list[int]] | None = None
+        self._stamps_lock = threading.Lock()
+
+    @classmethod
+    def default(cls) -> Store:
+        """<cache>/wheelhouse; for a uid with no cache directory (no HOME), one under the
+        temporary directory, per uid, so that builds still work (and share it). That name is
+        predictable: it is used only when this uid owns it and no one else may enter it
+        (another local user could otherwise make it first and feed builds their wheels)."""
+        from gpuenv.store.cache import cache_dir
+
+        root = cache_dir()
+        if root is None:
+            root = Path(tempfile.gettempdir()) / f"gpuenv-{os.getuid()}"
+            with contextlib.suppress(FileExistsError):
+                root.mkdir(mode=0o700)
+            st = root.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+                raise GpuenvError(
+                    f"{root} is not a private directory of this user (owner uid {st.st_uid}, "
+                    f"mode {stat.S_IMODE(st.st_mode):o}); remove it, or set XDG_CACHE_HOME"
+                )
+        return cls(root / "wheelhouse")
+
+    def make_private(self) -> None:
+        """The store's directory, made 0700 before anything is written: which private
+        packages a user installs (page names, hashes) is theirs alone, like the files."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.root.stat().st_mode & 0o077:  # made by an older gpuenv, with the umask's mode
+            self.root.chmod(0o700)
+
+    # files
+    def path(self, sha: str) -> Path:
+        assert _SHA256.fullmatch(sha), sha
+        return self.root / "files" / sha[:2] / sha
+
+    def has(self, sha: str) -> bool:
+        return self.path(sha).is_file()
+
+    def put(self, sha: str, stream: IO[bytes], what: str) -> Path:
+        """Store what `stream` gives as `sha`, checking it is: else HashMismatch, nothing
+        stored."""
+        target = self.path(sha)
+        self.make_private()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{sha[:12]}.")
+        digest = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while chunk := stream.read(1 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+            if digest.hexdigest() != sha:
+                raise HashMismatch(
+                    f"{what}: the download's sha256 is {digest.hexdigest()}, the index said "
+                    f"{sha}; not stored"
+                )
+            os.utime(tmp, (time.time(), FILE_MTIME))
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return target
+
+    def verified(self, sha: str) -> Path | None:
+        """The stored file when its bytes still hash to `sha` (its use recorded); a file
+        that does not (a damaged disk, an edit) is removed and None returned. Hashed once:
+        uv asks a wheel several times in a process (a HEAD, byte ranges for its metadata,
+        then the whole), and every build takes every wheel of its cells again (a TF GPU
+        cell's are 3 GB: seconds of hashing per rebuild). A file whose inode, size and
+        ctime are those recorded when it was last hashed (VERIFIED) is not hashed again:
+        any write to it, or a replacement, changes its ctime, which only the kernel sets
+        (as git trusts its index's stat data, with the same care for racy timestamps)."""
+        path = self.path(sha)
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        if self._checked.get(sha) == (st.st_ino, st.st_size):
+            return path
+        if time.time() - st.st_atime > USE_EVERY:  # the last use, for prune (in days)
+            with contextlib.suppress(OSError):
+                os.utime(path, (time.time(), FILE_MTIME))
+                st = path.stat()
+        stamp = [st.st_ino, st.st_size, st.st_ctime_ns]
+        if self._stamp(sha) != stamp:
+            digest = hashlib.sha256()
+            try:
+                with path.open("rb") as fh:
+                    while chunk := fh.read(1 << 20):
+                        digest.update(chunk)
+            except OSError:
+                return None
+            if digest.hexdigest() != sha:
+                path.unlink(missing_ok=True)
+                return None
+            # A ctime this recent could be shared by a write still to come (the kernel's
+            # clock advances in ticks): not trusted until it is older.
+            if time.time_ns() - st.st_ctime_ns > RACY_NS:
+                self._remember(sha, stamp)
+        self._checked[sha] = (st.st_ino, st.st_size)
+        return path
+
+    def _stamp(self, sha: str) -> list[int] | None:
+        with self._stamps_lock:
+            if self._stamps is None:
+                try:
+                    data = json.loads((self.root / VERIFIED).read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    data = {}
+                self._stamps = data if isinstance(data, dict) else {}
+            found = self._stamps.get(sha)
+        return found if isinstance(found, list) else None
+
+    def _remember(self, sha: str, stamp: list[int]) -> None:
+        """Record a file's stamp (VERIFIED, written atomically; a write that fails, or one
+        another process's overwrites, only means a hash next time)."""
+        with self._stamps_lock:
+            stamps = self._stamps if self._stamps is not None else {}
+            stamps[sha] = stamp
+            self._stamps = stamps
+            tmp = None
+            try:
+                fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{VERIFIED}.")
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    json.dump(stamps, fh, sort_keys=True)
+                os.replace(tmp, self.root / VERIFIED)
+            except OSError:
+                if tmp is not None:
+                    with contextlib.suppress(OSError):
+                        Path(tmp).unlink()
+
+    def entries(self) -> dict[str, tuple[int, float]]:
+        """sha256 -> (size, last use) of every stored file."""
+        out = {}
+        for path in (self.root / "files").glob("??/*"):
+            if _SHA256.fullmatch(path.name):
+                try:
+                    st = path.stat()
+                except OSError:
+                    continue
+                out[path.name] = (st.st_size, st.st_atime)
+        return out
+
+    def remove(self, sha: str) -> None:
+        self.path(sha).unlink(missing_ok=True)
+
+    # pages and indexes
+    def _page_path(self, key: str, project: str) -> Path:
+        assert _KEY.fullmatch(key), key
+        return self.root / "pages" / key / f"{normalize(project)}.json"
+
+    def page(self, key: str, project: str) -> list[IndexFile] | None:
+        try:
+            doc = json.loads(self._page_path(key, project).read_text(encoding="utf-8"))
+            return [IndexFile(**f) for f in doc["files"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def save_page(self, key: str, project: str, files: list[IndexFile], upstream: str) -> None:
+        doc = {"project": normalize(project), "upstream": upstream,
+               "files": [asdict(f) for f in files]}  # fmt: skip
+        self.make_private()
+        _write_atomic(self._page_path(key, project), json.dumps(doc).encode())
+
+    def save_index(self, key: str, urls: tuple[str, ...]) -> None:
+        path = self.root / "indexes" / f"{key}.json"
+        self.make_private()
+        if not path.exists():
+            _write_atomic(path, json.dumps({"upstreams": list(urls)}).encode())
+
+    def index(self, key: str) -> tuple[str, ...] | None:
+        if not _KEY.fullmatch(key):
+            return None
+        try:
+            doc = json.loads((self.root / "indexes" / f"{key}.json").read_text(encoding="utf-8"))
+            return tuple(str(u) for u in doc["upstreams"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ------------------------------------------------------------------------------ locks
+
+
+@dataclass(frozen=True)
+class Requirement:
+    name: str
+    version: str
+    hashes: frozenset[str]
+
+
+def locked_requirements(text: str) -> list[Requirement]:
+    """`name==version --hash=sha256:...` entries of a lock's requirements text (uv pip
+    compile's format, continuation lines joined)."""
+    joined = re.sub(r"\\\s*\n", " ", text)
+    out = []
+    for line in joined.splitlines():
+        line = line.split("#", 1)[0] if not line.lstrip().startswith("--hash") else line
+        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;]+)", line)
+        if not m:
+            continue
+        hashes = frozenset(h.lower() for h in re.findall(r"--hash=sha256:([0-9a-fA-F]{64})", line))
+        out.append(Requirement(normalize(m.group(1)), m.group(2), hashes))
+    return out
+
+
+def locked_hashes(texts: Iterable[str]) -> set[str]:
+    return {h for text in texts for r in locked_requirements(text) for h in r.hashes}
+
+
+UV_MACHINES = ("x86_64", "aarch64")  # os.uname().machine values uv publishes manylinux wheels for
+
+
+def uv_wheel(files: list[IndexFile], version: str, machine: str) -> IndexFile | None:
+    """uv's manylinux wheel of `version` for `machine` among a page's files (the first by
+    name when there are several); None when the index offers none. Its executable is what
+    an install step runs (gpuenv/store/fetch.py, Fetcher.uv_file)."""
+    if machine not in UV_MACHINES:
+        return None
+    prefix = f"uv-{version}-py3-none-"
+    wheels = [
+        f for f in files
+        if f.filename.startswith(prefix) and f.filename.endswith(f"_{machine}.whl")
+        and "manylinux" in f.filename and not f.yanked
+    ]  # fmt: skip
+    return min(wheels, key=lambda f: f.filename) if wheels else None
+
+
+# The platforms a manylinux wheel may name, from the oldest glibc a target has to the newest
+# (PEP 600: manylinux_2_X runs on glibc >= 2.X; the legacy names are aliases, PEP 600's table).
+_LEGACY = {"manylinux1": 5, "manylinux2010": 12, "manylinux2014": 17}
+
+
+def wheel_rank(filename: str, python: str, machine: str, glibc: tuple[int, int]) -> int | None:
+    """How well a wheel suits CPython `python` on linux/`machine` with that glibc: higher
+    is better (pip's and uv's order: a more specific interpreter tag, then a newer
+    manylinux); None when it cannot install there."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    try:
+        _, _, _, tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename:
+        return None
+    nodot = python.replace(".", "")
+    best = None
+    for tag in tags:
+        if tag.interpreter == f"cp{nodot}" and tag.abi in (f"cp{nodot}", "abi3", "none"):
+            lang = 3 if tag.abi == f"cp{nodot}" else 2
+        elif tag.interpreter.startswith("cp3") and tag.abi == "abi3":
+            lang = 2 if int(tag.interpreter[3:] or 0) <= int(nodot[1:]) else -1
+        elif tag.interpreter in ("py3", f"py{nodot}") and tag.abi == "none":
+            lang = 1
+        else:
+            lang = -1
+        if lang < 0:
+            continue
+        if tag.platform == "any":
+            platform = 0
+        else:
+            m = re.fullmatch(r"manylinux_(\d+)_(\d+)_(\w+)", tag.platform)
+            legacy = re.fullmatch(r"(manylinux1|manylinux2010|manylinux2014)_(\w+)", tag.platform)
+            if m:
+                need, arch = (int(m.group(1)), int(m.group(2))), m.group(3)
+            elif legacy:
+                need, arch = (2, _LEGACY[legacy.group(1)]), legacy.group(2)
+            else:
+                continue
+            if arch != machine or need > glibc:
+                continue
+            platform = 1 + need[1]
+        rank = lang * 1000 + platform
+        best = rank if best is None else max(best, rank)
+    return best
+
+
+def pick_wheel(
+    files: list[IndexFile], req: Requirement, python: str, machine: str, glibc: tuple[int, int]
+) -> IndexFile | None:
+    """The wheel a target installs for a locked requirement: among the files whose sha256
+    the lock lists, the best-ranked one for the target; None when none fits."""
+    ranked = [
+        (rank, f.filename, f)
+        for f in files
+        if f.sha256 in req.hashes
+        and (rank := wheel_rank(f.filename, python, machine, glibc)) is not None
+    ]
+    return max(ranked, key=lambda r: (r[0], r[1]))[2] if ranked else None
+
+
+def offline_misses(store: Store, key: str, requirements: list[Requirement]) -> list[str]:
+    """The locked distributions an offline build could not install from the wheelhouse:
+    no stored page for the project through these indexes, or no stored file with one of the
+    locked hashes. Pure but for reading the store."""
+    missing = []
+    for req in requirements:
+        page = store.page(key, req.name)
+        offered = {f.sha256 for f in page} if page else set()
+        if not any(h in offered and store.has(h) for h in req.hashes):
+            missing.append(f"{req.name}=={req.version}")
+    return missing
+
+
+def prune_selection(
+    entries: dict[str, tuple[int, float]], keep: set[str], now: float, max_age: float
+) -> list[str]:
+    """What prune drops: files no lock names and no build used within max_age seconds."""
+    return sorted(sha for sha, (_, used) in entries.items()
+                  if sha not in keep and now - used > max_age)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ the verb
+
+
+@dataclass
+class Summary:
+    root: Path
+    files: int
+    size: int
+    pages: int
+    indexes: dict[str, tuple[str, ...]]
+
+
+def summary(store: Store) -> Summary:
+    entries = store.entries()
+    indexes = {}
+    for path in sorted((store.root / "indexes").glob("*.json")):
+        urls = store.index(path.stem)
+        if urls is not None:
+            indexes[path.stem] = urls
+    pages = sum(1 for _ in (store.root / "pages").glob("*/*.json"))
+    return Summary(store.root, len(entries), sum(s for s, _ in entries.values()), pages, indexes)
+
+
+def prune(store: Store, lock_texts: list[str], keep_days: float) -> tuple[int, int]:
+    """Drop what no lock entry names and no build used for keep_days; (files, bytes)."""
+    entries = store.entries()
+    drop = prune_selection(entries, locked_hashes(lock_texts), time.time(), keep_days * 86400)
+    for sha in drop:
+        store.remove(sha)
+    return len(drop), sum(entries[s][0] for s in drop)
+
+
+def export(store: Store, target: Path, engine: Engine | None, bases: list[str],
+           say: Callable[[str], None]) -> tuple[int, int]:  # fmt: skip
+    """A tarball an air-gapped site can carry: the wheelhouse (files, pages, indexes) and
+    the base images (docker save), written atomically. Returns (files, bases)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    os.close(fd)
+    count = 0
+    try:
+        with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+            for sub in ("indexes", "pages", "files"):
+                for path in sorted((store.root / sub).rglob("*")):
+                    relative = path.relative_to(store.root)
+                    # Not the download locks (files/.locks/) or temporary files.
+                    if path.is_file() and not any(p.startswith(".") for p in relative.parts):
+                        tar.add(path, f"wheelhouse/{relative}")
+                        count += sub == "files"
+            if engine is not None:
+                with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+                    for image in bases:
+                        say(f"saving base {image}")
+                        saved = Path(scratch) / "base.tar"
+                        engine.save(image, str(saved))
+                        tar.add(saved, f"bases/{_base_file(image)}")
+                        saved.unlink()
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return count, len(bases) if engine is not None else 0
+
+
+def _base_file(image: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", image) + ".tar"
+
+
+def import_(store: Store, source: Path, engine: Engine | None,
+            say: Callable[[str], None]) -> tuple[int, int]:  # fmt: skip
+    """Bring an export back: every file checked against its name (its sha256) before it
+    enters the store, pages and indexes by name only, bases loaded into the engine.
+    Returns (files added, bases loaded)."""
+    added = loaded = 0
+    try:
+        tar = tarfile.open(source, "r")  # noqa: SIM115 - closed by the with below
+    except (OSError, tarfile.TarError):
+        raise GpuenvError(f"{source}: not a gpuenv cache export (not a tar file)") from None
+    with tar, tempfile.TemporaryDirectory() as scratch:
+        for member in tar:
+            parts = member.name.split("/")
+            if not member.isfile():
+                continue
+            stream = tar.extractfile(member)
+            assert stream is not None
+            if parts[:2] == ["wheelhouse", "files"] and len(parts) == 4:
+                sha = parts[3]
+                if not _SHA256.fullmatch(sha):
+                    raise GpuenvError(f"{source}: unexpected entry {member.name[:200]!r}")
+                if not store.has(sha):
+                    store.put(sha, stream, f"{source}:{member.name}")
+                    added += 1
+            elif parts[:2] == ["wheelhouse", "pages"] and len(parts) == 4:
+                key, name = parts[2], parts[3]
+                if not _KEY.fullmatch(key) or not re.fullmatch(r"[a-z0-9-]+\.json", name):
+                    raise GpuenvError(f"{source}: unexpected entry {member.name[:200]!r}")
+                _write_atomic(store.root / "pages" / key / name, stream.read())
+            elif parts[:2] == ["wheelhouse", "indexes"] and len(parts) == 3:
+                if not re.fullmatch(r"[0-9a-f]{16}\.json", parts[2]):
+                    raise GpuenvError(f"{source}: unexpected entry {member.name[:200]!r}")
+                _write_atomic(store.root / "indexes" / parts[2], stream.read())
+            elif parts[0] == "bases" and len(parts) == 2 and engine is not None:
+                saved = Path(scratch) / "base.tar"
+                with saved.open("wb") as out:
+                    while chunk := stream.read(1 << 20):
+                        out.write(chunk)
+                for line in engine.load(str(saved)):
+                    say(line)
+                saved.unlink()
+                loaded += 1
+            elif parts[0] != "bases":
+                raise GpuenvError(f"{source}: unexpected entry {member.name[:200]!r}")
+    return added, loaded

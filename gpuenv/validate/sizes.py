@@ -1,0 +1,57 @@
+"""The image-size baseline: <matrix stem>.sizes.json next to the matrix, cell -> bytes.
+
+`gpuenv validate` fails an image that grew past +20 % of its recorded size (a stray
+`chown -R` or a dependency dragging in a second CUDA doubles an image quietly);
+`gpuenv validate --record-sizes` records the sizes of images that passed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from gpuenv.matrix.errors import GpuenvError
+
+GROWTH_LIMIT = 1.2
+
+
+def baseline_path(matrix: Path) -> Path:
+    return matrix.with_name(f"{matrix.stem}.sizes.json")
+
+
+def load(path: Path) -> dict[str, int]:
+    """The recorded sizes; {} when there is no baseline file. A file that is not a JSON
+    object is an error: ignoring it would switch the gate off without a word."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise GpuenvError(f"cannot read the size baseline {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise GpuenvError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise GpuenvError(f"{path}: expected a JSON object of cell name -> size in bytes")
+    return {str(k): v for k, v in data.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def record(path: Path, sizes: dict[str, int]) -> None:
+    """Merge `sizes` into the baseline, atomically: a write interrupted (a signal, a full
+    disk) leaves the previous baseline whole, never a truncated file that `load` refuses."""
+    data = {**load(path), **sizes}
+    text = json.dumps(dict(sorted(data.items())), indent=2) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as write_text would have made it, not mkstemp's 0600
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
