@@ -6,7 +6,7 @@
   build, and why; `registry` names where cells are pulled from and reads their labels;
   `pull` fetches a matching image before building one;
 - `lock` resolves and writes matrix.lock; `layers` splits a resolution into install steps;
-  `sendable` assembles what a build sends (with `send`: the resolution and its wheels);
+  `sendable` assembles what a build sends (the resolution, its wheels, uv, the context);
 - `base` bootstraps base images; `reproducible` normalises images for identical IDs;
 - `builder` executes a plan; `results`, `progress`, `terminal` report it.
 """

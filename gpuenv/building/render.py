@@ -1,7 +1,7 @@
 """Render a cell into a build context: a Dockerfile from the Jinja2 templates in images/.
 
 Rendering is a pure function of the cell and the render options: no timestamps, sorted
-inputs, StrictUndefined. The spec hash (build.py) is taken over these files.
+inputs, StrictUndefined. The spec hash (plan.py) is taken over these files.
 """
 
 from __future__ import annotations

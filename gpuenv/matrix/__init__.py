@@ -1,7 +1,7 @@
 """What a user asks for and what an image promises, as plain data (no I/O but reading
 input files).
 
-- `matrix`: matrix.yaml's schema, axes and cells (file:line errors); `requirements` reads
+- `schema`: matrix.yaml's schema, axes and cells (file:line errors); `requirements` reads
   the users' requirements files; `yamlfile` and `files` read input files safely;
 - `cell`: one cell of the matrix, everything the templates need;
 - `contract`: the image contract (labels, layout) that every other part reads;

@@ -6,7 +6,7 @@ Expansion follows GitHub Actions: the product of the axes, minus ``exclude``, th
 ``include`` extends matching combinations or adds new ones. Each framework axis
 (``tensorflow``, ``torch``, ``jax``) makes its own product with the shared ``python`` and
 ``variant`` axes; a combination is of exactly one framework. What the catalog makes of each
-combination is compat.py's business.
+combination is catalog/compat.py's business.
 """
 
 from __future__ import annotations

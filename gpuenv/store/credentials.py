@@ -3,7 +3,7 @@
 They are used only on this machine: by gpuenv's fetches into the wheelhouse (gpuenv/store/fetch.py)
 and by `uv pip compile` for an unlocked cell (in its environment); the build gets wheels in
 its context and no index at all, so no layer, history entry, config or build log can hold
-them. The matrix file never holds them (matrix.py refuses a URL
+them. The matrix file never holds them (matrix/schema.py refuses a URL
 with credentials).
 
 Where they come from, first found, per index host (host:port as in the index URL):
