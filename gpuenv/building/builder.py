@@ -94,7 +94,6 @@ def plan_and_build(
     `offline`, locked cells only, from the wheelhouse and the bases in the engine alone."""
     from gpuenv.building import plan as plans
     from gpuenv.building.registry import pull_repository
-    from gpuenv.building.sendable import Sender, check_offline
 
     # A malformed $GPUENV_REGISTRY stops the run here; offline, nothing is pulled.
     pull_from = None if offline else pull_repository(project)
@@ -102,6 +101,8 @@ def plan_and_build(
     # before a base is bootstrapped.
     contexts = plans.render_all(project, cells)
     if offline:
+        from gpuenv.building.sendable import check_offline
+
         check_offline(engine, project, cells)
     else:
         prepare_bases(engine, cells, reporter)
@@ -111,7 +112,11 @@ def plan_and_build(
     )  # fmt: skip
     # Only a build needs the wheelhouse (a no-op build reads no netrc, imports no ssl).
     building = any(p.action != "up-to-date" for p in plan.cells)
-    sender = Sender(engine, project, cells, ca_bundle, offline) if building else None
+    sender = None
+    if building:  # sendable imports packaging's markers (layers): not for a no-op build
+        from gpuenv.building.sendable import Sender
+
+        sender = Sender(engine, project, cells, ca_bundle, offline)
     results = execute(engine, plan, reporter, jobs=jobs, keep_going=keep_going, sender=sender)
     if reproducible and not failed(results):
         from gpuenv.building.reproducible import normalize_images

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from gpuenv.building import layers
 from gpuenv.building.lock import framework_requirements
 from gpuenv.matrix.errors import GpuenvError
-from gpuenv.store.cache import read_record, update_record
+from gpuenv.store.cache import read_record, update_record, write_record
 from gpuenv.store.wheelhouse import locked_requirements
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from gpuenv.engine.client import Engine
     from gpuenv.matrix.cell import Cell
     from gpuenv.store.fetch import Fetcher
+    from gpuenv.store.wheelhouse import Store
 
 # Requires-Dist of the wheels the store holds, by sha256 (a gpuenv cache record).
 REQUIRES_RECORD = "requires-dist.json"
@@ -177,6 +178,16 @@ def prune(root: Path) -> int:
                 shutil.rmtree(directory)
                 removed += 1
     return removed
+
+
+def forget_requires(store: Store) -> int:
+    """Drop the remembered Requires-Dist of wheels the store no longer holds (after
+    `wheelhouse.prune`); returns how many went."""
+    known = read_record(REQUIRES_RECORD)
+    kept = {sha: lines for sha, lines in known.items() if store.has(sha)}
+    if len(kept) < len(known):
+        write_record(REQUIRES_RECORD, kept)
+    return len(known) - len(kept)
 
 
 def _link(source: Path, target: Path) -> None:

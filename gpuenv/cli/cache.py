@@ -59,6 +59,7 @@ def prune_cmd(
         store = wheelhouse.Store.default()
         files, size = wheelhouse.prune(store, texts, keep_days)
         contexts = sendable.prune(sendable.contexts_root(store.root))
+        sendable.forget_requires(store)  # a small record: not worth a figure of its own
         # "noop-": the remembered no-op answers of gpuenv before issue 29, still in caches.
         records, _ = cache.prune_records((snapshot.PREFIX, "noop-"), keep_days)
     print(

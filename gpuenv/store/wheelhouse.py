@@ -228,9 +228,15 @@ class Store:
     def make_private(self) -> None:
         """The store's directory, made 0700 before anything is written: which private
         packages a user installs (page names, hashes) is theirs alone, like the files."""
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if self.root.stat().st_mode & 0o077:  # made by an older gpuenv, with the umask's mode
-            self.root.chmod(0o700)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if self.root.stat().st_mode & 0o077:  # made by an older gpuenv, the umask's mode
+                self.root.chmod(0o700)
+        except OSError as exc:  # a read-only home, a file where the directory should be
+            raise GpuenvError(
+                f"cannot write gpuenv's wheel store {self.root}: {exc.strerror}; "
+                "set XDG_CACHE_HOME to a writable directory"
+            ) from None
 
     # files
     def path(self, sha: str) -> Path:

@@ -192,3 +192,17 @@ def test_prune_removes_the_context_directories_no_build_holds(tmp_path):
     assert (
         sendable.contexts_root(tmp_path / "cache" / "wheelhouse") == tmp_path / "cache" / "contexts"
     )
+
+
+def test_cache_prune_forgets_the_requires_dist_of_wheels_no_longer_stored(tmp_path, monkeypatch):
+    from gpuenv.store import cache, wheelhouse
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    store = wheelhouse.Store(tmp_path / "wheels")
+    kept, gone = "a" * 64, "b" * 64
+    store.path(kept).parent.mkdir(parents=True)
+    store.path(kept).write_bytes(b"wheel")
+    cache.write_record(sendable.REQUIRES_RECORD, {kept: ["numpy"], gone: ["absl-py"]})
+    assert sendable.forget_requires(store) == 1
+    assert cache.read_record(sendable.REQUIRES_RECORD) == {kept: ["numpy"]}
+    assert sendable.forget_requires(store) == 0

@@ -650,3 +650,10 @@ def test_the_store_is_private_to_its_user(tmp_path):
         store.save_page("0123456789abcdef", "demo", [], "https://pypi.org/simple/")
         assert root.stat().st_mode & 0o777 == 0o700
         assert store.path(SHA).stat().st_mode & 0o077 == 0
+
+
+def test_a_store_that_cannot_be_written_is_one_error_naming_the_fix(tmp_path):
+    (tmp_path / "file").write_text("")  # where the cache directory should be
+    store = wheelhouse.Store(tmp_path / "file" / "gpuenv" / "wheelhouse")
+    with pytest.raises(GpuenvError, match=r"cannot write gpuenv's wheel store .*XDG_CACHE_HOME"):
+        store.make_private()
