@@ -142,8 +142,9 @@ def compile_requirements(
         if index_url:
             env["UV_INDEX_URL"] = _with_credential(index_url, credentials)
         if extra_index_urls:
-            urls = (_with_credential(u, credentials) for u in extra_index_urls)
-            env["UV_EXTRA_INDEX_URL"] = " ".join(urls)
+            env["UV_EXTRA_INDEX_URL"] = " ".join(
+                _with_credential(u, credentials) for u in extra_index_urls
+            )
         if ca_bundle is not None:
             env["SSL_CERT_FILE"] = str(ca_bundle)
         proc = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
@@ -183,13 +184,18 @@ def lock_cell(
     ca_bundle: Path | None = None,
 ) -> CellLock:
     indexes = (index_url, tuple(dict.fromkeys((*extra_index_urls, *cell.indexes))))
-    how = {"credentials": credentials, "ca_bundle": ca_bundle, "platform": platform_of(cell)}
-    env = compile_requirements(env_requirements(cell), cell.python, exclude_newer, *indexes, **how)
+    platform = platform_of(cell)
+
+    def resolved(requirements: list[str]) -> str:
+        return compile_requirements(
+            requirements, cell.python, exclude_newer, *indexes,
+            credentials=credentials, ca_bundle=ca_bundle, platform=platform,
+        )  # fmt: skip
+
+    env = resolved(env_requirements(cell))
     cuda = ""
     if cell.is_gpu and not cell.cuda_with_framework:
-        cuda = compile_requirements(
-            cuda_requirements(cell), cell.python, exclude_newer, *indexes, **how
-        )
+        cuda = resolved(cuda_requirements(cell))
     return CellLock(inputs_digest(cell, exclude_newer), env, cuda)
 
 
@@ -266,8 +272,10 @@ def _literal(dumper: yaml.SafeDumper, value: _Literal) -> yaml.Node:
 def write(lock: Lock) -> None:
     import yaml  # here: a build that only reads a cached lock never imports it
 
-    dumper = type("LockDumper", (yaml.SafeDumper,), {})
-    dumper.add_representer(_Literal, _literal)
+    class LockDumper(yaml.SafeDumper):  # its own class: SafeDumper's representers stay
+        pass
+
+    LockDumper.add_representer(_Literal, _literal)
     cells = {}
     for name in sorted(lock.cells):
         c = lock.cells[name]
@@ -285,7 +293,7 @@ def write(lock: Lock) -> None:
         "# matrix.lock: written by `gpuenv lock`; commit it. Builds install exactly these\n"
         "# packages (--require-hashes --no-deps). Re-lock after editing the matrix.\n"
     )
-    text = yaml.dump(doc, Dumper=dumper, sort_keys=False, width=120)
+    text = yaml.dump(doc, Dumper=LockDumper, sort_keys=False, width=120)
     # Atomically: an interrupted or concurrent `gpuenv lock` leaves one whole lock.
     fd, tmp = tempfile.mkstemp(dir=lock.path.parent, prefix=f".{lock.path.name}.")
     try:

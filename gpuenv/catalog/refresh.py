@@ -64,7 +64,7 @@ def _cuda_package(name: str) -> bool:
 
 
 def _environment(machine: str, python: str) -> dict[str, str]:
-    env = default_environment()
+    env: dict[str, str] = {str(k): str(v) for k, v in default_environment().items()}
     env.update(
         sys_platform="linux",
         platform_system="Linux",
@@ -281,7 +281,7 @@ class Context:
     def kept(self, framework: str, minor: str, version: str) -> dict[str, Any] | None:
         for row in self.previous.get(framework, {}).get("releases") or []:
             if row.get("minor") == minor and row.get("version") == version:
-                return row
+                return dict(row)
         return None
 
 
@@ -419,7 +419,9 @@ def _other_pins(
     return dict(sorted(out.items()))
 
 
-def jax_row(ctx: Context, minor: str, version: str, pages: dict[str, list[Wheel]]) -> dict | None:
+def jax_row(
+    ctx: Context, minor: str, version: str, pages: dict[str, list[Wheel]]
+) -> dict[str, Any] | None:
     jax_wheel = _newest_wheel(pages["jax"], version, None)
     if jax_wheel is None:
         return None
@@ -433,7 +435,8 @@ def jax_row(ctx: Context, minor: str, version: str, pages: dict[str, list[Wheel]
         key=Version,
     )
     at_first = [m for m in majors if any(w.version == first for w in pages[f"jax-cuda{m}-plugin"])]
-    major = (at_first or majors or [None])[-1]
+    candidates = at_first or majors
+    major = candidates[-1] if candidates else None
     python = _pythons(pages["jaxlib"], version, "x86_64")
     files = [jax_wheel.file]
     row: dict[str, Any] = {
@@ -487,9 +490,9 @@ def _kept_gpu(
     ctx: Context, framework: str, minor: str, version: str, requires: dict[str, str]
 ) -> dict[str, Any] | None:
     """The GPU choice of the unchanged row, when it still fits the requirements."""
-    old = ctx.kept(framework, minor, version)
-    gpu = (old or {}).get("gpu")
-    if not gpu or _specs(old.get("wheel_requires") or {}) != _specs(requires):  # type: ignore[union-attr]
+    old = ctx.kept(framework, minor, version) or {}
+    gpu = old.get("gpu")
+    if not isinstance(gpu, dict) or _specs(old.get("wheel_requires") or {}) != _specs(requires):
         return None
     return gpu
 
@@ -623,7 +626,7 @@ def refresh(
     say("jax")
     projects = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin")
     pages = {p: wheels(reader.page(p)) for p in projects}
-    jax_rows = []
+    jax_rows: list[dict[str, Any]] = []
     for minor, version in minors(pages["jaxlib"], FLOORS["jax"]).items():
         # The newest patch that jax, jaxlib and a plugin all have.
         patches = sorted(
@@ -632,9 +635,9 @@ def refresh(
             key=Version,
         )
         for v in reversed(patches):
-            row = jax_row(ctx, minor, v, pages)
-            if row is not None:
-                jax_rows.append(row)
+            release = jax_row(ctx, minor, v, pages)
+            if release is not None:
+                jax_rows.append(release)
                 break
         del version
 
@@ -645,7 +648,7 @@ def refresh(
     ]
 
     stamp = {"refreshed": today.isoformat(), "index": index.url}
-    documents = {
+    documents: dict[str, dict[str, Any]] = {
         "torch.yaml": {
             "framework": "torch",
             "short": "torch",
