@@ -261,7 +261,7 @@ def make_plan(
     contexts: dict[str, BuildContext] | None = None,
 ) -> BuildPlan:
     """Decide per cell what a build would do. `pull_from` is the repository published
-    images are pulled from before building ($GPUENV_REGISTRY's, gpuenv/publish/push.py);
+    images are pulled from before building ($GPUENV_REGISTRY's, gpuenv/building/pull.py);
     `contexts` are the cells' rendered contexts when the caller already has them
     (render_all); they are rendered here otherwise."""
     options = render_options(project)

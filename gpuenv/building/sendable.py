@@ -201,7 +201,7 @@ def _link(source: Path, target: Path) -> None:
 class Sender:
     """What a project's builds send: each cell's resolution (its lock entry, or resolved now
     with `uv pip compile`), its wheels fetched into the wheelhouse, and the context directory
-    the engine builds from (gpuenv/building/py)."""
+    the engine builds from (`assembled`)."""
 
     def __init__(
         self, engine: Engine, project: Project, cells: list[Cell], ca_bundle: Path | None,
