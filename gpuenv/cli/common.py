@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,11 +41,37 @@ class _Group(TyperGroup):
         except typer.Abort as exc:
             code = interrupted_code(exc)
             print(interrupted_message(code), file=sys.stderr)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            print(f"error: {out_of_space(exc)}", file=sys.stderr)
+            code = 1
         if not isinstance(code, int):
             code = 0
         if standalone_mode:
             sys.exit(code)
         return code
+
+
+def out_of_space(exc: OSError) -> str:
+    """A full disk, as one line: the file, where it is known, else the places gpuenv writes
+    on this host, and how to make room. Every verb can meet it (a normalised layer under
+    TMPDIR, a wheel or a build context in the cache), so it is said once, here. No free-space
+    figure: what failed was removed on the way out, so the disk looks roomier than it was."""
+    from gpuenv.store.cache import cache_dir
+
+    what = "no space left on device" if exc.errno == errno.ENOSPC else "disk quota exceeded"
+    if exc.filename:
+        where = f"writing {exc.filename}"
+    else:
+        where = f"gpuenv writes temporary files under TMPDIR ({tempfile.gettempdir()})"
+        cache = cache_dir()
+        if cache is not None:
+            where += f" and its cache under {cache}"
+    return (
+        f"{what}: {where}; make room (gpuenv cache prune, docker builder prune) or set "
+        "TMPDIR or XDG_CACHE_HOME to a larger filesystem"
+    )
 
 
 app = typer.Typer(

@@ -587,8 +587,10 @@ def export(store: Store, target: Path, engine: Engine | None, bases: list[str],
                         tar.add(saved, f"bases/{_base_file(image)}")
                         saved.unlink()
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(target)  # tarfile's writes do not say which file failed
         raise
     return count, len(bases) if engine is not None else 0
 

@@ -210,3 +210,45 @@ def test_a_container_the_engine_could_not_remove_is_named(
     run._remove(engine, "0123456789abcdef")
     err = capsys.readouterr().err
     assert "0123456789ab" in err and "docker rm -f" in err
+
+
+# ----------------------------------------------------------------- a full disk
+
+
+def test_a_full_disk_is_one_error_line_naming_the_file(tmp_path: Path) -> None:
+    """A real ENOSPC: the export's target on a 4 kB tmpfs, in a mount namespace of its own
+    (nothing of the host's is mounted or left); before, a traceback from tarfile."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1) for a private tmpfs (a mount namespace)")
+    full = tmp_path / "full"
+    full.mkdir()
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    mount_then_run = 'mount -t tmpfs -o size=4k gpuenv-full "$0" && exec "$@"'
+    export = [sys.executable, "-m", "gpuenv", "cache", "export", f"{full}/w.tar", "--no-bases"]
+    argv = ["unshare", "--mount", "sh", "-c", mount_then_run, str(full), *export]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: no space left on device: writing {full}/w.tar; ")
+    assert not list(full.iterdir())  # the namespace's tmpfs went with it: nothing here
+
+
+def test_a_full_disk_of_an_unnamed_file_names_where_gpuenv_writes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import errno
+
+    from gpuenv.cli.common import out_of_space
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr("tempfile.tempdir", None)  # gettempdir() reads TMPDIR again
+    (tmp_path / "tmp").mkdir()
+    line = out_of_space(OSError(errno.ENOSPC, "No space left on device"))
+    assert line.startswith("no space left on device: gpuenv writes temporary files under ")
+    assert f"TMPDIR ({tmp_path / 'tmp'}) and its cache under {tmp_path / 'cache'}/gpuenv" in line
+    assert out_of_space(OSError(errno.EDQUOT, "q")).startswith("disk quota exceeded: ")
