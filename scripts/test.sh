@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# An engine this script starts keeps 10 GB of build cache, not engine.sh's 20: the suite
+# builds tens of GB of layers and build contexts, most used by one module only (each
+# module's images go when it ends), and a CI machine's disk is shared.
+export GPUENV_BUILD_CACHE="${GPUENV_BUILD_CACHE:-10GB}"
 bash scripts/setup.sh
 .venv/bin/ruff check gpuenv tests benchmarks
 .venv/bin/ruff format --check gpuenv tests benchmarks

@@ -9,8 +9,10 @@ per session by the CLI and reused. Test matrices use repositories in TEST_REPOSI
 the same base (bookworm) and the same packages as those cells, so their RUN lines are
 byte-identical to the shipped ones and the engine's layer cache turns their builds into a
 few metadata steps. Tests that rely on that cache for speed request ``shipped_gpu`` (and
-so ``shipped_cpu``) first. The session janitor (support/cleanup.py) removes the images and
-containers the session created, and fails on gpuenv containers it left behind.
+so ``shipped_cpu``) first. The module janitor removes each module's images when it ends;
+the session janitor (support/cleanup.py) removes the rest of what the session created
+(the session fixtures' images, the session's registries) and fails on gpuenv containers
+it left behind.
 
 The helpers themselves live in support/ (one copy each); the *_fixtures.py plugins use the
 same ones. Tests take what they share from fixtures, not by importing this module.
@@ -33,6 +35,7 @@ from support.cells import (  # noqa: E402
     CPU_CELL,
     EXTRA_PIP,
     GPU_CELL,
+    MODULE_REPOSITORIES,
     SHIPPED_MATRIX,
     matrix_text,
 )
@@ -123,6 +126,20 @@ def image_janitor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     finally:
         cleanup.remove_session_containers()
         cleanup.sweep(before)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_janitor() -> Iterator[None]:
+    """When a module ends, what it created in the test repositories that no session fixture
+    shares (support/cleanup.py's rule, sooner): the suite then holds one module's images
+    at a time (a framework module alone builds ~11 GB), and the engine's build-cache
+    collection can reclaim the layers only images held."""
+    if engine_problem() is not None:
+        yield
+        return
+    before = cleanup.Snapshot.take()
+    yield
+    cleanup.sweep(before, MODULE_REPOSITORIES, registries=False)
 
 
 # --------------------------------------------------------------------------- shipped cells

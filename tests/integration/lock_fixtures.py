@@ -13,8 +13,6 @@ requirements/cuda.txt (tests/unit/test_lock.py covers its rendering).
 - ``lock_cli``: `gpuenv ...` -> CompletedProcess, optionally against another engine.
 - ``second_engine``: a second dockerd (own data-root, exec-root, pidfile and socket; no
   bridge, no iptables), empty; stopped by its PID and removed at the end of the module.
-- ``lock_janitor`` (module, autouse by the test module): removes every tag of the test
-  repositories, and the untagged images named after them, that the module created.
 - ``layer_listing(ref, host=None)``: `docker save` read with tarfile: the image config and,
   per layer, its entries (path, type, mode, owner, link target, sha256 of the contents).
 """
@@ -79,15 +77,6 @@ def lock_cli() -> Callable[..., Proc]:
 # --------------------------------------------------------------------------- images and containers
 
 
-@pytest.fixture(scope="module")
-def lock_janitor() -> Iterator[None]:
-    """Afterwards: what the module created in its repositories (support/cleanup.py's rule,
-    applied when the module ends rather than the session, to free the disk sooner)."""
-    before = cleanup.Snapshot.take()
-    yield
-    cleanup.sweep(before, OUR_REPOSITORIES)
-
-
 @pytest.fixture
 def no_leftover_containers() -> Iterator[None]:
     """Fails (and cleans up) when gpuenv left a validate/diff/probe container of one of the
@@ -108,9 +97,7 @@ def no_leftover_containers() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def locked_matrix(
-    lock_cli: Callable[..., Any], lock_janitor: None, tmp_path_factory: pytest.TempPathFactory
-) -> Path:
+def locked_matrix(lock_cli: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tmp/matrix.yaml and its matrix.lock, written by `gpuenv lock`."""
     path = tmp_path_factory.mktemp("locked") / "matrix.yaml"
     path.write_text(matrix_text(), encoding="utf-8")

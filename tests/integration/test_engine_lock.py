@@ -41,7 +41,7 @@ from lock_fixtures import (  # noqa: E402
 
 pytest_plugins = ["lock_fixtures"]
 
-pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("lock_janitor", "no_leftover_containers")]
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("no_leftover_containers")]
 
 LOCK_CHECK = "test_packages_match_the_lock"
 # Small pure-Python packages outside TF 2.21's resolution; the first one not locked is used.

@@ -74,6 +74,14 @@ TEST_REPOSITORIES = frozenset(
 )
 
 
+# Repositories whose images session fixtures build once and several modules use
+# (push_fixtures.py, validate_fixtures.py): only the session's janitor removes them.
+SESSION_REPOSITORIES = frozenset(test_repository(n) for n in ("pushpull", "broken"))
+# The others: each module's images are removed when it ends (conftest.py's module_janitor),
+# so that the suite holds one module's images at a time, not every module's until the end.
+MODULE_REPOSITORIES = TEST_REPOSITORIES - SESSION_REPOSITORIES
+
+
 def context_dir(cache_home: Path, matrix: Path, cell: str) -> Path:
     """Where gpuenv assembles the build context of a matrix's cell, with XDG_CACHE_HOME
     `cache_home` (gpuenv/building/sendable.py, Sender.context: one directory per matrix and

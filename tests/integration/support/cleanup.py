@@ -105,12 +105,17 @@ def _title(image: str) -> str:
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
-def sweep(before: Snapshot, repositories: Collection[str] = TEST_REPOSITORIES) -> list[str]:
-    """Remove what was created since ``before`` (the rule above); the references removed."""
+def sweep(
+    before: Snapshot, repositories: Collection[str] = TEST_REPOSITORIES, *, registries: bool = True
+) -> list[str]:
+    """Remove what was created since ``before`` (the rule above); the references removed.
+    registries=False leaves rule 1 out (a module's sweep: the session's registries are
+    session fixtures, whose pulled references later modules use)."""
     removed = []
     # 1. The session's registries: tags before digests (a digest reference may be the last).
     new_refs = {r for refs in _image_refs().values() for r in refs} - before.refs
-    for ref in sorted(filter(_in_claimed_registry, new_refs), key=lambda r: "@" in r):
+    claimed = filter(_in_claimed_registry, new_refs) if registries else ()
+    for ref in sorted(claimed, key=lambda r: "@" in r):
         if docker("rmi", ref, check=False).returncode == 0:
             removed.append(ref)
     # 2. New images named only in the test repositories.
