@@ -1,9 +1,9 @@
 """PyTorch and JAX cells built and validated for real (issues 12 and 23): the newest JAX
 release's CPU and GPU cells and the newest PyTorch release's GPU cell the catalog holds (its
 generated data, gpuenv/data/*.yaml), on Python 3.13, each built once per module from a test
-matrix in a temporary directory (repository gpuenv-test/frameworks, removed by the session
-janitor). The releases and their pins come from the catalog, so a refresh moves this test
-to the new newest releases with no edit.
+matrix in a temporary directory (repository gpuenv-test-<session>/frameworks, removed when
+the module ends). The releases and their pins come from the catalog, so a refresh moves
+this test to the new newest releases with no edit.
 
 Every check that needs no GPU must pass, the CUDA libraries' loading included; the device
 checks are skipped with the reason (no GPU here), never faked. The torch CPU cell is not
