@@ -559,6 +559,11 @@ def _build_for_run(engine: Engine, project: Project, cell: Cell) -> None:
 # ---------------------------------------------------------------------- preflight
 
 
+def say(message: str) -> None:
+    """Progress for the user (here and on a cluster), on stderr: stdout is the workload's."""
+    print(f"gpuenv: {message}", file=sys.stderr)
+
+
 def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 

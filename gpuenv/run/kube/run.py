@@ -33,14 +33,7 @@ from gpuenv.run.kube.manifest import (
     parse_timeout,
     to_yaml,
 )
-
-
-def say(message: str) -> None:
-    print(f"gpuenv: {message}", file=sys.stderr)
-
-
-def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
+from gpuenv.run.local import say, warn
 
 
 @dataclass

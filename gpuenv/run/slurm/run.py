@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from gpuenv.run.interrupts import Interrupted, raising_interrupted
+from gpuenv.run.local import say, warn
 from gpuenv.run.slurm import SlurmError
 from gpuenv.run.slurm.jobs import NEVER, Job, Slurm
 from gpuenv.run.slurm.script import (
@@ -38,14 +39,6 @@ from gpuenv.run.slurm.script import (
 
 POLL_SECONDS = 0.5
 CANCEL_PATIENCE = 120  # seconds for Slurm to end a cancelled job's processes (KillWait...)
-
-
-def say(message: str) -> None:
-    print(f"gpuenv: {message}", file=sys.stderr)
-
-
-def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
 
 
 @dataclass
