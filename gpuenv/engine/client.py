@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from gpuenv.matrix import contract
 from gpuenv.matrix.errors import GpuenvError
@@ -106,6 +106,10 @@ class ContainerSpec:
     workdir: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     binds: list[str] = field(default_factory=list)
+    # (source, target, read-only): binds of the engine host's paths, as Docker's --mount
+    # makes them: a source that is not there is the engine's error, never an empty
+    # directory the engine creates (what `binds` does).
+    mounts: list[tuple[str, str, bool]] = field(default_factory=list)
     ports: dict[str, Any] = field(default_factory=dict)
     tmpfs: dict[str, str] = field(default_factory=dict)
     device_requests: list[dict[str, Any]] = field(default_factory=list)
@@ -582,6 +586,7 @@ class Engine:
         with _translated():
             host = api.create_host_config(
                 binds=spec.binds or None,
+                mounts=[_bind_mount(*m) for m in spec.mounts] or None,
                 port_bindings=spec.ports or None,
                 device_requests=[_device_request(d) for d in spec.device_requests] or None,
                 init=spec.init,
@@ -675,6 +680,31 @@ class Engine:
                 raise engine_error(exc) from None
             raise
 
+    def put_archive(self, cid: str, path: str, data: BinaryIO) -> None:
+        """Extract a tar stream into a container's `path` (its volumes included); owners
+        and modes as the tar's headers give them."""
+        with _translated():
+            if not self._api.put_archive(cid, path, data):
+                raise EngineError(f"the engine refused files for {path} in {cid[:12]}")
+
+    def get_archive(self, cid: str, path: str) -> Iterator[bytes]:
+        """A container's `path` (its volumes included) as a tar stream, in chunks."""
+        with _translated():
+            stream, _ = self._api.get_archive(cid, path)
+        return _translated_stream(stream)
+
+    def create_volume(self, name: str, labels: dict[str, str]) -> dict[str, str]:
+        """The named volume, created with `labels` when it is not there yet; the labels it
+        has (a volume of that name made by someone else keeps its own)."""
+        with _translated():
+            try:
+                found = self._api.inspect_volume(name)
+            except Exception as exc:
+                if not (_status(exc) == 404 or _sdk_error(exc, "NotFound")):
+                    raise
+                found = self._api.create_volume(name, labels=labels)
+        return dict(found.get("Labels") or {})
+
     def exec(self, cid: str, command: list[str], user: str = "") -> tuple[int, str]:
         """Run a command in a running container; (exit code, stdout)."""
         api = self._api
@@ -719,6 +749,12 @@ class Engine:
 def _translated_stream(stream: Iterator[Any]) -> Iterator[Any]:
     with _translated():
         yield from stream
+
+
+def _bind_mount(source: str, target: str, read_only: bool) -> Any:
+    from docker.types import Mount
+
+    return Mount(target, source, type="bind", read_only=read_only)
 
 
 def _podman_tmpfs(options: str) -> str:

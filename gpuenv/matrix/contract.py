@@ -39,7 +39,7 @@ SOURCE_DATE_EPOCH = "io.gpuenv.source-date-epoch"
 
 # Labels on the containers gpuenv starts, one per purpose, so that a leftover container
 # says who made it (and tests can find orphans).
-CONTAINER_ROLES = ("run", "probe", "validate", "diff", "monitor", "export")
+CONTAINER_ROLES = ("run", "sync", "probe", "validate", "diff", "monitor", "export")
 
 
 def container_labels(role: str) -> dict[str, str]:

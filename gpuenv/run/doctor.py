@@ -12,10 +12,15 @@ import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuenv.gpu.gpus import GpuInfo, driver_verdict, parse_nvidia_smi_query
 from gpuenv.matrix.contract import TITLE, ImageLabels
+
+if TYPE_CHECKING:
+    from gpuenv.engine.client import Engine
+
+BASE_IMAGE = "gpuenv/debian:bookworm"  # what every cell is built on, when no cell is there
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,9 @@ class Facts:
     # /proc/sys/fs/binfmt_misc/qemu-aarch64 on the engine's host: None when unknown (remote
     # engine), "" when binfmt_misc has no such entry (or is not mounted), else its text.
     binfmt_aarch64: str | None = None
+    # Whether the engine sees this directory (gpuenv/run/sync.py), and why; None: unknown.
+    workdir_seen: bool | None = None
+    workdir_why: str = ""
 
 
 def gpu_support(facts: Facts) -> Finding:
@@ -163,6 +171,19 @@ def arm64_finding(facts: Facts) -> Finding:
                    "-arm64 cells build and run emulated, several times slower")  # fmt: skip
 
 
+def workdir_finding(facts: Facts) -> Finding:
+    if facts.workdir_seen is None:
+        return Finding("working directory", "info", f"not checked: {facts.workdir_why}")
+    if facts.workdir_seen:
+        return Finding("working directory", "ok",
+                       f"the engine sees this directory ({facts.workdir_why}): `gpuenv run` "
+                       "binds it")  # fmt: skip
+    return Finding("working directory", "info",
+                   f"the engine cannot see this directory ({facts.workdir_why}): `gpuenv run` "
+                   "sends it to a volume there and brings back what the workload "
+                   "writes")  # fmt: skip
+
+
 def evaluate(facts: Facts) -> list[Finding]:
     if facts.engine_error:
         return [
@@ -195,6 +216,7 @@ def evaluate(facts: Facts) -> list[Finding]:
         findings.append(Finding("driver", "info", f"no NVIDIA driver or GPU found on {where}"))
     gpu_ok = support.level in ("ok", "info")
     findings.extend(image_verdict(labels, facts, gpu_ok) for labels in facts.images)
+    findings.append(workdir_finding(facts))
     return findings
 
 
@@ -283,6 +305,7 @@ def gather() -> Facts:
     except GpuenvError as exc:
         facts.engine_error = exc.message
         return facts
+    _gather_workdir(eng, facts)
     if facts.local:
         facts.hook_on_host = shutil.which("nvidia-container-runtime-hook") is not None
         facts.cdi_specs = _cdi_specs()
@@ -297,6 +320,25 @@ def gather() -> Facts:
                 facts.gpus, facts.driver_source = gpus, source
                 break
     return facts
+
+
+def _gather_workdir(engine: Engine, facts: Facts) -> None:
+    """Whether the engine sees the current directory, probed with an image it has."""
+    from gpuenv.matrix.errors import GpuenvError
+    from gpuenv.run import sync
+
+    titles = [ImageLabels(labels).raw.get(TITLE) for labels in facts.images]
+    candidates = [t for t in titles if t] + [BASE_IMAGE]
+    image = next((ref for ref in candidates if engine.image(ref) is not None), None)
+    if image is None:
+        facts.workdir_why = "no gpuenv image on the engine to probe with (gpuenv build)"
+        return
+    try:
+        verdict = sync.visibility(engine, Path.cwd(), image)
+    except GpuenvError as exc:
+        facts.workdir_why = exc.message
+        return
+    facts.workdir_seen, facts.workdir_why = verdict.sees, verdict.why
 
 
 def matrix_findings(facts: Facts, file: Path | None) -> list[Finding]:

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -101,6 +101,7 @@ def check_options(
 
 
 _BAD_PATH = re.compile(r"[\x00-\x1f]")
+_MISSING_SOURCE = re.compile(r"bind source path does not exist: (\S+)")
 _ENV_NAME = re.compile(r"[^\s=\x00]+")
 _VOLUME_MODES = {"ro", "rw", "z", "Z", "ro,z", "ro,Z", "rw,z", "rw,Z"}
 
@@ -244,6 +245,7 @@ class _Stopper:
     def __init__(self, engine: Engine, cid: str) -> None:
         self.engine, self.cid = engine, cid
         self.signals = 0
+        self.first = 0  # the first signal's number: the run then exits 128 + it
         self.previous: dict[int, Any] = {}
 
     def __enter__(self) -> _Stopper:
@@ -254,6 +256,7 @@ class _Stopper:
 
     def _handle(self, signum: int, frame: object) -> None:
         self.signals += 1
+        self.first = self.first or signum
         timeout = grace_seconds() if self.signals == 1 else 0
         threading.Thread(target=self._stop, args=(timeout,), daemon=True).start()
 
@@ -285,26 +288,59 @@ def run(
     stdout: BinaryIO | None = None,
     stderr: BinaryIO | None = None,
 ) -> int:
-    """Run the container to its end; its exit code. Output goes to this process's streams,
-    or to `stdout`/`stderr` when given (gpuenv bench reads the workload's result there)."""
+    """Run the container to its end; its exit code (128 + the signal when Ctrl-C or SIGTERM
+    stopped it). Output goes to this process's streams, or to `stdout`/`stderr` when given
+    (gpuenv bench reads the workload's result there). On an engine that cannot see the
+    working directory, the directory travels there and what the workload wrote comes back
+    (gpuenv/run/sync.py)."""
+    from gpuenv.run import sync
+
     spec = container_spec(opts)
     spec.platform = foreign_platform(engine, opts.image)
-    if engine.is_local:  # a remote engine's paths are on its host, not here
-        check_bind_sources(spec.binds)
+    if sync.visibility(engine, opts.cwd, opts.image).sees:
+        if engine.is_local:  # a remote engine's paths are on its host, not here
+            check_bind_sources(spec.binds)
+        return _run(engine, spec, opts, stdout, stderr)
+    spec = engine_host_binds(spec)
+    with sync.synced(engine, opts.cwd, opts.image, opts.uid, opts.gid) as synced:
+        spec.binds[0] = f"{synced.volume}:{opts.cwd}"
+        return _run(engine, spec, opts, stdout, stderr)
+
+
+def engine_host_binds(spec: ContainerSpec) -> ContainerSpec:
+    """-v sources on an engine that cannot see this machine: the engine host's own paths,
+    as Docker users expect, but bound the way --mount binds, so that a path only this
+    machine has is the engine's refusal (explained by _start_error), never an empty
+    directory the engine creates. Named volumes stay as they are."""
+    host = [b for b in spec.binds[1:] if b.startswith("/")]
+    mounts = [(src, dst, rest == ["ro"]) for src, dst, *rest in (b.split(":") for b in host)]
+    kept = [spec.binds[0], *(b for b in spec.binds[1:] if not b.startswith("/"))]
+    return replace(spec, binds=kept, mounts=[*spec.mounts, *mounts])
+
+
+def _run(
+    engine: Engine,
+    spec: ContainerSpec,
+    opts: RunOptions,
+    stdout: BinaryIO | None,
+    stderr: BinaryIO | None,
+) -> int:
     try:
         cid = engine.create(spec)
     except EngineError as exc:
-        raise _start_error(exc, opts) from None
+        raise _start_error(exc, opts, engine) from None
     try:
         with (
-            _Stopper(engine, cid),
+            _Stopper(engine, cid) as stopper,
             _watching(engine, cid, opts),
         ):
             if opts.interactive and sys.stdin.isatty():
-                return _run_tty(engine, cid)
-            return _run_streaming(engine, cid, stdout, stderr)
+                code = _run_tty(engine, cid)
+            else:
+                code = _run_streaming(engine, cid, stdout, stderr)
+        return 128 + stopper.first if stopper.first else code
     except EngineError as exc:
-        raise _start_error(exc, opts) from None
+        raise _start_error(exc, opts, engine) from None
     finally:
         _remove(engine, cid)
 
@@ -348,13 +384,23 @@ def _watching(
     return monitor.watching(engine, cid, opts.image, opts.gpus, opts.monitor)
 
 
-def _start_error(exc: Exception, opts: RunOptions) -> GpuenvError:
-    """The engine's refusal, explained: the NVIDIA toolkit's errors, a command that is not
-    there (127) or cannot be executed (126), else the engine's own message (125)."""
+def _start_error(exc: Exception, opts: RunOptions, engine: Engine) -> GpuenvError:
+    """The engine's refusal, explained: the NVIDIA toolkit's errors, a -v source its host
+    does not have, a command that is not there (127) or cannot be executed (126), else the
+    engine's own message (125)."""
     text = str(getattr(exc, "detail", "") or exc)
     explained = explain_start_error(text, opts.image)
     if explained:
         return fail(explained)
+    missing_source = _MISSING_SOURCE.search(text)
+    if missing_source:
+        src = missing_source.group(1)
+        here = " (this machine has it, but gpuenv sends only the working directory)"
+        return fail(
+            f"-v {src}: no such path on the engine's host ({engine.url}), which cannot see "
+            f"this machine's files{here if os.path.exists(src) else ''}; put the data on "
+            "that host, or in a volume there (-v NAME:/data)"
+        )
     # "no such file or directory" alone may be about the engine's own files (podman's
     # container-init binary): it means the command only when it names the command.
     missing = "no such file or directory" in text and opts.command[0] in text
@@ -663,7 +709,7 @@ def probe_gpus(engine: Engine, image: str, gpus: GpuRequest) -> list[GpuInfo] | 
     try:
         cid = engine.create(spec)
     except EngineError as exc:
-        raise _start_error(exc, RunOptions(image=image, command=command)) from None
+        raise _start_error(exc, RunOptions(image=image, command=command), engine) from None
     try:
         engine.start(cid)
         code = engine.wait(cid, timeout=60)

@@ -20,7 +20,7 @@ from gpuenv.gpu.gpus import (
     parse_nvidia_smi_query,
 )
 from gpuenv.run import doctor
-from gpuenv.run.doctor import Facts, Finding, evaluate, gpu_support, image_verdict
+from gpuenv.run.doctor import Facts, Finding, evaluate, gpu_support, image_verdict, workdir_finding
 
 RECORDED = Path(__file__).parent / "recorded"
 TOOLKIT_MISSING = "install the NVIDIA Container Toolkit"
@@ -229,11 +229,11 @@ def test_evaluate_reports_engine_support_driver_and_images(hook_only_facts: Fact
     hook_only_facts.images = [GPU_IMAGE, CPU_IMAGE]
     findings = evaluate(hook_only_facts)
     assert [f.topic for f in findings] == ["engine", "build", "arm64", "gpu support", "driver", "x",
-                                           "x-cpu"]  # fmt: skip
+                                           "x-cpu", "working directory"]  # fmt: skip
     assert findings[0].level == "ok"  # the grep'd info has no version: "?" is said, not invented
     assert "Docker Engine ?" in findings[0].message
     assert findings[4].message.startswith("NVIDIA driver 535.183.01 via nvidia-smi")
-    assert [f.level for f in findings[5:]] == ["warning", "ok"]
+    assert [f.level for f in findings[5:7]] == ["warning", "ok"]
 
 
 def test_evaluate_names_the_recorded_server_version(nvidia_runtime_facts: Facts) -> None:
@@ -252,7 +252,7 @@ def test_evaluate_gpu_image_on_an_engine_without_gpu_support_is_an_error(
     nothing_facts.images = [GPU_IMAGE]
     findings = evaluate(nothing_facts)
     assert findings[3].topic == "gpu support" and findings[3].level == "error"
-    assert findings[-1].level == "error" and "cannot pass GPUs" in findings[-1].message
+    assert findings[-2].level == "error" and "cannot pass GPUs" in findings[-2].message
 
 
 # ---------------------------------------------------------------------------- image verdicts
@@ -471,3 +471,17 @@ def test_doctor_says_whether_arm64_containers_run_and_how_to_enable_them(
     assert finding.level == level and words in finding.message
     if level != "ok":
         assert finding.fix and "update-binfmts --enable qemu-aarch64" in finding.fix
+
+
+@pytest.mark.parametrize(
+    ("seen", "why", "level", "says"),
+    [
+        (True, "a file gpuenv wrote into /p was read back in a container", "ok", "binds it"),
+        (False, "the engine's host has no directory /p", "info", "sends it to a volume"),
+        (None, "no gpuenv image on the engine to probe with (gpuenv build)", "info", "not checked"),
+    ],
+)
+def test_doctor_says_whether_the_engine_sees_this_directory_and_why(seen, why, level, says):
+    finding = workdir_finding(Facts(workdir_seen=seen, workdir_why=why))
+    assert finding.topic == "working directory" and finding.level == level
+    assert says in finding.message and why in finding.message

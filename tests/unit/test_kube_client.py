@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from kubernetes.client import ApiException
 
+from gpuenv.matrix.errors import GpuenvError
 from gpuenv.run.kube import KubeError, client
-from gpuenv.run.kube.layer import MAX_FILES, build_context, collect
+from gpuenv.run.kube.layer import build_context
+from gpuenv.run.workdir import MAX_FILES, collect
 
 KUBECONFIG = """\
 apiVersion: v1
@@ -140,21 +142,38 @@ def test_code_layer_is_deterministic_and_leaves_out_caches(tmp_path):
 
 
 def test_code_layer_limits(tmp_path, monkeypatch):
-    import gpuenv.run.kube.layer as layer
+    import gpuenv.run.workdir as workdir
 
     (tmp_path / "a.bin").write_bytes(b"\0" * 100)
-    monkeypatch.setattr(layer, "MAX_BYTES", 50)
-    with pytest.raises(KubeError, match=r"more than 0 MiB.*--pvc"):
+    monkeypatch.setattr(workdir, "MAX_BYTES", 50)
+    with pytest.raises(GpuenvError, match=r"more than 0 MiB.*--pvc") as raised:
         build_context(tmp_path, "x")
-    monkeypatch.setattr(layer, "MAX_FILES", 0)
-    with pytest.raises(KubeError, match="files, more than the code layer takes"):
+    assert raised.value.exit_code == 125
+    monkeypatch.setattr(workdir, "MAX_FILES", 0)
+    with pytest.raises(GpuenvError, match=r"files, more than gpuenv sends.*--pvc"):
         build_context(tmp_path, "x")
     assert MAX_FILES == 20_000
 
 
+def test_code_layer_leaves_secrets_out(tmp_path):
+    """The review's M5: a project directory's credentials never reach a pushed layer."""
+    (tmp_path / "train.py").write_text("print(1)\n")
+    for name in (".env", ".env.local", ".netrc", "id_ed25519", ".pypirc"):
+        (tmp_path / name).write_text("secret\n")
+    for sub in (".aws/credentials", ".docker/config.json", ".ssh/id_rsa", "keys/id_rsa"):
+        (tmp_path / sub).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / sub).write_text("secret\n")
+    assert _names(build_context(tmp_path, "x")) == [
+        "Dockerfile",
+        "workspace",
+        "workspace/keys",
+        "workspace/train.py",
+    ]
+
+
 def test_dockerignore_exceptions_are_refused(tmp_path):
     (tmp_path / ".dockerignore").write_text("data\n!data/keep\n")
-    with pytest.raises(KubeError, match=r"\.dockerignore:2: '!' exceptions"):
+    with pytest.raises(GpuenvError, match=r"\.dockerignore:2: '!' exceptions"):
         collect(tmp_path)
 
 
