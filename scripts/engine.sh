@@ -13,7 +13,9 @@
 #      service, which the tests start and stop themselves; slurmctld, slurmd,
 #      slurm-client, munge, charliecloud-runtime and squashfs-tools-ng for
 #      tests/integration/test_engine_slurm.py: a Slurm cluster the tests start and
-#      stop themselves (the packages' own services are not used));
+#      stop themselves (the packages' own services are not used)); openssh-server for
+#      tests/integration/support/another_host.py: an sshd in the lab's namespaces, which
+#      the tests start themselves (the package's own service is not used);
 #      `apt-get update` runs only when something is missing;
 #   2. if `docker info` does not answer, starts
 #        dockerd --bridge=none --iptables=false --ip-masq=false
@@ -50,7 +52,7 @@ readonly CONFIG=/etc/gpuenv/dockerd.json
 readonly PACKAGES=(docker.io debootstrap mmdebstrap docker-registry iproute2 e2fsprogs openssl
     rootlesskit slirp4netns uidmap podman catatonit
     slurmctld slurmd slurm-client munge charliecloud-runtime squashfs-tools-ng
-    qemu-user-static binfmt-support arch-test)
+    qemu-user-static binfmt-support arch-test openssh-server)
 
 say() { printf 'engine.sh: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
