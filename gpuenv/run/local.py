@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -101,7 +101,7 @@ def check_options(
 
 
 _BAD_PATH = re.compile(r"[\x00-\x1f]")
-_MISSING_SOURCE = re.compile(r"bind source path does not exist: (\S+)")
+_MISSING_SOURCE = re.compile(r"bind source path does not exist: ([^\s\"']+)")
 _ENV_NAME = re.compile(r"[^\s=\x00]+")
 _VOLUME_MODES = {"ro", "rw", "z", "Z", "ro,z", "ro,Z", "rw,z", "rw,Z"}
 
@@ -304,7 +304,8 @@ def run(
     spec = engine_host_binds(spec)
     with sync.synced(engine, opts.cwd, opts.image, opts.uid, opts.gid) as synced:
         spec.binds[0] = f"{synced.volume}:{opts.cwd}"
-        return _run(engine, spec, opts, stdout, stderr)
+        # Sent once the engine has taken the container: a refused -v sends nothing.
+        return _run(engine, spec, opts, stdout, stderr, before_start=synced.send)
 
 
 def engine_host_binds(spec: ContainerSpec) -> ContainerSpec:
@@ -324,12 +325,15 @@ def _run(
     opts: RunOptions,
     stdout: BinaryIO | None,
     stderr: BinaryIO | None,
+    before_start: Callable[[], None] | None = None,
 ) -> int:
     try:
         cid = engine.create(spec)
     except EngineError as exc:
         raise _start_error(exc, opts, engine) from None
     try:
+        if before_start is not None:
+            before_start()
         with (
             _Stopper(engine, cid) as stopper,
             _watching(engine, cid, opts),

@@ -200,10 +200,12 @@ class Synced:
         self.crossed = Crossed()
         self._helper: str | None = None
         self._staged: dict[str, Entry] = {}
+        self.sent = False  # the copy there is this directory: what the workload writes counts
 
     # -- before
-    def send(self) -> None:
-        local = workdir.listing(self.cwd, WHERE_DATA_GOES)
+    def claim_volume(self) -> None:
+        """The volume, made when it is not there; refused when it is not gpuenv's copy of
+        this directory."""
         owner = _owner(self.cwd, self.uid)
         labels = self.engine.create_volume(self.volume, {VOLUME_LABEL: owner})
         if labels.get(VOLUME_LABEL) != owner:
@@ -213,6 +215,9 @@ class Synced:
                 f"{self.volume}) and run again",
                 exit_code=125,
             )
+
+    def send(self) -> None:
+        local = workdir.listing(self.cwd, WHERE_DATA_GOES)
         spec = ContainerSpec(self.image, ["sleep", "infinity"], user="0:0", workdir="/",
                              binds=[f"{self.volume}:{self.cwd}"], network="none", init=True,
                              labels=contract.container_labels("sync"))  # fmt: skip
@@ -230,6 +235,7 @@ class Synced:
         self._staged = staged
         self.crossed.sent = sum(1 for rel in send if local[rel].kind == "f")
         self.crossed.removed = len(gone)
+        self.sent = True
 
     def _pack_local(self, rels: list[str], local: dict[str, Entry], out: IO[bytes]) -> int:
         total = 0
@@ -411,16 +417,18 @@ def _same(a: Entry | None, b: Entry | None) -> bool:
 
 @contextlib.contextmanager
 def synced(engine: Engine, cwd: Path, image: str, uid: int, gid: int) -> Iterator[Synced]:
-    """Send the directory, yield, bring back what the workload wrote, whatever ended it;
-    the helper container is removed on every path, and the crossing is printed once."""
+    """The volume claimed; the caller mounts `volume`, creates its container and calls
+    `send()`; what the workload wrote comes back whatever ended it, the helper container
+    is removed on every path, and the crossing is printed once."""
     sync = Synced(engine, cwd, image, uid, gid)
     try:
-        sync.send()
+        sync.claim_volume()
         try:
             yield sync
         finally:
-            sync.bring_back()
-            print(sync.crossed.line(engine.url), file=sys.stderr)
+            if sync.sent:
+                sync.bring_back()
+                print(sync.crossed.line(engine.url), file=sys.stderr)
             for rel in sync.crossed.conflicts:
                 print(f"gpuenv: warning: {rel} changed here during the run; the workload's "
                       f"copy is {rel}{CONFLICT_SUFFIX}", file=sys.stderr)  # fmt: skip
