@@ -162,11 +162,18 @@ def print_table(rows: list[tuple[str, ...]]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
 
 
-# Options of `run` that take a value: the word after them is not the command.
-_VALUED = {"-i", "--image", "--gpus", "-e", "--env", "-v", "--volume", "-p", "--publish",
-           "--network", "--workdir", "--ipc", "-f", "--file", "--context", "--namespace",
-           "--registry", "--pvc", "--timeout", "--runtime-class", "--shm-size",
-           "--pull-secret", "--attach", "--logs", "--monitor-out"}  # fmt: skip
+def _valued_options(verb: str) -> set[str]:
+    """The verb's options that take a value (the word after them is not the command), read
+    from its parser: a list kept by hand drifted (the Slurm options were missing from it).
+    `--monitor` takes its interval only with `=` and counts as a flag here."""
+    group: Any = typer.main.get_command(app)  # Typer's own Click: matched by shape, not type
+    return {
+        name
+        for p in group.commands[verb].params
+        if p.param_type_name == "option" and not p.is_flag and not p.count
+        for name in p.opts
+        if name != "--monitor"
+    }
 
 
 def normalise_argv(args: list[str]) -> list[str]:
@@ -176,8 +183,9 @@ def normalise_argv(args: list[str]) -> list[str]:
     if args[:1] == ["bench"]:  # options and patterns interleave there; no command follows
         return [a if a != "--monitor" else "--monitor=default" for a in args]
     if args[:1] == ["run"]:
+        valued = _valued_options("run")
         for i, arg in enumerate(args):
-            if arg == "--" or (i > 0 and not arg.startswith("-") and args[i - 1] not in _VALUED):
+            if arg == "--" or (i > 0 and not arg.startswith("-") and args[i - 1] not in valued):
                 break
             if arg in ("-it", "-ti"):
                 args[i] = "--interactive"

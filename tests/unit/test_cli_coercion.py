@@ -58,3 +58,17 @@ def test_the_entry_point_reads_docker_spelling(tmp_path):
     )  # fmt: skip
     assert "none.yaml: no such file" in proc.stderr, proc.stderr
     assert "'t'" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_run_options_that_take_a_value_come_from_the_parser():
+    """The architecture review's drift case: Slurm's --partition was missing from a list kept
+    by hand, so `-it` after it parsed as `-i t` and gave an unrelated error."""
+    from gpuenv.cli.common import _valued_options, normalise_argv
+    from gpuenv.cli.verbs import app  # registers the verbs
+
+    assert app is not None
+    args = ["run", "--slurm", "--partition", "gpu", "--dry-run", "-it", "train.py"]
+    assert normalise_argv(args)[5] == "--interactive"
+    valued = _valued_options("run")
+    assert {"--partition", "--nodes", "--time", "-i", "--gpus", "-v"} <= valued
+    assert not {"--slurm", "--kube", "--dry-run", "--interactive", "--monitor"} & valued
