@@ -330,7 +330,7 @@ def _run(
     try:
         cid = engine.create(spec)
     except EngineError as exc:
-        raise _start_error(exc, opts, engine) from None
+        raise _start_error(exc, opts, engine.url) from None
     try:
         if before_start is not None:
             before_start()
@@ -344,7 +344,7 @@ def _run(
                 code = _run_streaming(engine, cid, stdout, stderr)
         return 128 + stopper.first if stopper.first else code
     except EngineError as exc:
-        raise _start_error(exc, opts, engine) from None
+        raise _start_error(exc, opts, engine.url) from None
     finally:
         _remove(engine, cid)
 
@@ -388,7 +388,7 @@ def _watching(
     return monitor.watching(engine, cid, opts.image, opts.gpus, opts.monitor)
 
 
-def _start_error(exc: Exception, opts: RunOptions, engine: Engine) -> GpuenvError:
+def _start_error(exc: Exception, opts: RunOptions, engine_url: str = "") -> GpuenvError:
     """The engine's refusal, explained: the NVIDIA toolkit's errors, a -v source its host
     does not have, a command that is not there (127) or cannot be executed (126), else the
     engine's own message (125)."""
@@ -401,7 +401,7 @@ def _start_error(exc: Exception, opts: RunOptions, engine: Engine) -> GpuenvErro
         src = missing_source.group(1)
         here = " (this machine has it, but gpuenv sends only the working directory)"
         return fail(
-            f"-v {src}: no such path on the engine's host ({engine.url}), which cannot see "
+            f"-v {src}: no such path on the engine's host ({engine_url}), which cannot see "
             f"this machine's files{here if os.path.exists(src) else ''}; put the data on "
             "that host, or in a volume there (-v NAME:/data)"
         )
@@ -713,7 +713,7 @@ def probe_gpus(engine: Engine, image: str, gpus: GpuRequest) -> list[GpuInfo] | 
     try:
         cid = engine.create(spec)
     except EngineError as exc:
-        raise _start_error(exc, RunOptions(image=image, command=command), engine) from None
+        raise _start_error(exc, RunOptions(image=image, command=command), engine.url) from None
     try:
         engine.start(cid)
         code = engine.wait(cid, timeout=60)

@@ -8,6 +8,7 @@ Unit tests get it through the ``fake_engine`` fixture (tests/unit/conftest.py).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from gpuenv.engine.client import ContainerSpec, EngineError, ImageInfo
@@ -115,7 +116,11 @@ class FakeEngine:
         return int(self.outcomes.get(self.containers[cid].image, (0, ""))[0])
 
     def logs(self, cid: str, *, stderr: bool = False) -> str:
-        return str(self.outcomes.get(self.containers[cid].image, (0, ""))[1])
+        spec = self.containers[cid]
+        if spec.mounts and spec.command[:1] == ["cat"]:  # an engine on this machine sees its
+            source, target, _ = spec.mounts[0]  # files: sync.probe reads its token back
+            return Path(spec.command[1].replace(target, source, 1)).read_text()
+        return str(self.outcomes.get(spec.image, (0, ""))[1])
 
     def stop(self, cid: str, timeout: int) -> None:
         pass

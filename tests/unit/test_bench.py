@@ -196,7 +196,10 @@ def test_bench_runs_the_workload_through_runs_container_path(fake_engine, monkey
     assert rows[0].ms_per_step == 14.0 and rows[0].speedup == 1.0
     assert rows[0].device == "CPU: x, 2 threads"
     assert all(r.missing and "no --gpus given" in r.missing for r in rows[1:])
-    (spec,) = eng.created  # one container: the CPU row's
+    # Two containers: the probe of whether the engine sees the scratch directory (it does:
+    # bound, not sent), then the CPU row's.
+    probe, spec = eng.created
+    assert probe.labels == {"io.gpuenv.probe": "1"} and probe.network == "none"
     assert spec.command == ["python", "lstm.py", "--device", "cpu", "--scale", "0.1"]
     assert spec.network == "none" and spec.device_requests == []
     assert spec.workdir and spec.workdir.startswith(spec.binds[0].split(":")[0])

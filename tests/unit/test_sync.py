@@ -106,12 +106,9 @@ def test_binds_on_an_engine_that_cannot_see_this_machine():
 
 
 def test_a_source_the_engine_host_lacks_is_one_error_with_the_fix(tmp_path):
-    class Engine:
-        url = "ssh://gpu-box"
-
     text = 'invalid mount config for type "bind": bind source path does not exist: ' + str(tmp_path)
     opts = local.RunOptions(image="img", command=["python", "t.py"], cwd=tmp_path)
-    error = local._start_error(RuntimeError(text), opts, Engine())  # type: ignore[arg-type]
+    error = local._start_error(RuntimeError(text), opts, "ssh://gpu-box")
     assert error.exit_code == 125
     assert error.message.startswith(f"-v {tmp_path}: no such path on the engine's host")
     assert "this machine has it" in error.message and "-v NAME:/data" in error.message
