@@ -297,12 +297,12 @@ def run(
 
     spec = container_spec(opts)
     spec.platform = foreign_platform(engine, opts.image)
-    if sync.visibility(engine, opts.cwd, opts.image).sees:
+    if sync.visibility(engine, opts.cwd, opts.image, spec.platform).sees:
         if engine.is_local:  # a remote engine's paths are on its host, not here
             check_bind_sources(spec.binds)
         return _run(engine, spec, opts, stdout, stderr)
     spec = engine_host_binds(spec)
-    with sync.synced(engine, opts.cwd, opts.image, opts.uid, opts.gid) as synced:
+    with sync.synced(engine, opts.cwd, opts.image, opts.uid, opts.gid, spec.platform) as synced:
         spec.binds[0] = f"{synced.volume}:{opts.cwd}"
         # Sent once the engine has taken the container: a refused -v sends nothing.
         return _run(engine, spec, opts, stdout, stderr, before_start=synced.send)

@@ -100,14 +100,14 @@ class Visibility:
     why: str
 
 
-def visibility(engine: Engine, cwd: Path, image: str) -> Visibility:
+def visibility(engine: Engine, cwd: Path, image: str, platform: str | None = None) -> Visibility:
     """Whether the engine sees `cwd` as this machine does, and why; asked once per engine
     and directory for VERDICT_MAX_AGE (a probe container from `image`)."""
     key = _verdict_key(engine, cwd)
     kept = cache.read_record(VERDICTS).get(key)
     if isinstance(kept, dict) and 0 <= time.time() - float(kept.get("at") or 0) <= VERDICT_MAX_AGE:
         return Visibility(bool(kept.get("sees")), str(kept.get("why") or ""))
-    verdict = probe(engine, cwd, image)
+    verdict = probe(engine, cwd, image, platform)
     cache.update_record(VERDICTS, {key: {"sees": verdict.sees, "why": verdict.why,
                                          "at": int(time.time())}})  # fmt: skip
     return verdict
@@ -118,7 +118,7 @@ def _verdict_key(engine: Engine, cwd: Path) -> str:
     return hashlib.sha256(f"{engine.url}\0{engine_id}\0{cwd}".encode()).hexdigest()
 
 
-def probe(engine: Engine, cwd: Path, image: str) -> Visibility:
+def probe(engine: Engine, cwd: Path, image: str, platform: str | None = None) -> Visibility:
     """Write a token into `cwd` and read it back through a bind of the same path on the
     engine's host."""
     token = secrets.token_hex(16)
@@ -132,7 +132,8 @@ def probe(engine: Engine, cwd: Path, image: str) -> Visibility:
             fh.write(token)
         spec = ContainerSpec(image, ["cat", f"{_PROBE_DIR}/{marker.name}"], user="0:0",
                              mounts=[(str(cwd), _PROBE_DIR, True)], network="none",
-                             init=False, labels=contract.container_labels("probe"))  # fmt: skip
+                             init=False, platform=platform,
+                             labels=contract.container_labels("probe"))  # fmt: skip
         try:
             cid = engine.create(spec)
         except EngineError as exc:
@@ -194,8 +195,11 @@ class Synced:
     """The directory in a volume on the engine, for one run: `volume` to mount at `cwd`
     before the workload; `bring_back()` after it."""
 
-    def __init__(self, engine: Engine, cwd: Path, image: str, uid: int, gid: int) -> None:
+    def __init__(
+        self, engine: Engine, cwd: Path, image: str, uid: int, gid: int, platform: str | None
+    ) -> None:
         self.engine, self.cwd, self.image, self.uid, self.gid = engine, cwd, image, uid, gid
+        self.platform = platform
         self.volume = volume_name(cwd, uid)
         self.crossed = Crossed()
         self._helper: str | None = None
@@ -220,6 +224,7 @@ class Synced:
         local = workdir.listing(self.cwd, WHERE_DATA_GOES)
         spec = ContainerSpec(self.image, ["sleep", "infinity"], user="0:0", workdir="/",
                              binds=[f"{self.volume}:{self.cwd}"], network="none", init=True,
+                             platform=self.platform,
                              labels=contract.container_labels("sync"))  # fmt: skip
         self._helper = self.engine.create(spec)
         self.engine.start(self._helper)
@@ -416,18 +421,29 @@ def _same(a: Entry | None, b: Entry | None) -> bool:
 
 
 @contextlib.contextmanager
-def synced(engine: Engine, cwd: Path, image: str, uid: int, gid: int) -> Iterator[Synced]:
+def synced(
+    engine: Engine, cwd: Path, image: str, uid: int, gid: int, platform: str | None = None
+) -> Iterator[Synced]:
     """The volume claimed; the caller mounts `volume`, creates its container and calls
     `send()`; what the workload wrote comes back whatever ended it, the helper container
     is removed on every path, and the crossing is printed once."""
-    sync = Synced(engine, cwd, image, uid, gid)
+    sync = Synced(engine, cwd, image, uid, gid, platform)
     try:
         sync.claim_volume()
+        ended = False
         try:
             yield sync
+            ended = True
         finally:
             if sync.sent:
-                sync.bring_back()
+                try:
+                    sync.bring_back()
+                except GpuenvError as exc:
+                    if ended:
+                        raise
+                    # The run's own failure (the engine lost, say) is the error to report.
+                    print(f"gpuenv: warning: what the workload wrote was not brought back: "
+                          f"{exc.message}", file=sys.stderr)  # fmt: skip
                 print(sync.crossed.line(engine.url), file=sys.stderr)
             for rel in sync.crossed.conflicts:
                 print(f"gpuenv: warning: {rel} changed here during the run; the workload's "
