@@ -127,7 +127,9 @@ def compile_requirements(
 ) -> str:
     """`uv pip compile --generate-hashes` for the cell's interpreter and platform. Index
     credentials reach uv in its environment (never its command line, which every local user
-    can read), inside the index URLs; the CA bundle as SSL_CERT_FILE."""
+    can read), inside the URLs of the indexes whose origin they are bound to
+    (gpuenv/store/credentials.py decides); uv reads no netrc of its own, which would give
+    them to every port and scheme of a host. The CA bundle as SSL_CERT_FILE."""
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "requirements.in"
         source.write_text("\n".join(requirements) + "\n")
@@ -138,7 +140,7 @@ def compile_requirements(
         ]  # fmt: skip
         if exclude_newer:
             command += ["--exclude-newer", exclude_newer]
-        env = {**os.environ, "UV_NO_PROGRESS": "1"}
+        env = {**os.environ, "UV_NO_PROGRESS": "1", "NETRC": os.devnull}
         if index_url:
             env["UV_INDEX_URL"] = _with_credential(index_url, credentials)
         if extra_index_urls:
@@ -381,10 +383,13 @@ def relock(
     current: Lock | None,
     exclude_newer: str | None,
     say: Callable[[str], None],
+    credentials: Credentials | None = None,
+    ca_bundle: Path | None = None,
 ) -> Path:
     """Resolve the cells again (the others keep their entries when the date is the same),
     record their bases, drop cells and bases the matrix no longer has (`every_cell` is
-    what it has), write the lock next to the matrix."""
+    what it has), write the lock next to the matrix. Resolutions use the credentials and
+    the CA bundle a build's would."""
     from gpuenv.building import base as bases
 
     date = exclude_newer_date(exclude_newer, current)
@@ -400,7 +405,10 @@ def relock(
         locked_bases[image] = base_identity(info, bases.package_list(engine, image, platform))
     build = matrix.model.build
     for cell in cells:
-        entries[cell.name] = lock_cell(cell, date, build.index_url, tuple(build.extra_index_urls))
+        entries[cell.name] = lock_cell(
+            cell, date, build.index_url, tuple(build.extra_index_urls),
+            credentials=credentials, ca_bundle=ca_bundle,
+        )  # fmt: skip
         say(f"locked {cell.name}")
     names = {c.name for c in every_cell}
     used = {c.base.image for c in every_cell}

@@ -212,10 +212,8 @@ class Sender:
 
         self.project, self.ca_bundle = project, ca_bundle
         self.store = wheelhouse.Store.default()
-        b = project.matrix.model.build
-        cell_indexes = [i for c in cells for i in c.indexes]
-        own = (b.index_url, *b.extra_index_urls, *cell_indexes)
-        self.credentials = credentials.load(tuple(dict.fromkeys(u for u in own if u)))
+        # Bound to the origins the user named, whatever indexes the matrix lists.
+        self.credentials = credentials.load()
         if not offline:
             for cell in cells:
                 urls = plan.upstream_indexes(project.matrix, cell)
@@ -296,7 +294,7 @@ def check_offline(engine: Engine, project: Project, cells: list[Cell]) -> None:
     bootstrapped), or locked distributions (or uv itself) the wheelhouse does not hold."""
     from gpuenv.building import plan as plans
     from gpuenv.building.render import UV_VERSION
-    from gpuenv.store import fetch, wheelhouse
+    from gpuenv.store import wheelhouse
 
     with_apt = [c.name for c in cells if c.apt]
     if with_apt:
@@ -326,8 +324,7 @@ def check_offline(engine: Engine, project: Project, cells: list[Cell]) -> None:
         missing = wheelhouse.offline_misses(store, key, needed)
         machine = target_of(cell, engine.architecture()).machine
         uv = wheelhouse.uv_wheel(store.page(key, "uv") or [], UV_VERSION, machine)
-        kept = fetch.uv_path(store, UV_VERSION, machine).is_file()  # taken out of any key's
-        if not kept and (uv is None or not store.has(uv.sha256)):
+        if uv is None or not store.has(uv.sha256):
             missing.append(f"uv=={UV_VERSION} (the installer the build bootstraps)")
         if missing:
             more = (

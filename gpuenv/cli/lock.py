@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from gpuenv.cli.common import FileOption, Patterns, fail, say, user_errors
+from gpuenv.cli.common import CaOption, FileOption, Patterns, fail, say, user_errors
 
 
 def lock_cmd(
@@ -23,11 +23,13 @@ def lock_cmd(
             show_default=False,
         ),
     ] = None,
+    ca_bundle: CaOption = None,
 ) -> None:
     """Write (or --check) matrix.lock: every cell's complete pip resolution, with hashes."""
     from gpuenv.building import lock as locks
     from gpuenv.building.project import open_project
     from gpuenv.engine import client as engine
+    from gpuenv.store import credentials
 
     with user_errors():
         project = open_project(file)
@@ -43,9 +45,12 @@ def lock_cmd(
             return
         if exclude_newer is not None:
             locks.exclude_newer_date(exclude_newer, None)  # a bad date is a usage error, first
+        # What a build's resolution uses: the same CA bundle and credentials.
+        bundle, creds = project.ca_bundle(ca_bundle), credentials.load()
         path = locks.relock(
             engine.connect(), project.matrix, cells, every_cell=project.cells,
             current=project.lock, exclude_newer=exclude_newer, say=say,
+            credentials=creds, ca_bundle=bundle,
         )  # fmt: skip
         print(path)
 

@@ -16,11 +16,10 @@ wheelhouse alone and a miss is recorded, naming the distribution.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import os
+import hashlib
+import io
 import ssl
-import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -203,54 +202,42 @@ class Fetcher:
                 self.fetched += 1
         return self.store.verified(want)
 
-    def uv_executable(self, key: str, version: str, machine: str) -> bytes | None:
-        """uv's executable of that release for the engine's machine, out of its wheel from
-        the indexes `key` names (stored and checked like every file): the installer the
-        build's steps run, sent with their wheels."""
-        wheel = uv_wheel(self.page(key, "uv") or [], version, machine)
-        if wheel is None:
-            if self.offline:
-                self.problem(f"--offline: the wheelhouse lacks uv {version} for {machine}")
-            return None
-        stored = self.file(key, "uv", wheel.sha256, wheel.filename)
-        if stored is None:
-            return None
-        try:
-            with zipfile.ZipFile(stored) as whl:
-                return whl.read(f"uv-{version}.data/scripts/uv")
-        except (zipfile.BadZipFile, KeyError, OSError) as exc:
-            self.problem(f"{wheel.filename}: no uv executable in it ({exc})")
-            raise _Upstream(502) from None
-
     def uv_file(self, key: str, version: str, machine: str) -> Path:
-        """uv's executable for `machine`, kept in the wheelhouse (tools/) once taken out
-        of its checked wheel."""
-        path = uv_path(self.store, version, machine)
-        if path.is_file():
-            if not self.offline:
-                # Its wheel stored under this key too, so an export of the wheelhouse lets an
-                # offline build of these indexes find it (best effort: the file is here).
-                with contextlib.suppress(GpuenvError, _Upstream):
-                    self.uv_executable(key, version, machine)
-            return path
+        """uv's executable for `machine`, the installer every build's steps run (and the
+        program that enforces --require-hashes there): taken out of uv's wheel from the
+        indexes `key` names (stored and checked like every file) and kept in the store under
+        its own sha256, the one the wheel's RECORD gives. Each use checks the kept file
+        against that hash (Store.verified: hashed again whenever the file changed), so an
+        installer planted in the store, or brought by a restored cache, is never sent."""
         try:
-            executable = self.uv_executable(key, version, machine)
+            wheel = uv_wheel(self.page(key, "uv") or [], version, machine)
+            stored = None if wheel is None else self.file(key, "uv", wheel.sha256, wheel.filename)
         except _Upstream:
-            executable = None
-        if executable is None:
+            wheel = stored = None
+        if wheel is None or stored is None:
+            if self.offline and wheel is None:
+                self.problem(f"--offline: the wheelhouse lacks uv {version} for {machine}")
             raise GpuenvError(
                 self.problems[-1]
                 if self.problems
                 else f"uv {version} for {machine} is not on the indexes of this build"
             )
-        self.store.make_private()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # one per thread
-        with os.fdopen(fd, "wb") as out:
-            out.write(executable)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
-        return path
+        member = f"uv-{version}.data/scripts/uv"
+        try:
+            with zipfile.ZipFile(stored) as whl:
+                sha = recorded_sha256(whl, member)
+                kept = self.store.verified(sha) if sha else None
+                if kept is not None:
+                    return kept
+                executable = whl.read(member)
+        except (zipfile.BadZipFile, KeyError, OSError) as exc:
+            raise GpuenvError(f"{wheel.filename}: no uv executable in it ({exc})") from None
+        if sha is None or hashlib.sha256(executable).hexdigest() != sha:
+            raise GpuenvError(
+                f"{wheel.filename}: its RECORD gives no sha256 of {member}, or not the one of "
+                "the file; not used"
+            )
+        return self.store.put(sha, io.BytesIO(executable), member, mode=0o755)
 
     def wheels(
         self, key: str, text: str, python: str, machine: str, glibc: tuple[int, int]
@@ -301,13 +288,17 @@ class Fetcher:
 
 
 def refused(base: str, code: int, credentials: Credentials) -> str:
-    """Why an index answered 401/403, and the fix: whose credentials it refused, from where."""
+    """Why an index answered 401/403, and the fix: whose credentials it refused, from where;
+    or why none were sent to it."""
     credential = credentials.for_url(base)
     if credential is None:
+        withheld = credentials.withheld(base)
+        if withheld is not None:
+            return f"the index {base} requires credentials (HTTP {code}): {withheld}"
         return (
             f"the index {base} requires credentials (HTTP {code}): put them in ~/.netrc "
-            "(machine HOST login USER password PASSWORD) or set GPUENV_INDEX_USERNAME and "
-            "GPUENV_INDEX_PASSWORD"
+            "(machine HOST[:PORT] login USER password PASSWORD) or set GPUENV_INDEX_USERNAME, "
+            "GPUENV_INDEX_PASSWORD and GPUENV_INDEX_ORIGIN (its https://host[:port])"
         )
     return (
         f"the index {base} refused the credentials of user {credential.username!r} from "
@@ -315,9 +306,24 @@ def refused(base: str, code: int, credentials: Credentials) -> str:
     )
 
 
-def uv_path(store: Store, version: str, machine: str) -> Path:
-    """Where uv's executable for `machine` is kept once taken out of its checked wheel."""
-    return store.root / "tools" / f"uv-{version}-{machine}"
+def recorded_sha256(whl: zipfile.ZipFile, member: str) -> str | None:
+    """The sha256 (hex) a wheel's RECORD lists for one of its files; None when it lists none.
+    The wheel is checked against its index's hash, so this is as sure as the wheel."""
+    import base64
+    import csv
+
+    record = next((n for n in whl.namelist() if n.endswith(".dist-info/RECORD")), None)
+    if record is None:
+        return None
+    for row in csv.reader(whl.read(record).decode("utf-8", "replace").splitlines()):
+        if len(row) >= 2 and row[0] == member and row[1].startswith("sha256="):
+            digest = row[1].removeprefix("sha256=")
+            try:
+                raw = base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4))
+            except ValueError:
+                return None
+            return raw.hex() if len(raw) == 32 else None
+    return None
 
 
 class _Upstream(Exception):

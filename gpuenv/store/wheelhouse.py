@@ -246,9 +246,9 @@ class Store:
     def has(self, sha: str) -> bool:
         return self.path(sha).is_file()
 
-    def put(self, sha: str, stream: IO[bytes], what: str) -> Path:
+    def put(self, sha: str, stream: IO[bytes], what: str, mode: int = 0o600) -> Path:
         """Store what `stream` gives as `sha`, checking it is: else HashMismatch, nothing
-        stored."""
+        stored. `mode`: 0o755 for uv's executable, which a build's steps run."""
         target = self.path(sha)
         self.make_private()
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -265,6 +265,8 @@ class Store:
                     f"{sha}; not stored"
                 )
             os.utime(tmp, (time.time(), FILE_MTIME))
+            if mode != 0o600:
+                os.chmod(tmp, mode)
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -199,31 +199,7 @@ def test_export_import_round_trip_checks_every_file(tmp_path):
 
 
 # ------------------------------------------------------------------------------ credentials
-
-
-def test_env_credentials_apply_to_the_matrix_indexes_only(monkeypatch, tmp_path):
-    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
-    monkeypatch.setenv("GPUENV_INDEX_USERNAME", "u")
-    monkeypatch.setenv("GPUENV_INDEX_PASSWORD", "p")
-    creds = credentials.load(("https://private.example:8443/simple",))
-    assert creds.for_url("https://private.example:8443/simple/x/").username == "u"
-    assert creds.for_url("https://pypi.org/simple/x/") is None
-    assert creds.for_url("https://files.pythonhosted.org/x.whl") is None
-
-
-def test_netrc_credentials_by_host_and_half_a_pair_is_an_error(monkeypatch, tmp_path):
-    netrc = tmp_path / "netrc"
-    netrc.write_text("machine idx.example login alice password s3cret\n")
-    netrc.chmod(0o600)
-    monkeypatch.setenv("NETRC", str(netrc))
-    monkeypatch.delenv("GPUENV_INDEX_USERNAME", raising=False)
-    monkeypatch.delenv("GPUENV_INDEX_PASSWORD", raising=False)
-    creds = credentials.load(())
-    got = creds.for_url("https://idx.example:444/simple/")
-    assert got is not None and (got.username, got.password) == ("alice", "s3cret")
-    monkeypatch.setenv("GPUENV_INDEX_PASSWORD", "x")
-    with pytest.raises(GpuenvError, match="without its pair"):
-        credentials.load(())
+# Which credential goes to which URL: tests/unit/test_credentials.py.
 
 
 def test_a_malformed_netrc_is_one_error_naming_it(monkeypatch, tmp_path):
@@ -231,7 +207,7 @@ def test_a_malformed_netrc_is_one_error_naming_it(monkeypatch, tmp_path):
     netrc.write_text("machine idx.example login a password b\nbogus token\n")
     monkeypatch.setenv("NETRC", str(netrc))
     with pytest.raises(GpuenvError, match=str(netrc)):
-        credentials.load(())
+        credentials.load()
 
 
 # ------------------------------------------------------------------------------ which wheel
@@ -329,9 +305,12 @@ def test_pick_wheel_takes_the_best_locked_wheel_for_the_target():
 # ------------------------------------------------------------------------------ credentials for uv
 
 
+IDX = ("https", "idx.example", 443)
+
+
 def test_credentials_go_into_the_urls_userinfo_quoted():
     creds = credentials.Credentials(
-        {"idx.example:8443": credentials.Credential("al@ce", "p:ss/w%rd #1", "netrc x")}
+        {("https", "idx.example", 8443): credentials.Credential("al@ce", "p:ss/w%rd #1", "x")}
     )
     url = locks._with_credential("https://idx.example:8443/simple/", creds)
     assert url == "https://al%40ce:p%3Ass%2Fw%25rd%20%231@idx.example:8443/simple/"
@@ -342,8 +321,9 @@ def test_credentials_go_into_the_urls_userinfo_quoted():
 
 
 def test_urls_without_credentials_are_unchanged():
-    creds = credentials.Credentials({"idx.example": credentials.Credential("u", "p", "env")})
-    for url in ("https://pypi.org/simple/", "https://download.pytorch.org/whl/cpu"):
+    creds = credentials.Credentials({IDX: credentials.Credential("u", "p", "env")})
+    for url in ("https://pypi.org/simple/", "https://download.pytorch.org/whl/cpu",
+                "http://idx.example/simple/", "https://idx.example:8443/simple/"):  # fmt: skip
         assert locks._with_credential(url, creds) == url
     private = "https://idx.example/simple/"
     assert locks._with_credential(private, None) == private
@@ -359,7 +339,7 @@ def test_uv_pip_compile_gets_credentials_and_ca_in_its_environment_only(monkeypa
 
     monkeypatch.setattr(locks, "_uv", lambda: "uv")
     monkeypatch.setattr(locks.subprocess, "run", run)
-    creds = credentials.Credentials({"idx.example": credentials.Credential("u", "s3cret", "env")})
+    creds = credentials.Credentials({IDX: credentials.Credential("u", "s3cret", "env")})
     out = locks.compile_requirements(
         ["six"], "3.11", "2026-01-01T00:00:00Z", "https://idx.example/simple",
         ("https://extra.example/simple", "https://idx.example/other"),
@@ -372,6 +352,8 @@ def test_uv_pip_compile_gets_credentials_and_ca_in_its_environment_only(monkeypa
     extra = "https://extra.example/simple https://u:s3cret@idx.example/other"
     assert env["UV_EXTRA_INDEX_URL"] == extra
     assert env["SSL_CERT_FILE"] == str(tmp_path / "ca.pem")
+    # uv reads no netrc of its own: it would give a host's credentials to any port or scheme.
+    assert env["NETRC"] == os.devnull
 
 
 # ------------------------------------------------------------------------------ the fetcher
@@ -545,13 +527,19 @@ def test_two_fetchers_download_a_file_once(tmp_path):
 # ------------------------------------------------------------------------------ uv
 
 
-def _uv_wheel(version: str, body: bytes) -> bytes:
+def _uv_wheel(version: str, body: bytes, recorded: bytes | None = None) -> bytes:
+    """uv's wheel as PyPI has it: the executable, and its sha256 in RECORD (that of
+    `recorded` when given: a wheel whose RECORD does not match its file)."""
+    import base64
     import zipfile
 
+    digest = hashlib.sha256(recorded if recorded is not None else body).digest()
+    record = f"uv-{version}.data/scripts/uv,sha256={base64.urlsafe_b64encode(digest).rstrip(b'=').decode()},{len(body)}\n"  # noqa: E501
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as whl:
         whl.writestr(f"uv-{version}.data/scripts/uv", body)
         whl.writestr(f"uv-{version}.dist-info/METADATA", "Name: uv\n")
+        whl.writestr(f"uv-{version}.dist-info/RECORD", record)
     return buf.getvalue()
 
 
@@ -612,7 +600,31 @@ def test_a_uv_wheel_tampered_on_the_way_in_gives_no_uv(tmp_path):
     with pytest.raises(GpuenvError, match="the index said"):
         f.uv_file(KEY, "0.13.9", "x86_64")
     assert not f.store.has(hashlib.sha256(good).hexdigest())
-    assert not (f.store.root / "tools").exists() or not any((f.store.root / "tools").iterdir())
+    assert not f.store.has(hashlib.sha256(b"not uv").hexdigest())
+
+
+def test_a_uv_wheel_whose_record_does_not_match_its_executable_gives_no_uv(tmp_path):
+    f = fetcher(tmp_path, uv_upstream(_uv_wheel("0.13.9", b"\x7fELF evil", recorded=b"uv")))
+    with pytest.raises(GpuenvError, match="RECORD gives no sha256"):
+        f.uv_file(KEY, "0.13.9", "x86_64")
+    assert not f.store.has(hashlib.sha256(b"\x7fELF evil").hexdigest())
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_a_kept_uv_is_checked_against_its_wheel_each_time_it_is_reused(tmp_path, offline):
+    """M3: the kept installer (it runs as root in every install step and enforces
+    --require-hashes there) was reused by its name. One planted in its place, as a restored
+    CI cache brings it, is never returned: it is hashed again (its inode and ctime are not
+    those recorded), dropped, and the executable taken out of the checked wheel anew."""
+    whl = _uv_wheel("0.13.9", b"\x7fELF uv")
+    path = fetcher(tmp_path, uv_upstream(whl)).uv_file(KEY, "0.13.9", "x86_64")
+    planted = path.with_name(".planted")
+    planted.write_bytes(b"\x7fELF ev")  # the same size
+    planted.chmod(0o755)
+    os.replace(planted, path)
+    again = fetcher(tmp_path, uv_upstream(whl), offline=offline)  # a later gpuenv process
+    reused = again.uv_file(KEY, "0.13.9", "x86_64")
+    assert reused.read_bytes() == b"\x7fELF uv" and os.access(reused, os.X_OK)
 
 
 def test_the_fallback_store_is_used_only_when_private(tmp_path, monkeypatch):
