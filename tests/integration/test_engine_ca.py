@@ -41,6 +41,7 @@ from support import cells
 from support.cells import test_repository
 from support.cli import clean_env, gpuenv_cmd, output
 from support.engine import logging_docker_cli
+from support.tls import make_ca, public_roots, server_certificate
 
 pytestmark = pytest.mark.engine
 
@@ -49,35 +50,6 @@ REPOSITORY = test_repository("ca")
 IMAGE = f"{REPOSITORY}:{cells.CPU_CELL}"
 PACKAGE, VERSION = "gpuenv-ca-probe", "1.0"
 TOKEN = secrets.token_hex(12)  # in the probe's module: this session's wheel, and no other
-
-
-def openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
-
-
-def make_ca(directory: Path, cn: str) -> tuple[Path, Path]:
-    """A fresh self-signed CA; returns (certificate PEM, key)."""
-    pem, key = directory / f"{cn}.pem", directory / f"{cn}.key"
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", str(key),
-            "-out", str(pem), "-subj", f"/CN={cn}",
-            "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
-    return pem, key
-
-
-def server_certificate(directory: Path, ca: Path, ca_key: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 signed by the CA; returns (certificate PEM, key)."""
-    pem, key, csr = directory / "server.pem", directory / "server.key", directory / "server.csr"
-    ext = directory / "server.ext"
-    ext.write_text(
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
-        "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
-    )
-    openssl("req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
-            "-subj", "/CN=127.0.0.1")  # fmt: skip
-    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
-            "-CAcreateserial", "-days", "1", "-out", str(pem), "-extfile", str(ext))  # fmt: skip
-    return pem, key
 
 
 def make_wheel() -> tuple[str, bytes]:
@@ -169,16 +141,6 @@ class TlsIndex:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-def public_roots() -> bytes:
-    """What lets gpuenv reach PyPI: $PIP_CERT (a TLS-intercepting proxy's CA, or the system
-    bundle) or, without it, the public roots certifi ships."""
-    if os.environ.get("PIP_CERT"):
-        return Path(os.environ["PIP_CERT"]).read_bytes()
-    import certifi
-
-    return Path(certifi.where()).read_bytes()
 
 
 def needles(pem: Path, cn: str) -> dict[str, bytes]:

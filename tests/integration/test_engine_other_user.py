@@ -4,7 +4,7 @@ to connect to, and can neither read the private package nor put a file where the
 takes its packages from.
 
 The build is a JAX CPU cell with one private package from a basic-auth index on loopback
-(support/private_index.py), credentials in a netrc file. gpuenv's cache is under a
+(support/private_index.py, HTTPS), credentials in a netrc file. gpuenv's cache is under a
 directory every user may enter (0755), so what keeps the second user out is gpuenv's own
 modes, not the test's temporary directory. Needs root (a throwaway user).
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from support.cells import test_repository
 from support.cli import GPUENV, clean_env, output, run
-from support.private_index import PACKAGE, PASSWORD, USER, VERSION, PrivateIndex
+from support.private_index import PACKAGE, VERSION, PrivateIndex
 
 pytestmark = pytest.mark.engine
 
@@ -95,7 +95,7 @@ def test_a_second_user_can_neither_fetch_the_private_package_nor_serve_the_build
     shared.chmod(0o755)  # any user may enter: only gpuenv's own modes keep them out
     project = tmp_path_factory.mktemp("other-user")
     cache = shared / "cache"
-    with PrivateIndex() as index:
+    with PrivateIndex(project) as index:
         (project / "matrix.yaml").write_text(
             f"name: {NAME}\nmatrix:\n  jax: ['0.7']\n  python: ['3.11']\n  variant: [cpu]\n"
             "default: {jax: '0.7', python: '3.11'}\nbases:\n  '3.11': {debian: bookworm}\n"
@@ -103,9 +103,10 @@ def test_a_second_user_can_neither_fetch_the_private_package_nor_serve_the_build
             f"build:\n  extra_index_urls: ['{index.url}']\n"
         )
         netrc = project / "netrc"
-        netrc.write_text(f"machine 127.0.0.1 login {USER} password {PASSWORD}\n")
+        netrc.write_text(index.netrc())
         netrc.chmod(0o600)
-        env = clean_env(XDG_CACHE_HOME=str(cache), NETRC=str(netrc))
+        env = clean_env(XDG_CACHE_HOME=str(cache), NETRC=str(netrc),
+                        GPUENV_CA_BUNDLE=str(index.bundle))  # fmt: skip
         for name in ("no_proxy", "NO_PROXY"):
             env[name] = ",".join(filter(None, (env.get(name), "127.0.0.1")))
         argv = [*GPUENV, "build", "--json", CELL]

@@ -1,12 +1,13 @@
-"""A private package index that requires HTTP basic auth, served by the test on loopback.
+"""A private package index that requires HTTP basic auth, served by the test on loopback over
+HTTPS (a CA of its own, given to gpuenv as its CA bundle: credentials never go over http).
 
 The index holds one small wheel the test builds (a zip with the three dist-info files) and
 answers 404 for every other project, so TensorFlow and its dependencies come from PyPI.
 gpuenv resolves the unlocked cell (`uv pip compile`) and fetches its wheels on the client,
 with the credentials; the build gets the wheels in its context and reaches no index.
-Credentials come from a netrc file ($NETRC) for the good build, and from
-GPUENV_INDEX_USERNAME/PASSWORD (which take precedence) with a wrong password for the
-failing one. The image must hold the package and no trace of the credentials: not in any
+Credentials come from a netrc file ($NETRC, `machine 127.0.0.1:PORT`) for the good build,
+and from GPUENV_INDEX_USERNAME/PASSWORD/ORIGIN (which take precedence) with a wrong password
+for the failing one. The image must hold the package and no trace of the credentials: not in any
 layer, the history or the config; nor may the build log, the build's command line or the
 context directory gpuenv sent (its Dockerfile, requirements, every file) hold one. The
 docker CLI gpuenv builds with is wrapped (GPUENV_DOCKER_CLI) to keep its log and arguments.
@@ -33,19 +34,20 @@ IMAGE = f"{REPOSITORY}:{cells.CPU_CELL}"
 @pytest.fixture(scope="module")
 def private(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("private")
-    with PrivateIndex() as index:
+    with PrivateIndex(tmp) as index:
         doc = json.loads(cells.matrix_text(name=REPOSITORY, variants=("cpu",)))
         doc["packages"]["pip"] = [f"{PACKAGE}=={VERSION}"]
         doc["build"] = {"extra_index_urls": [index.url]}
         matrix = tmp / "matrix.yaml"
         matrix.write_text(json.dumps(doc, indent=2))
         netrc = tmp / "netrc"
-        netrc.write_text(f"machine 127.0.0.1 login {USER} password {PASSWORD}\n")
+        netrc.write_text(index.netrc())
         netrc.chmod(0o600)
         cache = tmp_path_factory.getbasetemp() / "wheelhouse-cache"  # shared: one TF download
         cli = logging_docker_cli(tmp)
         env = clean_env(XDG_CACHE_HOME=str(cache), NETRC=str(netrc),
-                        GPUENV_DOCKER_CLI=str(cli["wrapper"]))  # fmt: skip
+                        GPUENV_DOCKER_CLI=str(cli["wrapper"]),
+                        GPUENV_CA_BUNDLE=str(index.bundle))  # fmt: skip
         for name in ("no_proxy", "NO_PROXY"):  # the index is on this machine's loopback
             env[name] = ",".join(filter(None, (env.get(name), "127.0.0.1")))
         yield {"index": index, "matrix": matrix, "env": env, "cache": cache, **cli}
@@ -144,7 +146,8 @@ def test_an_index_without_upload_times_still_builds(private, built):
 
 def test_a_wrong_password_is_one_error_line_and_no_tag(private, built):
     docker("rmi", IMAGE, check=False)  # the good build's tag: "no tag" means this build made none
-    env = {**private["env"], "GPUENV_INDEX_USERNAME": USER, "GPUENV_INDEX_PASSWORD": "wrong"}
+    env = {**private["env"], "GPUENV_INDEX_USERNAME": USER, "GPUENV_INDEX_PASSWORD": "wrong",
+           "GPUENV_INDEX_ORIGIN": private["index"].origin}  # fmt: skip
     proc = gpuenv_cmd("build", "-f", str(private["matrix"]), "--no-cache", env=env, check=False)
     assert proc.returncode == 1, output(proc)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

@@ -62,6 +62,7 @@ TEST_REPOSITORIES = frozenset(
         "wheelhouse",  # test_engine_wheelhouse.py: online, then offline
         "wheelhouse-keep",  # its online build, kept for the diff
         "private",  # test_engine_private_index.py: a basic-auth index
+        "creds",  # test_engine_index_credentials.py: the credential attack (never built)
         "reqs",  # test_engine_requirements.py: a cell with a requirements file
         "iteration",  # test_engine_iteration.py: a package added to a locked cell
         "peek",  # test_engine_push.py: a candidate with another spec hash
