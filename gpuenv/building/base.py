@@ -39,9 +39,26 @@ DPKG_OPTIONS = (
 )
 
 
+def mirror(variable: str, default: str) -> str:
+    """A Debian mirror from the environment. One with credentials in it is refused: they
+    would be on mmdebstrap's command line, which every local user can read in /proc, and
+    mmdebstrap writes its mirrors into the root filesystem's /etc/apt/sources.list, so
+    into the base and every image built on it (docs/hardening.md)."""
+    from urllib.parse import urlsplit
+
+    value = os.environ.get(variable, default)
+    if "@" in urlsplit(value).netloc:
+        raise GpuenvError(
+            f"${variable} holds credentials (user:password@); they would be on mmdebstrap's "
+            "command line and in /etc/apt/sources.list of every image: use a mirror that "
+            "needs none (one on your network, or an apt proxy that holds them)"
+        )
+    return value
+
+
 def mmdebstrap_command(suite: str, arch: str = "amd64") -> list[str]:
-    mirror = os.environ.get("GPUENV_DEBIAN_MIRROR", MIRROR)
-    security = os.environ.get("GPUENV_DEBIAN_SECURITY_MIRROR", SECURITY_MIRROR)
+    mirror_url = mirror("GPUENV_DEBIAN_MIRROR", MIRROR)
+    security = mirror("GPUENV_DEBIAN_SECURITY_MIRROR", SECURITY_MIRROR)
     command = [
         "mmdebstrap",
         "--variant=minbase",
@@ -60,8 +77,8 @@ def mmdebstrap_command(suite: str, arch: str = "amd64") -> list[str]:
         '--customize-hook=rm -f "$1/etc/resolv.conf" "$1/etc/hostname"',
         suite,
         "-",
-        f"deb {mirror} {suite} main",
-        f"deb {mirror} {suite}-updates main",
+        f"deb {mirror_url} {suite} main",
+        f"deb {mirror_url} {suite}-updates main",
         f"deb {security} {suite}-security main",
     ]
     return command
@@ -136,12 +153,13 @@ def bootstrap(
             f"base {ref} is missing and mmdebstrap is not installed; install it "
             "(sudo apt-get install mmdebstrap, or run scripts/engine.sh) and retry"
         )
+    command = mmdebstrap_command(suite, arch)  # a mirror it refuses: before anything runs
     foreign = arch != _engine_arch(engine)
     about = "a few minutes: its packages' scripts run emulated" if foreign else "about 20 s"
     progress(f"bootstrapping {ref} from Debian's archive ({about})")
     env = {**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
     with tempfile.NamedTemporaryFile(suffix=".tar") as tar, tempfile.TemporaryFile() as log:
-        rc = subprocess.call(mmdebstrap_command(suite, arch), stdout=tar, stderr=log, env=env)
+        rc = subprocess.call(command, stdout=tar, stderr=log, env=env)
         if rc != 0:
             log.seek(0)
             lines = log.read().decode(errors="replace").strip().splitlines() or ["?"]
