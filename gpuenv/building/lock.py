@@ -133,10 +133,12 @@ def compile_requirements(
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "requirements.in"
         source.write_text("\n".join(requirements) + "\n")
+        # --no-build: builds install wheels only, and building a source distribution to
+        # read its metadata would run its setup.py here, with this environment's secrets.
         command = [
             _uv(), "pip", "compile", str(source), "--generate-hashes", "--no-header",
-            "--no-annotate", "--quiet", "--python-version", python, "--python-platform",
-            platform,
+            "--no-annotate", "--quiet", "--no-build", "--python-version", python,
+            "--python-platform", platform,
         ]  # fmt: skip
         if exclude_newer:
             command += ["--exclude-newer", exclude_newer]

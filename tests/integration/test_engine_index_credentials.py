@@ -16,11 +16,20 @@ the Authorization header of every request it gets.
 
 Each time the private index must get its credentials (the positive control: the attack
 was tried with credentials in play) and the attacker none, in any request.
+
+And a matrix's package with a source distribution only: `lock` used to build it (uv reads
+an sdist's metadata by building it), running its setup.py on this machine with the
+environment's secrets; now uv resolves with --no-build.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import tarfile
+import threading
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +46,7 @@ from support.private_index import (
     PrivateIndex,
     RecordingIndex,
     basic,
+    serve,
 )
 
 pytestmark = pytest.mark.engine
@@ -121,3 +131,79 @@ def test_lock_resolves_with_the_builds_ca_and_secrets_and_gives_them_to_no_one_e
     netrc_pair = basic(NETRC_USER, NETRC_PASSWORD)
     assert all(auth != netrc_pair for _, auth in private.authorizations)  # bound to :443
     assert PASSWORD not in proc.stdout + proc.stderr
+
+
+def test_lock_never_builds_a_source_distribution_on_this_machine(tmp_path):
+    """A matrix naming a package with a source distribution only: uv pip compile used to
+    build it to read its metadata, running its setup.py here, as the user, with the
+    environment's secrets (the CI runner's). Now the lock fails, naming it, and nothing ran."""
+    ran = tmp_path / "setup.py-ran"
+    name = "gpuenv-sdist-probe"
+    sdist = io.BytesIO()
+    with tarfile.open(fileobj=sdist, mode="w:gz") as tar:
+        for member, text in {
+            "setup.py": f"import pathlib\npathlib.Path({str(ran)!r}).write_text('ran')\n"
+            f"from setuptools import setup\nsetup(name={name!r}, version='1.0')\n",
+            "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        }.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"gpuenv_sdist_probe-1.0/{member}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    filename, body = "gpuenv_sdist_probe-1.0.tar.gz", sdist.getvalue()
+    page = f'<a href="/files/{filename}#sha256={hashlib.sha256(body).hexdigest()}">{filename}</a>'
+    with StaticIndex({f"/simple/{name}/": page.encode(), f"/files/{filename}": body}) as index:
+        doc = json.loads(cells.matrix_text(name=REPOSITORY, variants=("cpu",)))
+        doc["packages"]["pip"] = [f"{name}==1.0"]
+        doc["build"] = {"extra_index_urls": [index.url]}  # PyPI after it: setuptools is there
+        (tmp_path / "matrix.yaml").write_text(json.dumps(doc, indent=2))
+        env = clean_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
+        for var in ("no_proxy", "NO_PROXY"):
+            env[var] = ",".join(filter(None, (env.get(var), "127.0.0.1")))
+        proc = gpuenv_cmd("lock", "-f", str(tmp_path / "matrix.yaml"), env=env, check=False)
+    assert f"/files/{filename}" in index.asked or f"/simple/{name}/" in index.asked
+    assert not ran.exists(), "the source distribution's setup.py ran on this machine"
+    assert proc.returncode == 1, output(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and name in errors[0], output(proc)
+    assert not (tmp_path / "matrix.lock").exists()
+
+
+class StaticIndex:
+    """Fixed answers by path on http://127.0.0.1:<free port> (404 for the rest)."""
+
+    def __init__(self, answers: dict[str, bytes]) -> None:
+        self.asked: list[str] = []
+        index = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                self.answer(send_body=False)
+
+            def do_GET(self) -> None:
+                self.answer(send_body=True)
+
+            def answer(self, send_body: bool) -> None:
+                index.asked.append(self.path)
+                body = answers.get(self.path)
+                self.send_response(404 if body is None else 200)
+                kind = "text/html" if self.path.startswith("/simple/") else "application/gzip"
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                if send_body and body:
+                    self.wfile.write(body)
+
+        self.server, self.url = serve(Handler, None)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> StaticIndex:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
