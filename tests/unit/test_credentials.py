@@ -125,3 +125,34 @@ def test_an_index_that_got_none_is_told_why(env, monkeypatch, tmp_path):
     assert "machine idx.example:8443" in other_port
     assert "put them in ~/.netrc" in refused("https://new.example/simple/", 401, creds)
     assert "'alice'" in refused("https://idx.example/simple/", 403, creds)
+
+
+@pytest.mark.parametrize("variable", ["GPUENV_DEBIAN_MIRROR", "GPUENV_DEBIAN_SECURITY_MIRROR"])
+def test_a_debian_mirror_with_credentials_is_refused_without_showing_them(monkeypatch, variable):
+    """M6: mmdebstrap got them on its command line (every local user reads /proc) and wrote
+    them into /etc/apt/sources.list of the base, so of every image."""
+    from gpuenv.building import base
+
+    monkeypatch.setenv(variable, "https://alice:s3cret@mirror.example/debian")
+    with pytest.raises(GpuenvError, match=f"\\${variable} holds credentials") as refused:
+        base.mmdebstrap_command("bookworm")
+    assert "s3cret" not in refused.value.message
+    monkeypatch.setenv(variable, "https://mirror.example/debian")
+    assert any(
+        "https://mirror.example/debian" in arg for arg in base.mmdebstrap_command("bookworm")
+    )
+
+
+def test_a_plain_http_index_is_refused_except_on_loopback():
+    """M7: any http index was accepted (pip refuses one without --trusted-host). On a
+    loopback address it stays accepted, as pip's "secure origins" do; credentials never go
+    to it (for_url above)."""
+    from gpuenv.matrix.schema import _url
+
+    for refused_url in ("http://pypi.example/simple", "http://10.0.0.1:3141/root/pypi",
+                        "http://127.0.0.1.example/simple"):  # fmt: skip
+        with pytest.raises(ValueError, match="plain-http index"):
+            _url(refused_url)
+    for accepted in ("https://pypi.example/simple", "http://127.0.0.1:8080/simple",
+                     "http://127.1.2.3/simple", "http://localhost:3141/root/pypi"):  # fmt: skip
+        assert _url(accepted) == accepted

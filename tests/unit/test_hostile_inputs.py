@@ -245,6 +245,8 @@ _matrix_contents: list[tuple[str, str | bytes, str]] = [
     ("index-url-injection", add(f"build:\n  index_url: {q('https://x/simple $(id)')}\n"), ":9:"),
     ("index-url-credentials", add("build:\n  index_url: https://user:pass@x/simple\n"), ":9:"),
     ("index-url-not-http", add("build:\n  index_url: file:///etc\n"), ":9:"),
+    ("index-url-plain-http", add("build:\n  index_url: http://pypi.example/simple\n"), ":9:"),
+    ("extra-index-plain-http", add("build:\n  extra_index_urls: [http://10.0.0.1/s]\n"), ":9:"),
     ("extra-index-space", add(f"build:\n  extra_index_urls: [{q('https://a b')}]\n"), ":9:"),
     ("extra-index-quote", add("build:\n  extra_index_urls: [" + q('https://a/"') + "]\n"), ":9:"),
     ("ca-bundle-missing", add("build:\n  ca_bundle: nope.pem\n"), "nope.pem"),

@@ -347,6 +347,7 @@ def test_uv_pip_compile_gets_credentials_and_ca_in_its_environment_only(monkeypa
     )  # fmt: skip
     assert out == "six==1.17.0\n"
     assert not any("s3cret" in word or "example" in word for word in seen["command"])
+    assert "--no-build" in seen["command"]  # no setup.py of a matrix's package runs here
     env = seen["env"]
     assert env["UV_INDEX_URL"] == "https://u:s3cret@idx.example/simple"
     extra = "https://extra.example/simple https://u:s3cret@idx.example/other"
