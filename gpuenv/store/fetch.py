@@ -228,6 +228,8 @@ class Fetcher:
                 sha = recorded_sha256(whl, member)
                 kept = self.store.verified(sha) if sha else None
                 if kept is not None:
+                    if not kept.stat().st_mode & 0o100:  # `cache import` stores files 0600
+                        kept.chmod(0o755)
                     return kept
                 executable = whl.read(member)
         except (zipfile.BadZipFile, KeyError, OSError) as exc:

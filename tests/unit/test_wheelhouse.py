@@ -587,6 +587,9 @@ def test_uv_file_is_uvs_executable_out_of_its_checked_wheel(tmp_path):
         f.uv_file(KEY, "0.13.9", "aarch64")  # no wheel for that machine
     with pytest.raises(GpuenvError, match=r"uv 0\.13\.8 for x86_64"):
         f.uv_file(KEY, "0.13.8", "x86_64")
+    # One a `cache import` brought (every file 0600) is made executable again.
+    path.chmod(0o600)
+    assert os.access(fetcher(tmp_path, uv_upstream(whl)).uv_file(KEY, "0.13.9", "x86_64"), os.X_OK)
     # Offline, the stored wheel gives it again (the executable taken out anew).
     path.unlink()
     offline = fetcher(tmp_path, StubUpstream({}, {}), offline=True)
