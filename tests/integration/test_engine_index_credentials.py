@@ -39,6 +39,7 @@ from support.cells import test_repository
 from support.cli import clean_env, gpuenv_cmd, output
 from support.engine import inspect
 from support.private_index import (
+    JSON_TYPE,
     PACKAGE,
     PASSWORD,
     USER,
@@ -151,7 +152,12 @@ def test_lock_never_builds_a_source_distribution_on_this_machine(tmp_path):
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     filename, body = "gpuenv_sdist_probe-1.0.tar.gz", sdist.getvalue()
-    page = f'<a href="/files/{filename}#sha256={hashlib.sha256(body).hexdigest()}">{filename}</a>'
+    page = json.dumps({  # with an upload time, which lock's --exclude-newer needs
+        "meta": {"api-version": "1.1"}, "name": name, "versions": ["1.0"],
+        "files": [{"filename": filename, "url": f"/files/{filename}",
+                   "hashes": {"sha256": hashlib.sha256(body).hexdigest()},
+                   "upload-time": "2026-01-01T00:00:00.000000Z"}],
+    })  # fmt: skip
     with StaticIndex({f"/simple/{name}/": page.encode(), f"/files/{filename}": body}) as index:
         doc = json.loads(cells.matrix_text(name=REPOSITORY, variants=("cpu",)))
         doc["packages"]["pip"] = [f"{name}==1.0"]
@@ -161,7 +167,7 @@ def test_lock_never_builds_a_source_distribution_on_this_machine(tmp_path):
         for var in ("no_proxy", "NO_PROXY"):
             env[var] = ",".join(filter(None, (env.get(var), "127.0.0.1")))
         proc = gpuenv_cmd("lock", "-f", str(tmp_path / "matrix.yaml"), env=env, check=False)
-    assert f"/files/{filename}" in index.asked or f"/simple/{name}/" in index.asked
+    assert f"/simple/{name}/" in index.asked  # uv found it there (and PyPI has setuptools)
     assert not ran.exists(), "the source distribution's setup.py ran on this machine"
     assert proc.returncode == 1, output(proc)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -170,7 +176,8 @@ def test_lock_never_builds_a_source_distribution_on_this_machine(tmp_path):
 
 
 class StaticIndex:
-    """Fixed answers by path on http://127.0.0.1:<free port> (404 for the rest)."""
+    """Fixed answers by path on http://127.0.0.1:<free port> (404 for the rest); pages are
+    PEP 691 JSON."""
 
     def __init__(self, answers: dict[str, bytes]) -> None:
         self.asked: list[str] = []
@@ -190,7 +197,7 @@ class StaticIndex:
                 index.asked.append(self.path)
                 body = answers.get(self.path)
                 self.send_response(404 if body is None else 200)
-                kind = "text/html" if self.path.startswith("/simple/") else "application/gzip"
+                kind = JSON_TYPE if self.path.startswith("/simple/") else "application/gzip"
                 self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(body or b"")))
                 self.end_headers()
