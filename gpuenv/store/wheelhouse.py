@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import re
-import stat
 import tarfile
 import tempfile
 import threading
@@ -214,15 +213,10 @@ class Store:
 
         root = cache_dir()
         if root is None:
-            root = Path(tempfile.gettempdir()) / f"gpuenv-{os.getuid()}"
-            with contextlib.suppress(FileExistsError):
-                root.mkdir(mode=0o700)
-            st = root.lstat()
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-                raise GpuenvError(
-                    f"{root} is not a private directory of this user (owner uid {st.st_uid}, "
-                    f"mode {stat.S_IMODE(st.st_mode):o}); remove it, or set XDG_CACHE_HOME"
-                )
+            from gpuenv.store.private import own_directory
+
+            where = "the temporary directory (no HOME; set XDG_CACHE_HOME)"
+            root = own_directory(Path(tempfile.gettempdir()), f"gpuenv-{os.getuid()}", where)
         return cls(root / "wheelhouse")
 
     def make_private(self) -> None:
