@@ -5,6 +5,7 @@ from the engine is shown in tests/integration/test_engine_slurm.py."""
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def exported(*members: tuple[str, bytes | None]) -> list[bytes]:
 
 def test_layout():
     files = Shared(Path("/scratch")).files(ID)
-    stem = "/scratch/gpuenv/images/" + "ab" * 32
+    stem = f"/scratch/gpuenv-{os.getuid()}/images/" + "ab" * 32
     assert (files.squashfs, files.env_file, files.shell_env_file) == (
         f"{stem}.sqfs",
         f"{stem}.env",
@@ -50,7 +51,7 @@ def test_shared_dir_required(monkeypatch, tmp_path):
     with pytest.raises(SlurmError, match="no such directory"):
         shared_dir(str(tmp_path / "missing"))
     monkeypatch.setenv("GPUENV_SLURM_SHARED", str(tmp_path))
-    assert shared_dir(None).jobs == tmp_path / "gpuenv" / "jobs"
+    assert shared_dir(None).jobs == tmp_path / f"gpuenv-{os.getuid()}" / "jobs"
 
 
 def test_rewrite_leaves_out_docker_leftovers_and_adds_enroots_files():

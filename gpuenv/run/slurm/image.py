@@ -1,12 +1,18 @@
 """The image on shared storage: written once per image ID as a SquashFS, which Charliecloud,
 Apptainer, enroot/pyxis and (through squashfuse) podman all run, with what each needs.
 
-    DIR/gpuenv/images/<hex of the image ID>.sqfs        the root filesystem
-    DIR/gpuenv/images/<hex>.env                         the image's ENV, KEY=VALUE lines
+    DIR/gpuenv-<uid>/                                   this user's alone: 0700, owned, checked
+    DIR/gpuenv-<uid>/images/<hex of the image ID>.sqfs  the root filesystem
+    DIR/gpuenv-<uid>/images/<hex>.env                   the image's ENV, KEY=VALUE lines
                                                         (ch-run --set-env, podman --env-file)
-    DIR/gpuenv/images/<hex>.sh.env                      the same, shell-quoted
+    DIR/gpuenv-<uid>/images/<hex>.sh.env                the same, shell-quoted
                                                         (apptainer --env-file)
-    DIR/gpuenv/jobs/gpuenv-<job>.out                    each job's output
+    DIR/gpuenv-<uid>/jobs/gpuenv-<job>.out              each job's output (and .failed)
+
+DIR is shared with other users, so gpuenv writes there only through
+gpuenv/store/private.py (a directory of its own, files created O_EXCL|O_NOFOLLOW 0600) and
+reuses an image only when its three files hash as they did when this user wrote them: the
+sha256 of each is recorded in the cache on the login node (RECORD), not beside them.
 
 Inside the SquashFS, as `enroot import` writes them: /etc/environment (the ENV) and /etc/rc
 (the working directory, entrypoint and command). The filesystem comes from the engine as
@@ -31,13 +37,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from gpuenv.matrix.errors import GpuenvError
 from gpuenv.run.slurm import SlurmError
 from gpuenv.run.slurm.script import ImageFiles, check_path
+from gpuenv.store import private
 
 if TYPE_CHECKING:
     from gpuenv.engine.client import Engine, ImageInfo
 
 SHARED_ENV = "GPUENV_SLURM_SHARED"
+RECORD = "slurm-images.json"  # in the cache: SquashFS path -> sha256 of its three files
 TAR2SQFS = "tar2sqfs"
 # zstd at level 3: the base image (125 MB) packs in 0.5 s against gzip's 11 s, for 4% more
 # bytes; the kernel (since 4.14), squashfuse and Charliecloud all read it.
@@ -52,15 +61,19 @@ MOUNT_ROOTS = ("home", "scratch", "work", "project", "projects", "data", "shared
 
 @dataclass(frozen=True)
 class Shared:
-    root: Path
+    root: Path  # resolved: no symbolic link in it
+
+    @property
+    def own(self) -> Path:
+        return self.root / f"gpuenv-{os.getuid()}"
 
     @property
     def images(self) -> Path:
-        return self.root / "gpuenv" / "images"
+        return self.own / "images"
 
     @property
     def jobs(self) -> Path:
-        return self.root / "gpuenv" / "jobs"
+        return self.own / "jobs"
 
     def files(self, image_id: str) -> ImageFiles:
         stem = self.images / image_id.removeprefix("sha256:")
@@ -68,10 +81,20 @@ class Shared:
             squashfs=f"{stem}.sqfs", env_file=f"{stem}.env", shell_env_file=f"{stem}.sh.env"
         )
 
+    def make(self) -> None:
+        """gpuenv's own directories under DIR, made or checked (store/private.py)."""
+        try:
+            own = private.own_directory(self.root, self.own.name, "--shared")
+            for sub in (self.images, self.jobs):
+                private.own_directory(own, sub.name, "--shared")
+        except GpuenvError as exc:
+            raise SlurmError(exc.message) from None
+
 
 def shared_dir(option: str | None) -> Shared:
     """--shared DIR, else $GPUENV_SLURM_SHARED: a directory every node mounts at the same
-    path (it must exist; gpuenv makes its own gpuenv/ under it)."""
+    path (it must exist, and no other user may be able to replace what is in it; gpuenv
+    makes its own gpuenv-<uid>/ under it)."""
     text = option or os.environ.get(SHARED_ENV, "")
     if not text:
         raise SlurmError(
@@ -83,6 +106,10 @@ def shared_dir(option: str | None) -> Shared:
     if not path.is_dir():
         raise SlurmError(f"{where} {text}: no such directory (give a directory on shared storage)")
     check_path(str(path), where)
+    try:
+        private.check_unswappable(path, where)
+    except GpuenvError as exc:
+        raise SlurmError(exc.message) from None
     return Shared(path)
 
 
@@ -128,64 +155,95 @@ def root_entries(squashfs: str) -> set[str] | None:
 
 def ensure(engine: Engine, ref: str, info: ImageInfo, shared: Shared,
            say: Callable[[str], None], cwd: str = "/") -> ImageFiles:  # fmt: skip
-    """The image's files on shared storage, written if they are not there yet (with the
-    working directory's top directory among the mount points)."""
+    """The image's files on shared storage, written if they are not there yet, or not as
+    this user wrote them (with the working directory's top directory among the mount
+    points)."""
+    shared.make()
     files = shared.files(info.id)
-    if Path(files.squashfs).is_file():
-        say(f"reusing {files.squashfs}")
-        return files
+    if os.path.lexists(files.squashfs):
+        if _as_written(files):
+            say(f"reusing {files.squashfs}")
+            return files
+        say(f"{files.squashfs} is not as gpuenv wrote it (changed since, or written where this "
+            "login node keeps no record of it): writing it again")  # fmt: skip
     tool = shutil.which(TAR2SQFS)
     if tool is None:
         raise SlurmError(
             "tar2sqfs not found: gpuenv writes the image for the cluster as a SquashFS with it "
             "(Debian/Ubuntu: apt install squashfs-tools-ng)"
         )
-    try:
-        shared.images.mkdir(parents=True, exist_ok=True)
-        shared.jobs.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SlurmError(f"--shared {shared.root}: cannot write there ({exc.strerror})") from None
-    env = environment_lines(info)
-    _write_atomically(Path(files.env_file), "".join(f"{line}\n" for line in env).encode())
-    shell = "".join(f"{k}={shlex.quote(v)}\n" for k, _, v in (e.partition("=") for e in env))
-    _write_atomically(Path(files.shell_env_file), shell.encode())
     say(f"writing {ref} to {files.squashfs} (once per image ID)")
+    try:
+        _write(engine, ref, info, shared.images, files, tool, cwd)
+    except OSError as exc:
+        raise SlurmError(
+            f"--shared {shared.root}: cannot write {exc.filename or shared.images} "
+            f"({exc.strerror or exc})"
+        ) from None
+    _remember(files)
+    return files
+
+
+def _write(engine: Engine, ref: str, info: ImageInfo, images: Path, files: ImageFiles,
+           tool: str, cwd: str) -> None:  # fmt: skip
+    env = environment_lines(info)
+    private.write_file(images, Path(files.env_file).name,
+                       "".join(f"{line}\n" for line in env).encode())  # fmt: skip
+    shell = "".join(f"{k}={shlex.quote(v)}\n" for k, _, v in (e.partition("=") for e in env))
+    private.write_file(images, Path(files.shell_env_file).name, shell.encode())
     extra = {
         "etc/environment": ("\n".join(env) + "\n").encode() if env else b"",
         "etc/rc": rc_script(info).encode(),
     }
     roots = {*MOUNT_ROOTS, top_directory(cwd)} - {""}
     target = Path(files.squashfs)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    argv = [tool, "-q", *COMPRESSION, "-j", str(os.cpu_count() or 1), "-k", "-f", str(tmp)]
-    # Its messages go to a file: a pipe nobody reads while the tar streams in could fill.
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=err)
-        try:
-            assert proc.stdin is not None
+    # tar2sqfs -f writes into the file made here (0600, O_EXCL in a directory of ours).
+    with private.new_file(images, target.name) as (fd, tmp):
+        os.close(fd)
+        argv = [tool, "-q", *COMPRESSION, "-j", str(os.cpu_count() or 1), "-k", "-f", str(tmp)]
+        # Its messages go to a file: a pipe nobody reads while the tar streams in could fill.
+        with tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=err)
             try:
-                with engine.exported_filesystem(ref) as stream:
-                    rewrite(stream, proc.stdin, extra, roots)
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass  # tar2sqfs gave up: its own message says why
-            if proc.wait() != 0:
-                err.seek(0)
-                lines = err.read().decode(errors="replace").strip().splitlines()
-                raise SlurmError(f"tar2sqfs failed writing {target}: {(lines or ['?'])[-1]}")
-            os.replace(tmp, target)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            tmp.unlink(missing_ok=True)
-    return files
+                assert proc.stdin is not None
+                try:
+                    with engine.exported_filesystem(ref) as stream:
+                        rewrite(stream, proc.stdin, extra, roots)
+                    proc.stdin.close()
+                except BrokenPipeError:
+                    pass  # tar2sqfs gave up: its own message says why
+                if proc.wait() != 0:
+                    err.seek(0)
+                    lines = err.read().decode(errors="replace").strip().splitlines()
+                    raise SlurmError(f"tar2sqfs failed writing {target}: {(lines or ['?'])[-1]}")
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+def _digests(files: ImageFiles) -> dict[str, str | None]:
+    paths = (files.squashfs, files.env_file, files.shell_env_file)
+    return {p: private.sha256_of(Path(p)) for p in paths}
+
+
+def _as_written(files: ImageFiles) -> bool:
+    """Whether the three files hash as they did when this user wrote them."""
+    from gpuenv.store.cache import read_record
+
+    recorded = read_record(RECORD).get(files.squashfs)
+    digests = _digests(files)
+    return isinstance(recorded, dict) and None not in digests.values() and recorded == digests
+
+
+def _remember(files: ImageFiles) -> None:
+    """Record the files' digests (records of SquashFS files gone since are dropped). Without
+    a cache directory nothing is recorded, and the next run writes the image again."""
+    from gpuenv.store.cache import read_record, write_record
+
+    records = {p: d for p, d in read_record(RECORD).items() if os.path.lexists(p)}
+    records[files.squashfs] = _digests(files)
+    write_record(RECORD, records)
 
 
 class _Chunks(io.RawIOBase):
