@@ -6,8 +6,9 @@ in it on both nodes.
 The image is the smallest that proves it: the 125 MB base with one file and one ENV added
 (`docker commit`, no build), so the tasks show they run inside the image and that its ENV
 is applied (ch-run applies none by itself). Every gpuenv started here carries the lab's
-marker and a per-test one in its environment; the tasks inherit it (sbatch exports the
-submitter's environment), which is how "no task process is left" is checked.
+marker and a per-test one in its environment and passes both to the job by name (-e: the
+job gets nothing else of the submitter's environment), which is how "no task process is
+left" is checked.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ import pytest
 from support.cells import BASE_IMAGE, test_repository
 from support.cli import GPUENV, output
 from support.engine import SESSION_LABEL, docker
-from support.slurm_cluster import SlurmCluster, marked_pids, slurm_cluster
+from support.slurm_cluster import MARKER, SlurmCluster, marked_pids, slurm_cluster
 
 pytestmark = pytest.mark.engine
 
 PROBE_IMAGE = f"{test_repository('slurm')}:probe"
+# The markers reach the tasks only as the user's -e variables would.
+MARKED = ("-e", MARKER, "-e", "GPUENV_SLURM_TEST")
 
 
 @pytest.fixture(scope="module")
@@ -74,27 +77,35 @@ def env_for(lab: SlurmCluster, work: Path, tag: str) -> dict[str, str]:
 
 def slurm_run(lab: SlurmCluster, work: Path, shared: Path, image: str, *args: str,
               tag: str = "", timeout: float = 120) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    argv = [*GPUENV, "run", "--slurm", "-i", image, "--shared", str(shared), *args]
+    argv = [*GPUENV, "run", "--slurm", "-i", image, "--shared", str(shared), *MARKED, *args]
     env = env_for(lab, work, tag or uuid.uuid4().hex)
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                           cwd=work / "work", env=env)  # fmt: skip
 
 
 def squashfs(shared: Path) -> list[Path]:
-    return sorted((shared / "gpuenv" / "images").glob("*.sqfs"))
+    return sorted((shared / f"gpuenv-{os.getuid()}" / "images").glob("*.sqfs"))
 
 
 def test_two_nodes_two_gpus_each_in_the_image(lab, probe_image, shared, work):
+    """...and with only the environment asked for: a secret of the login node's
+    environment reaches neither the job nor the container; an -e variable does."""
     script = ('echo "$SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES env=$GPUENV_PROBE '
-              'file=$(cat /gpuenv-probe | tr " " _) cwd=$(pwd) master=$MASTER_ADDR"')  # fmt: skip
-    proc = slurm_run(lab, work, shared, probe_image, "--nodes", "2", "--gpus-per-node", "2",
-                     "--time", "5", "--", "bash", "-c", script)  # fmt: skip
+              'file=$(cat /gpuenv-probe | tr " " _) cwd=$(pwd) master=$MASTER_ADDR '
+              'secret=${GPUENV_INDEX_PASSWORD:-none} given=$GIVEN"')  # fmt: skip
+    argv = [*GPUENV, "run", "--slurm", "-i", probe_image, "--shared", str(shared), *MARKED,
+            "-e", "GIVEN=yes", "--nodes", "2", "--gpus-per-node", "2", "--time", "5", "--",
+            "bash", "-c", script]  # fmt: skip
+    env = {**env_for(lab, work, uuid.uuid4().hex), "GPUENV_INDEX_PASSWORD": "s3cret"}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                          cwd=work / "work", env=env)  # fmt: skip
     assert proc.returncode == 0, output(proc)
     cwd = work / "work"
     lines = sorted(proc.stdout.splitlines())
+    tail = "master=n1 secret=none given=yes"
     assert lines == [
-        f"n1 gpus=0,1 env=from-the-image file=inside_the_image cwd={cwd} master=n1",
-        f"n2 gpus=0,1 env=from-the-image file=inside_the_image cwd={cwd} master=n1",
+        f"n1 gpus=0,1 env=from-the-image file=inside_the_image cwd={cwd} {tail}",
+        f"n2 gpus=0,1 env=from-the-image file=inside_the_image cwd={cwd} {tail}",
     ], output(proc)
     assert "writing" in proc.stderr and len(squashfs(shared)) == 1, output(proc)
     assert list((work / "tmp").iterdir()) == []  # ch-run's mount points removed
@@ -148,7 +159,7 @@ def test_no_slurm_on_path(lab, probe_image, shared, work):
 def test_a_signal_cancels_the_job(lab, probe_image, shared, work, sig, code):
     tag = uuid.uuid4().hex
     script = 'echo "started $SLURMD_NODENAME"; sleep 300'
-    argv = [*GPUENV, "run", "--slurm", "-i", probe_image, "--shared", str(shared),
+    argv = [*GPUENV, "run", "--slurm", "-i", probe_image, "--shared", str(shared), *MARKED,
             "--nodes", "2", "--", "bash", "-c", script]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=work / "work", env=env_for(lab, work, tag),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip

@@ -15,6 +15,7 @@ import pytest
 
 from gpuenv.run.slurm import SlurmError
 from gpuenv.run.slurm.script import (
+    EXPORTED,
     RUNTIMES,
     ImageFiles,
     JobInputs,
@@ -23,10 +24,11 @@ from gpuenv.run.slurm.script import (
     check_path,
     job_name,
     parse_time,
+    submission_environment,
 )
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
-IMAGES = "/shared/gpuenv/images"
+IMAGES = "/shared/gpuenv-1000/images"
 JOB = JobInputs(
     name="gpuenv-tf2.21-py3.11-cuda12.5-gpu",
     command=("python", "train.py", "--epochs", "3"),
@@ -34,7 +36,7 @@ JOB = JobInputs(
     image_id="sha256:ab12",
     what="tf2.21-py3.11-cuda12.5-gpu",
     cwd="/home/ada/project",
-    jobs_dir="/shared/gpuenv/jobs",
+    jobs_dir="/shared/gpuenv-1000/jobs",
     nodes=2,
     gpus_per_node=4,
     partition="gpu",
@@ -122,8 +124,9 @@ def test_directives():
         "#SBATCH --gpus-per-node=4",
         "#SBATCH --time=0-02:00:00",
         "#SBATCH --partition=gpu",
-        "#SBATCH --output=/shared/gpuenv/jobs/gpuenv-%j.out",
+        "#SBATCH --output=/shared/gpuenv-1000/jobs/gpuenv-%j.out",
         "#SBATCH --chdir=/home/ada/project",
+        "#SBATCH --export=PATH,HOME,USER,LOGNAME,LANG,LC_ALL,TZ,TMPDIR,XDG_RUNTIME_DIR",
     ]
     # Without GPUs, time or partition: no such line (the partition's defaults hold).
     bare = batch_script(replace(JOB, gpus_per_node=0, time=None, partition=None))
@@ -138,6 +141,30 @@ def test_environment_for_multi_node_training():
     assert 'export MASTER_PORT="$((20000 + SLURM_JOB_ID % 10000))"' in text
     assert "export WANDB_MODE=offline" in text
     assert "export NOTE='it'\"'\"'s quoted'" in text
+
+
+@pytest.mark.parametrize("name", ["X$(id>/tmp/pwned)", "1X", "A-B", "A.B", "A\u00e9"])
+def test_env_names_are_shell_identifiers(name):
+    """-e names become `export NAME=...` lines: anything but a shell identifier is refused
+    (`X$(id>/tmp/pwned)` ran `id` when the script did)."""
+    with pytest.raises(SlurmError, match=r"-e .*a shell variable's") as exc:
+        batch_script(replace(JOB, env=((name, "1"),)))
+    assert exc.value.exit_code == 125
+
+
+def test_the_job_gets_only_what_gpuenv_names_and_the_users_e():
+    """sbatch runs with the names EXPORTED and Slurm's settings, never the rest of the login
+    node's environment; nothing can widen --export; srun passes the script's on."""
+    login = {"PATH": "/usr/bin", "HOME": "/home/ada", "SLURM_CONF": "/etc/slurm/x.conf",
+             "SBATCH_ACCOUNT": "proj", "GPUENV_INDEX_PASSWORD": "s3cret",
+             "AWS_SECRET_ACCESS_KEY": "k", "SBATCH_EXPORT": "ALL", "SLURM_EXPORT_ENV": "ALL",
+             "SBATCH_GET_USER_ENV": "1"}  # fmt: skip
+    assert submission_environment(login) == {"PATH": "/usr/bin", "HOME": "/home/ada",
+                                             "SLURM_CONF": "/etc/slurm/x.conf",
+                                             "SBATCH_ACCOUNT": "proj"}  # fmt: skip
+    text = batch_script(JOB)
+    assert f"#SBATCH --export={','.join(EXPORTED)}\n" in text
+    assert "srun --kill-on-bad-exit=1 --export=ALL" in text
 
 
 def test_first_failing_task_decides(tmp_path):

@@ -16,6 +16,7 @@ import subprocess
 from dataclasses import dataclass
 
 from gpuenv.run.slurm import SlurmError
+from gpuenv.run.slurm.script import submission_environment
 
 COMMANDS = ("sbatch", "scontrol", "scancel")
 TIMEOUT = 60  # seconds for one command: slurmctld answers in milliseconds, or is down
@@ -155,7 +156,7 @@ class Slurm:
         try:
             return subprocess.run(
                 [self.paths[name], *args], input=stdin, capture_output=True, text=True,
-                timeout=TIMEOUT, check=False, env=os.environ.copy(),
+                timeout=TIMEOUT, check=False, env=submission_environment(dict(os.environ)),
             )  # fmt: skip
         except subprocess.TimeoutExpired:
             raise SlurmError(

@@ -7,6 +7,13 @@ task that fails writes its exit code to a file beside the job's output; `srun
 --kill-on-bad-exit=1` then ends the other tasks (a rank left waiting in a collective would
 hang until --time), and the batch script exits with that first code rather than srun's
 highest (which would be the 143 of a task it killed).
+
+The job gets none of the login node's environment but what gpuenv names (EXPORTED, Slurm's
+own SLURM_* always) and the user's -e variables, which the script exports: sbatch is given
+that environment alone (`submission_environment`) and `--export` with those names, so
+neither a site's SBATCH_EXPORT nor Slurm's default (ALL) can bring the rest (an index
+password, cloud keys) into the job and its container. srun inside the script passes the
+script's environment on (`--export=ALL`: sbatch's list would drop what the script sets).
 """
 
 from __future__ import annotations
@@ -26,6 +33,15 @@ MASTER_PORT_BASE = 20000
 # Characters a path may hold on an #SBATCH line and in srun's comma-separated mount lists.
 _SAFE_PATH = re.compile(r"/[A-Za-z0-9._+@/-]*")
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
+# -e names become `export NAME=...` lines of a shell script: shell identifiers only.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What a job gets from the login node's environment besides SLURM_* and -e: where programs
+# are (ch-run, srun, squashfuse), who and where the user is, the locale and temporary
+# directory, and the runtime directory podman needs. Names absent here are skipped by sbatch.
+EXPORTED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR",
+            "XDG_RUNTIME_DIR")  # fmt: skip
+# Slurm's input variables that would widen --export (sbatch(1), srun(1)).
+_WIDENING = ("SBATCH_EXPORT", "SLURM_EXPORT_ENV", "SBATCH_GET_USER_ENV")
 
 
 # ---------------------------------------------------------------------- --time
@@ -107,6 +123,26 @@ def check_path(path: str, what: str) -> str:
             "quotes, commas, colons or % in a path; use a path without them"
         )
     return path
+
+
+def check_env(env: tuple[tuple[str, str], ...]) -> None:
+    """-e names: each is written as `export NAME=...` in the script."""
+    for key, _ in env:
+        if not _ENV_NAME.fullmatch(key):
+            raise SlurmError(
+                f"-e {key[:80]!r}: under --slurm a name is a shell variable's (letters, digits "
+                "and _, not starting with a digit)"
+            )
+
+
+def submission_environment(environ: dict[str, str]) -> dict[str, str]:
+    """What sbatch runs with: EXPORTED, and Slurm's SLURM_*/SBATCH_* settings (the cluster's
+    configuration, an account) less those that would widen --export."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if (k in EXPORTED or k.startswith(("SLURM_", "SBATCH_"))) and k not in _WIDENING
+    }
 
 
 def check_partition(name: str) -> str:
@@ -217,6 +253,7 @@ def batch_script(job: JobInputs) -> str:
     """The whole batch script, ready for sbatch (stdin) or --dry-run."""
     if job.runtime not in _LAUNCHERS:
         raise SlurmError(f"--runtime {job.runtime!r}: expected one of {', '.join(RUNTIMES)}")
+    check_env(job.env)
     q = shlex.quote
     head = [
         "#!/bin/bash",
@@ -233,6 +270,7 @@ def batch_script(job: JobInputs) -> str:
     head += [
         f"#SBATCH --output={output_path(job.jobs_dir, '%j')}",
         f"#SBATCH --chdir={job.cwd}",
+        f"#SBATCH --export={','.join(EXPORTED)}",
         f"# gpuenv run --slurm: {job.what} ({job.image_id}), runtime {job.runtime}",
         "",
         'export USER="${USER:-$(id -un)}"  # ch-run and enroot refuse to start without it',
@@ -249,7 +287,7 @@ def batch_script(job: JobInputs) -> str:
     srun_opts, task, launcher = _LAUNCHERS[job.runtime](job)
     failed = failure_path(job.jobs_dir, "$SLURM_JOB_ID")
     groups = [
-        ["srun", "--kill-on-bad-exit=1", *srun_opts],
+        ["srun", "--kill-on-bad-exit=1", "--export=ALL", *srun_opts],
         ["sh", "-c", task, "gpuenv-task", failed],
     ]
     groups += [launcher, list(job.command)] if launcher else [list(job.command)]
@@ -271,14 +309,17 @@ def _quote_all(argv: list[str]) -> list[str]:
 
 __all__ = [
     "DEFAULT_RUNTIME",
+    "EXPORTED",
     "RUNTIMES",
     "ImageFiles",
     "JobInputs",
     "batch_script",
+    "check_env",
     "check_partition",
     "check_path",
     "failure_path",
     "job_name",
     "output_path",
     "parse_time",
+    "submission_environment",
 ]

@@ -5,8 +5,9 @@
 #SBATCH --gpus-per-node=4
 #SBATCH --time=0-02:00:00
 #SBATCH --partition=gpu
-#SBATCH --output=/shared/gpuenv/jobs/gpuenv-%j.out
+#SBATCH --output=/shared/gpuenv-1000/jobs/gpuenv-%j.out
 #SBATCH --chdir=/home/ada/project
+#SBATCH --export=PATH,HOME,USER,LOGNAME,LANG,LC_ALL,TZ,TMPDIR,XDG_RUNTIME_DIR
 # gpuenv run --slurm: tf2.21-py3.11-cuda12.5-gpu (sha256:ab12), runtime podman
 
 export USER="${USER:-$(id -un)}"  # ch-run and enroot refuse to start without it
@@ -17,19 +18,19 @@ export MASTER_PORT="$((20000 + SLURM_JOB_ID % 10000))"
 export WANDB_MODE=offline
 export NOTE='it'"'"'s quoted'
 
-rm -f "/shared/gpuenv/jobs/gpuenv-$SLURM_JOB_ID.failed"
-srun --kill-on-bad-exit=1 \
+rm -f "/shared/gpuenv-1000/jobs/gpuenv-$SLURM_JOB_ID.failed"
+srun --kill-on-bad-exit=1 --export=ALL \
     sh -c 'f=$1; shift
 m=$(mktemp -d "${TMPDIR:-/tmp}/gpuenv-podman.XXXXXX") || exit 125
-squashfuse /shared/gpuenv/images/ab12.sqfs "$m" || exit 125
+squashfuse /shared/gpuenv-1000/images/ab12.sqfs "$m" || exit 125
 trap '"'"'fusermount -u "$m" 2>/dev/null; rmdir "$m" 2>/dev/null'"'"' EXIT
 trap '"'"'exit 143'"'"' TERM INT
-podman run --rm --rootfs --userns=keep-id --security-opt=label=disable --network=host --ipc=host --env-file /shared/gpuenv/images/ab12.env -v /home/ada/project:/home/ada/project -w /home/ada/project --env '"'"'SLURM_*'"'"' --env CUDA_VISIBLE_DEVICES --env MASTER_ADDR --env MASTER_PORT --env WANDB_MODE --env NOTE --device nvidia.com/gpu=all "$m:O" "$@"
+podman run --rm --rootfs --userns=keep-id --security-opt=label=disable --network=host --ipc=host --env-file /shared/gpuenv-1000/images/ab12.env -v /home/ada/project:/home/ada/project -w /home/ada/project --env '"'"'SLURM_*'"'"' --env CUDA_VISIBLE_DEVICES --env MASTER_ADDR --env MASTER_PORT --env WANDB_MODE --env NOTE --device nvidia.com/gpu=all "$m:O" "$@"
 rc=$?
 [ "$rc" -eq 0 ] || (set -C; echo "$rc" > "$f") 2>/dev/null
 exit "$rc"
-' gpuenv-task "/shared/gpuenv/jobs/gpuenv-$SLURM_JOB_ID.failed" \
+' gpuenv-task "/shared/gpuenv-1000/jobs/gpuenv-$SLURM_JOB_ID.failed" \
     python train.py --epochs 3
 rc=$?
-if [ -s "/shared/gpuenv/jobs/gpuenv-$SLURM_JOB_ID.failed" ]; then read -r rc < "/shared/gpuenv/jobs/gpuenv-$SLURM_JOB_ID.failed"; fi
+if [ -s "/shared/gpuenv-1000/jobs/gpuenv-$SLURM_JOB_ID.failed" ]; then read -r rc < "/shared/gpuenv-1000/jobs/gpuenv-$SLURM_JOB_ID.failed"; fi
 exit "$rc"

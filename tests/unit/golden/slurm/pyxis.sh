@@ -5,8 +5,9 @@
 #SBATCH --gpus-per-node=4
 #SBATCH --time=0-02:00:00
 #SBATCH --partition=gpu
-#SBATCH --output=/shared/gpuenv/jobs/gpuenv-%j.out
+#SBATCH --output=/shared/gpuenv-1000/jobs/gpuenv-%j.out
 #SBATCH --chdir=/home/ada/project
+#SBATCH --export=PATH,HOME,USER,LOGNAME,LANG,LC_ALL,TZ,TMPDIR,XDG_RUNTIME_DIR
 # gpuenv run --slurm: tf2.21-py3.11-cuda12.5-gpu (sha256:ab12), runtime pyxis
 
 export USER="${USER:-$(id -un)}"  # ch-run and enroot refuse to start without it
@@ -18,15 +19,15 @@ export NVIDIA_VISIBLE_DEVICES=all
 export WANDB_MODE=offline
 export NOTE='it'"'"'s quoted'
 
-rm -f "/shared/gpuenv/jobs/gpuenv-$SLURM_JOB_ID.failed"
-srun --kill-on-bad-exit=1 --container-image=/shared/gpuenv/images/ab12.sqfs --container-mounts=/home/ada/project,/shared/gpuenv/jobs --container-workdir=/home/ada/project \
+rm -f "/shared/gpuenv-1000/jobs/gpuenv-$SLURM_JOB_ID.failed"
+srun --kill-on-bad-exit=1 --export=ALL --container-image=/shared/gpuenv-1000/images/ab12.sqfs --container-mounts=/home/ada/project,/shared/gpuenv-1000/jobs --container-workdir=/home/ada/project \
     sh -c 'f=$1; shift
 "$@"
 rc=$?
 [ "$rc" -eq 0 ] || (set -C; echo "$rc" > "$f") 2>/dev/null
 exit "$rc"
-' gpuenv-task "/shared/gpuenv/jobs/gpuenv-$SLURM_JOB_ID.failed" \
+' gpuenv-task "/shared/gpuenv-1000/jobs/gpuenv-$SLURM_JOB_ID.failed" \
     python train.py --epochs 3
 rc=$?
-if [ -s "/shared/gpuenv/jobs/gpuenv-$SLURM_JOB_ID.failed" ]; then read -r rc < "/shared/gpuenv/jobs/gpuenv-$SLURM_JOB_ID.failed"; fi
+if [ -s "/shared/gpuenv-1000/jobs/gpuenv-$SLURM_JOB_ID.failed" ]; then read -r rc < "/shared/gpuenv-1000/jobs/gpuenv-$SLURM_JOB_ID.failed"; fi
 exit "$rc"
