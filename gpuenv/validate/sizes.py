@@ -15,6 +15,7 @@ from pathlib import Path
 from gpuenv.matrix.errors import GpuenvError
 
 GROWTH_LIMIT = 1.2
+MAX_BASELINE_BYTES = 1 << 20  # one line per cell
 
 
 def baseline_path(matrix: Path) -> Path:
@@ -24,14 +25,18 @@ def baseline_path(matrix: Path) -> Path:
 def load(path: Path) -> dict[str, int]:
     """The recorded sizes; {} when there is no baseline file. A file that is not a JSON
     object is an error: ignoring it would switch the gate off without a word."""
+    from gpuenv.matrix.files import read_regular
+
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = read_regular(path, MAX_BASELINE_BYTES)
     except FileNotFoundError:
         return {}
     except OSError as exc:
         raise GpuenvError(f"cannot read the size baseline {path}: {exc.strerror}") from None
+    if len(raw) > MAX_BASELINE_BYTES:
+        raise GpuenvError(f"{path}: larger than {MAX_BASELINE_BYTES >> 20} MiB, not a baseline")
     try:
-        data = json.loads(text)
+        data = json.loads(raw.decode("utf-8", errors="replace"))
     except ValueError as exc:
         raise GpuenvError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):

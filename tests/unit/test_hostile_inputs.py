@@ -12,6 +12,7 @@ nothing new in the directory, and no gpuenv temporary file left in the system's 
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -549,6 +550,47 @@ CASES += [
     Case("opt:run-missing-script", ["run", "-f", "{m}", "nope.py"], "nope.py", code=127),
     Case("opt:run-f-directory", ["run", "-f", "{d}", "true"], "cannot read", code=125),
     Case("opt:run-f-dev-zero", ["run", "-f", "/dev/zero", "true"], "/dev/zero", code=125),
+    # key files (the review's M8: /dev/zero filled memory, a FIFO hung)
+    Case(
+        "opt:verify-key-dev-zero",
+        ["verify", "localhost:5000/a:b", "--key", "/dev/zero"],
+        "--key /dev/zero: not a regular file",
+        code=2,
+    ),
+    Case(
+        "opt:verify-key-fifo",
+        ["verify", "localhost:5000/a:b", "--key", "{d}/key.pem"],
+        "key.pem: not a regular file",
+        code=2,
+        setup=lambda d: os.mkfifo(d / "key.pem"),
+    ),
+    Case(
+        "opt:verify-key-huge",
+        ["verify", "localhost:5000/a:b", "--key", "{d}/key.pem"],
+        "larger than 64 KiB",
+        code=2,
+        files={"key.pem": b"-" * (1 << 20)},
+    ),
+    Case(
+        "opt:push-key-dev-zero",
+        ["push", "-f", "{m}", "--attest", "--key", "/dev/zero"],
+        "--key /dev/zero: not a regular file",
+        code=2,
+    ),
+    Case(
+        "opt:push-key-fifo",
+        ["push", "-f", "{m}", "--attest", "--key", "{d}/key.pem"],
+        "not a regular file",
+        code=2,
+        setup=lambda d: os.mkfifo(d / "key.pem"),
+    ),
+    Case(
+        "env:verify-key-dev-zero",
+        ["verify", "localhost:5000/a:b"],
+        "/dev/zero",
+        code=2,
+        env={"GPUENV_VERIFY_KEY": "/dev/zero"},
+    ),
     Case(
         "opt:validate-gpus-garbage", ["validate", "-f", "{m}", "--gpus", "lots"], "--gpus", code=2
     ),

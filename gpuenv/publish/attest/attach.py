@@ -36,11 +36,20 @@ class Attested:
 
 
 def file_digest(path: Path) -> str:
-    """sha256 hex of a file's bytes ("" when it does not exist)."""
+    """sha256 hex of the matrix's or the lock's bytes ("" when it does not exist), read by
+    the one bounded reader of user-named files, as loading them did."""
+    from gpuenv.matrix.files import read_regular
+    from gpuenv.store.cache import MAX_INPUT_BYTES
+
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        data = read_regular(path, MAX_INPUT_BYTES)
     except FileNotFoundError:
         return ""
+    except OSError as exc:
+        raise GpuenvError(f"{path}: cannot read ({exc.strerror})") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise GpuenvError(f"{path}: larger than {MAX_INPUT_BYTES >> 20} MiB")
+    return hashlib.sha256(data).hexdigest()
 
 
 def is_canonical(project: Project, info: ImageInfo) -> bool:

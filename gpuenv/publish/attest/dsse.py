@@ -30,12 +30,26 @@ class Unverified(Exception):
     """An envelope whose signature does not verify with the key, or that is not DSSE."""
 
 
+MAX_KEY_BYTES = 64 << 10  # a P-256 key's PEM is a few hundred bytes
+
+
 def _read(path: Path, option: str) -> bytes:
+    """The key file, through the one bounded reader of user-named files: /dev/zero or a FIFO
+    given as the key is refused, never read to the end or waited on."""
+    from gpuenv.matrix.files import read_regular
+
     try:
-        return path.read_bytes()
+        data = read_regular(path, MAX_KEY_BYTES)
+    except IsADirectoryError:
+        raise GpuenvError(f"{option} {path}: not a regular file; give a PEM file",
+                          exit_code=2) from None  # fmt: skip
     except OSError as exc:
         raise GpuenvError(f"{option} {path}: cannot read ({exc.strerror}); give a PEM file",
                           exit_code=2) from None  # fmt: skip
+    if len(data) > MAX_KEY_BYTES:
+        raise GpuenvError(f"{option} {path}: larger than {MAX_KEY_BYTES >> 10} KiB, not a PEM "
+                          "key; give a PEM file", exit_code=2)  # fmt: skip
+    return data
 
 
 def _is_p256(key: Any) -> bool:
