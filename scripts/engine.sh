@@ -2,21 +2,23 @@
 # engine.sh - make sure a Docker engine answers on this (Debian) machine.
 #
 # What it does, in order, and only when needed:
-#   1. installs the Debian packages gpuenv's development and tests rely on
-#      (docker.io for dockerd, debootstrap and mmdebstrap for local base
-#      images, docker-registry for the push tests' loopback registry, which
-#      the tests start themselves: the package's own service is not used;
-#      iproute2, e2fsprogs and openssl for the fault and remote-engine tests:
-#      a namespace and veth, a loop-mounted data root, throwaway TLS certificates;
-#      rootlesskit, slirp4netns, uidmap, podman and catatonit for the engine labs of
-#      tests/integration/test_engine_anywhere.py: a rootless dockerd and podman's API
-#      service, which the tests start and stop themselves; slurmctld, slurmd,
-#      slurm-client, munge, charliecloud-runtime and squashfs-tools-ng for
-#      tests/integration/test_engine_slurm.py: a Slurm cluster the tests start and
-#      stop themselves (the packages' own services are not used)); openssh-server for
-#      tests/integration/support/another_host.py: an sshd in the lab's namespaces, which
-#      the tests start themselves (the package's own service is not used);
-#      `apt-get update` runs only when something is missing;
+#   1. installs the Debian packages gpuenv itself relies on: docker.io for dockerd,
+#      debootstrap and mmdebstrap for local base images; with --labs (scripts/test.sh
+#      only) also those of the test labs, each of which the tests start and stop
+#      themselves: docker-registry for the push tests' loopback registry; iproute2,
+#      e2fsprogs and openssl for the fault and remote-engine tests (a namespace and veth,
+#      a loop-mounted data root, throwaway TLS certificates); rootlesskit, slirp4netns,
+#      uidmap, podman and catatonit for the engine labs of
+#      tests/integration/test_engine_anywhere.py (a rootless dockerd and podman's API
+#      service); slurmctld, slurmd, slurm-client, munge, charliecloud-runtime and
+#      squashfs-tools-ng for the Slurm cluster of tests/integration/test_engine_slurm.py;
+#      qemu-user-static, binfmt-support and arch-test for the arm64 tests; openssh-server
+#      for tests/integration/support/another_host.py (an sshd in the lab's namespaces).
+#      No package's own service starts (a policy-rc.d answering 101 while installing), and
+#      --labs disables the lab packages' services for boot (Debian enables them on
+#      install): a machine that ran the tests starts no registry on :5000, munge, slurmd
+#      or podman socket when it reboots. `apt-get update` runs only when something is
+#      missing;
 #   2. if `docker info` does not answer, starts
 #        dockerd --bridge=none --iptables=false --ip-masq=false
 #      in the background with nohup, logging to $GPUENV_DOCKERD_LOG and
@@ -28,8 +30,8 @@
 #   3. waits up to $GPUENV_DOCKERD_TIMEOUT seconds for `docker info` to answer,
 #      and fails with a one-line message plus the tail of the log otherwise.
 #
-# It is idempotent: when everything is installed and the engine answers it
-# does nothing and exits 0 at once.
+# Usage: engine.sh [--labs]. It is idempotent: when everything is installed
+# and the engine answers it does nothing and exits 0 at once.
 #
 # The engine gets no bridge network on purpose: on these machines containers
 # run with `--network none` (or `host` when they must reach a package index),
@@ -41,6 +43,7 @@
 #   GPUENV_DOCKERD_TIMEOUT  seconds to wait for the engine (60)
 #   GPUENV_BUILD_CACHE      the build cache the builder keeps (20GB)
 #   GPUENV_SKIP_APT=1       never touch apt (just start/check the engine)
+#   GPUENV_SYSTEMD_ROOT     with --labs: the root whose units are disabled (/; for a test)
 set -euo pipefail
 
 readonly LOG="${GPUENV_DOCKERD_LOG:-/var/log/gpuenv-dockerd.log}"
@@ -49,10 +52,19 @@ readonly TIMEOUT="${GPUENV_DOCKERD_TIMEOUT:-60}"
 readonly BUILD_CACHE="${GPUENV_BUILD_CACHE:-20GB}"
 readonly CONFIG=/etc/gpuenv/dockerd.json
 # Debian packages we need; each is checked on its own.
-readonly PACKAGES=(docker.io debootstrap mmdebstrap docker-registry iproute2 e2fsprogs openssl
+readonly PACKAGES=(docker.io debootstrap mmdebstrap)
+readonly LAB_PACKAGES=(docker-registry iproute2 e2fsprogs openssl
     rootlesskit slirp4netns uidmap podman catatonit
     slurmctld slurmd slurm-client munge charliecloud-runtime squashfs-tools-ng
     qemu-user-static binfmt-support arch-test openssh-server)
+# The lab packages' own services, never wanted at boot (the tests run private instances).
+readonly LAB_UNITS=(docker-registry.service munge.service slurmctld.service slurmd.service
+    podman.socket podman.service podman-restart.service podman-auto-update.service
+    podman-auto-update.timer)
+# openssh-server's are disabled only when --labs installed it (a machine's own sshd stays):
+# it is then recorded here, so that every later --labs disables them again.
+readonly LAB_STATE=/var/lib/gpuenv/lab-units
+readonly SSH_UNITS=(ssh.service ssh.socket)
 
 say() { printf 'engine.sh: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -79,12 +91,12 @@ is_installed() {
     dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null | grep -qx installed
 }
 
-# Step 1: install whatever is missing; `apt-get update` only if something is.
+# Step 1: install whatever is missing of "$@"; `apt-get update` only if something is.
 install_packages() {
     [[ ${GPUENV_SKIP_APT:-0} == 1 ]] && return 0
     command -v dpkg-query >/dev/null 2>&1 || die "not a Debian system (no dpkg-query)"
     local missing=() pkg
-    for pkg in "${PACKAGES[@]}"; do
+    for pkg in "$@"; do
         is_installed "${pkg}" || missing+=("${pkg}")
     done
     [[ ${#missing[@]} -eq 0 ]] && return 0
@@ -158,8 +170,38 @@ wait_for_engine() {
     done
 }
 
+# The lab packages' services, disabled for boot (and stopped where systemd runs them).
+quiet_lab_units() {
+    command -v systemctl >/dev/null 2>&1 || return 0
+    local unit units=("${LAB_UNITS[@]}") recorded=()
+    if [[ -r ${LAB_STATE} ]]; then
+        mapfile -t recorded <"${LAB_STATE}"
+        units+=("${recorded[@]}")
+    fi
+    for unit in "${units[@]}"; do
+        systemctl ${GPUENV_SYSTEMD_ROOT:+--root="${GPUENV_SYSTEMD_ROOT}"} --quiet is-enabled \
+            "${unit}" 2>/dev/null || continue
+        say "disabling ${unit} for boot (a test lab's package; the tests run their own)"
+        as_root systemctl ${GPUENV_SYSTEMD_ROOT:+--root="${GPUENV_SYSTEMD_ROOT}"} --quiet \
+            disable "${unit}"
+    done
+    if [[ -z ${GPUENV_SYSTEMD_ROOT:-} && -d /run/systemd/system ]]; then
+        as_root systemctl --quiet stop "${units[@]}" 2>/dev/null || true
+    fi
+}
+
 main() {
-    install_packages
+    install_packages "${PACKAGES[@]}"
+    if [[ ${1:-} == --labs ]]; then
+        local had_sshd=1
+        is_installed openssh-server || had_sshd=0
+        install_packages "${LAB_PACKAGES[@]}"
+        if [[ ${had_sshd} == 0 ]] && is_installed openssh-server; then
+            as_root mkdir -p "$(dirname "${LAB_STATE}")"
+            printf '%s\n' "${SSH_UNITS[@]}" | as_root tee -a "${LAB_STATE}" >/dev/null
+        fi
+        quiet_lab_units
+    fi
     engine_answers && return 0
     command -v docker >/dev/null 2>&1 || die "no docker client on PATH"
     start_dockerd

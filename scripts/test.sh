@@ -8,6 +8,11 @@ cd "$(dirname "$0")/.."
 # builds tens of GB of layers and build contexts, most used by one module only (each
 # module's images go when it ends), and a CI machine's disk is shared.
 export GPUENV_BUILD_CACHE="${GPUENV_BUILD_CACHE:-10GB}"
+# The test labs' packages (a registry, podman, Slurm, munge, QEMU...) come only with the test
+# command, their own services disabled for boot; the tests start and stop private instances.
+# Again at the end, whatever happened: nothing of theirs stays enabled or running.
+bash scripts/engine.sh --labs
+trap 'GPUENV_SKIP_APT=1 bash scripts/engine.sh --labs >/dev/null 2>&1 || true' EXIT
 bash scripts/setup.sh
 .venv/bin/ruff check gpuenv tests benchmarks
 .venv/bin/ruff format --check gpuenv tests benchmarks

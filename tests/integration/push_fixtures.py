@@ -3,7 +3,7 @@
 - ``registry``: Debian's ``docker-registry`` (distribution 2.8), started by the session on
   127.0.0.1:<free port> with its own config: no auth, filesystem storage in a temporary
   directory, deletes enabled. Stopped by its PID at the end; its storage is removed. The
-  package is not installed here: scripts/engine.sh installs it (CI runs that).
+  package is not installed here: scripts/test.sh installs it (CI runs that).
 - ``pushed``: the shipped CPU cell pushed once per session to ``REGISTRY/team`` with the
   alias ``latest`` (a copy of the shipped matrix that only adds ``aliases``, so the spec hash
   is the shipped one). Other tests reuse it: the engine then knows the layers' digests, so
@@ -185,7 +185,7 @@ http:
 def registry() -> Iterator[Registry]:
     binary = shutil.which("docker-registry") or shutil.which("registry")
     if binary is None:
-        pytest.skip("needs Debian's docker-registry (scripts/engine.sh installs it)")
+        pytest.skip("needs Debian's docker-registry (scripts/test.sh installs it)")
     workdir = Path(tempfile.mkdtemp(prefix="gpuenv-registry-"))
     port = free_port()
     config = workdir / "config.yml"

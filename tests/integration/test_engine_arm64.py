@@ -111,7 +111,7 @@ def _binfmt_state() -> tuple[bool, dict[str, str]]:
 def binfmt() -> Iterator[None]:
     """qemu-aarch64 registered with F for the module; binfmt_misc restored exactly after."""
     if not Path(INTERPRETER).exists():
-        pytest.skip(f"needs {INTERPRETER} (qemu-user-static; scripts/engine.sh installs it)")
+        pytest.skip(f"needs {INTERPRETER} (qemu-user-static; scripts/test.sh installs it)")
     before = _binfmt_state()
     mounted = registered = enabled = False
     try:
@@ -149,7 +149,7 @@ def arm_base(binfmt: None) -> Iterator[str]:
     from gpuenv.engine.client import connect
 
     if shutil.which("mmdebstrap") is None:
-        pytest.skip("needs mmdebstrap (scripts/engine.sh installs it)")
+        pytest.skip("needs mmdebstrap (scripts/test.sh installs it)")
     mirror = os.environ.get("GPUENV_DEBIAN_MIRROR", base.MIRROR)
     with tempfile.TemporaryDirectory(prefix="gpuenv-arm64-") as tmp:
         hook, tar = Path(tmp) / "hook.sh", Path(tmp) / "rootfs.tar"

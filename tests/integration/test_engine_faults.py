@@ -192,7 +192,7 @@ def _registry() -> Iterator[Registry]:
 
     binary = shutil.which("docker-registry") or shutil.which("registry")
     if binary is None:
-        pytest.skip("needs Debian's docker-registry (scripts/engine.sh installs it)")
+        pytest.skip("needs Debian's docker-registry (scripts/test.sh installs it)")
     workdir = Path(tempfile.mkdtemp(prefix="gpuenv-faults-registry-"))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
