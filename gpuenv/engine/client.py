@@ -355,8 +355,16 @@ class Engine:
                 fh.write(chunk)
 
     def load(self, path: str) -> list[str]:
-        """`docker load` of a tar file; returns what the engine said it loaded."""
-        with _translated(), open(path, "rb") as fh:
+        """`docker load` of a tar file; returns what the engine said it loaded. A FIFO or a
+        device given as the file is refused, not waited on."""
+        from gpuenv.matrix.files import open_regular
+
+        try:
+            archive = open_regular(path)
+        except OSError as exc:
+            raise GpuenvError(f"{path}: cannot read ({exc.strerror}); give a tar file "
+                              "(docker save, gpuenv base --save)") from None  # fmt: skip
+        with _translated(), archive as fh:
             out = self._api.load_image(fh)
         messages = []
         for item in out if isinstance(out, list) else [out]:

@@ -1,4 +1,5 @@
-"""Reading the user's input files: a regular file only, at most `limit` + 1 bytes.
+"""Reading the files a user names: a regular file only, at most `limit` + 1 bytes
+(`read_regular`), or opened for streaming (`open_regular`).
 
 The matrix, a lock, a requirements file or a CA bundle may be named by anyone, so a device
 (/dev/zero), a FIFO or a directory given in their place is refused before anything is read.
@@ -13,20 +14,26 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 
-def read_regular(path: Path | str, limit: int) -> bytes:
-    """At most limit + 1 bytes of a regular file (the caller tells "too large" from the
-    length). Not a regular file: IsADirectoryError; missing: FileNotFoundError; other
+def open_regular(path: Path | str) -> BinaryIO:
+    """A regular file opened for reading, for what is streamed rather than read whole (an
+    image archive). Not a regular file: IsADirectoryError; missing: FileNotFoundError; other
     failures: OSError, as open() raises them."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise IsADirectoryError(errno.EISDIR, "not a regular file", str(path))
         os.set_blocking(fd, True)  # a regular file's reads never wait anyway; be explicit
-        with os.fdopen(fd, "rb", closefd=True) as f:
-            fd = -1
-            return f.read(limit + 1)
-    finally:
-        if fd >= 0:
-            os.close(fd)
+        return os.fdopen(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: Path | str, limit: int) -> bytes:
+    """At most limit + 1 bytes of a regular file (the caller tells "too large" from the
+    length). Errors as open_regular's."""
+    with open_regular(path) as f:
+        return f.read(limit + 1)

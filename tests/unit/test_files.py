@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv.matrix.files import read_regular
+from gpuenv.matrix.files import open_regular, read_regular
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,3 +45,15 @@ def test_a_fifo_as_the_matrix_is_one_error_line_not_a_hang(tmp_path):
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
         assert proc.returncode == 1 and len(errors) == 1, proc.stderr
         assert "not a regular file" in errors[0] and str(fifo) in errors[0]
+
+
+def test_a_file_to_stream_is_opened_only_when_regular(tmp_path):
+    """`open_regular`, for what is streamed whole (`base --load`'s archive): the same
+    refusals, before a byte is read or a FIFO waited on."""
+    (tmp_path / "a.tar").write_bytes(b"tar")
+    with open_regular(tmp_path / "a.tar") as fh:
+        assert fh.read() == b"tar"
+    os.mkfifo(tmp_path / "fifo")
+    for path in (tmp_path / "fifo", Path("/dev/zero"), tmp_path):
+        with pytest.raises(IsADirectoryError):
+            open_regular(path)
