@@ -14,6 +14,7 @@ what to do, and the engine's own text in `detail` for callers that explain it fu
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -98,7 +99,8 @@ class ImageInfo:
 @dataclass
 class ContainerSpec:
     """A container as gpuenv asks for one; `device_requests` hold the Engine API's
-    DeviceRequest bodies (gpuenv.gpu.gpus.GpuRequest.as_api())."""
+    DeviceRequest bodies (gpuenv.gpu.gpus.GpuRequest.as_api()), `cdi_devices` fully
+    qualified CDI device names (nvidia.com/gpu=0): gpuenv.gpu.cdi chooses which."""
 
     image: str
     command: list[str]
@@ -113,6 +115,7 @@ class ContainerSpec:
     ports: dict[str, Any] = field(default_factory=dict)
     tmpfs: dict[str, str] = field(default_factory=dict)
     device_requests: list[dict[str, Any]] = field(default_factory=list)
+    cdi_devices: list[str] = field(default_factory=list)
     init: bool = True
     shm_size: str | None = None
     ipc: str | None = None
@@ -121,6 +124,32 @@ class ContainerSpec:
     tty: bool = False
     stdin: bool = False
     platform: str | None = None  # linux/arm64: an image of another architecture, emulated
+
+
+@dataclass(frozen=True)
+class GpuEngineFacts:
+    """What an engine says that decides how it takes GPUs (gpuenv.gpu.cdi.choose_path)."""
+
+    podman: bool
+    version: str  # the server's (podman's own version on podman)
+    runtimes: tuple[str, ...] = ()  # registered OCI runtimes ("nvidia" among them?)
+    cdi_spec_dirs: tuple[str, ...] = ()  # Docker >= 25 with CDI enabled lists them
+    cdi_devices: tuple[str, ...] = ()  # Docker >= 28.3's DiscoveredDevices from CDI
+    local: bool = True
+
+    @classmethod
+    def from_info(cls, info: dict[str, Any], podman: bool, local: bool) -> GpuEngineFacts:
+        """From the engine's /info (podman's Docker API answers it too)."""
+        found = [str(d.get("ID") or "") for d in info.get("DiscoveredDevices") or []
+                 if isinstance(d, dict) and d.get("Source") == "cdi"]  # fmt: skip
+        return cls(
+            podman=podman,
+            version=str(info.get("ServerVersion") or ""),
+            runtimes=tuple(sorted(info.get("Runtimes") or {})),
+            cdi_spec_dirs=tuple(str(d) for d in info.get("CDISpecDirs") or []),
+            cdi_devices=tuple(d for d in found if d),
+            local=local,
+        )
 
 
 def engine_error(exc: Exception) -> EngineError:
@@ -215,6 +244,7 @@ class Engine:
         """An SDK client, or None to make one (from the environment) on first use."""
         self._client = client
         self._podman: bool | None = None
+        self._gpu_facts: GpuEngineFacts | None = None
         self._builds: set[Any] = set()  # the docker CLIs building now (subprocess.Popen)
 
     @property
@@ -444,6 +474,12 @@ class Engine:
         self._podman = any("podman" in n.lower() for n in names)
         return self._podman
 
+    def gpu_facts(self) -> GpuEngineFacts:
+        """What decides how this engine takes GPUs (asked once per Engine)."""
+        if self._gpu_facts is None:
+            self._gpu_facts = GpuEngineFacts.from_info(self.info(), self.is_podman, self.is_local)
+        return self._gpu_facts
+
     def build_path(self) -> str:
         """How builds reach this engine, for `gpuenv doctor` (EngineError: none can)."""
         if self.is_podman:
@@ -587,16 +623,30 @@ class Engine:
     # ------------------------------------------------------------------ containers
 
     def create(self, spec: ContainerSpec) -> str:
-        """Create (not start) a container; returns its ID."""
+        """Create (not start) a container; returns its ID. CDI devices go to podman through
+        its own API (its Docker API drops device requests and takes a CDI name for a path),
+        to Docker as a device request with driver "cdi", as `docker run --device` sends."""
+        if self.is_podman and spec.device_requests:
+            # Its Docker API drops them without a word (podman 4.3): a GPU run on the CPU.
+            raise EngineError(
+                "podman takes GPUs as CDI devices only; its API drops --gpus device requests "
+                "(gpuenv asks for CDI devices on podman: this request came another way)"
+            )
+        if spec.cdi_devices and self.is_podman:
+            return self._create_libpod(spec)
         if spec.tmpfs and self.is_podman:
             spec = replace(spec, tmpfs={p: _podman_tmpfs(o) for p, o in spec.tmpfs.items()})
         api = self._api
+        requests = list(spec.device_requests)
+        if spec.cdi_devices:
+            requests.append({"Driver": "cdi", "Count": 0, "DeviceIDs": list(spec.cdi_devices),
+                             "Capabilities": None, "Options": {}})  # fmt: skip
         with _translated():
             host = api.create_host_config(
                 binds=spec.binds or None,
                 mounts=[_bind_mount(*m) for m in spec.mounts] or None,
                 port_bindings=spec.ports or None,
-                device_requests=[_device_request(d) for d in spec.device_requests] or None,
+                device_requests=[_device_request(d) for d in requests] or None,
                 init=spec.init,
                 shm_size=spec.shm_size,
                 ipc_mode=spec.ipc,
@@ -620,6 +670,20 @@ class Engine:
                 **({"platform": spec.platform} if spec.platform else {}),
             )
         return str(created["Id"])
+
+    def _create_libpod(self, spec: ContainerSpec) -> str:
+        """Create through podman's own API (POST /libpod/containers/create, a SpecGenerator),
+        which resolves CDI devices from the spec files on podman's host."""
+        api = self._api
+        with _translated():
+            response = api.post(api.base_url + "/v4.0.0/libpod/containers/create",
+                                data=json.dumps(libpod_spec(spec)),
+                                headers={"Content-Type": "application/json"})  # fmt: skip
+            if response.status_code >= 300:
+                text = _libpod_message(response.text)
+                raise EngineError(f"podman refused the container: {text.strip()[:300]}",
+                                  detail=text, status=response.status_code)  # fmt: skip
+            return str(response.json()["Id"])
 
     def start(self, cid: str) -> None:
         with _translated():
@@ -763,6 +827,77 @@ def _bind_mount(source: str, target: str, read_only: bool) -> Any:
     from docker.types import Mount
 
     return Mount(target, source, type="bind", read_only=read_only)
+
+
+def libpod_spec(spec: ContainerSpec) -> dict[str, Any]:
+    """The ContainerSpec as podman's SpecGenerator (its API's JSON), for the containers that
+    need podman's own API: those with CDI devices."""
+    mounts: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
+    for bind in spec.binds:
+        src, dst, *mode = bind.split(":")
+        flags = [o for m in mode for o in m.split(",") if o]
+        if src.startswith("/"):
+            mounts.append({"type": "bind", "source": src, "destination": dst,
+                           "options": ["rbind", *flags]})  # fmt: skip
+        else:  # a named volume
+            volumes.append({"Name": src, "Dest": dst, "Options": flags})
+    for src, dst, read_only in spec.mounts:  # --mount binds: a missing source is refused
+        mounts.append({"type": "bind", "source": src, "destination": dst,
+                       "options": ["rbind", "ro"] if read_only else ["rbind"]})  # fmt: skip
+    for path, tmpfs in spec.tmpfs.items():
+        mounts.append({"type": "tmpfs", "source": "tmpfs", "destination": path,
+                       "options": _podman_tmpfs(tmpfs).split(",")})  # fmt: skip
+    body: dict[str, Any] = {
+        "image": spec.image,
+        "command": spec.command,
+        "env": spec.env,
+        "labels": spec.labels,
+        "mounts": mounts,
+        "volumes": volumes,
+        "devices": [{"path": name} for name in spec.cdi_devices],
+        "init": spec.init,
+        "terminal": spec.tty,
+        "stdin": spec.stdin,
+        "portmappings": [_port_mapping(key, host) for key, host in spec.ports.items()],
+    }
+    if spec.user:
+        body["user"] = spec.user
+    if spec.workdir:
+        body["work_dir"] = spec.workdir
+    if spec.shm_size:
+        body["shm_size"] = _bytes(spec.shm_size)
+    if spec.ipc:
+        body["ipcns"] = {"nsmode": spec.ipc}
+    if spec.network:
+        body["netns"] = {"nsmode": "bridge" if spec.network == "bridge" else spec.network}
+    return body
+
+
+def _libpod_message(text: str) -> str:
+    """podman's error body ({"cause", "message", "response"}): its message, else the text."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text
+    return str(body.get("message") or text) if isinstance(body, dict) else text
+
+
+def _port_mapping(key: str, host: Any) -> dict[str, Any]:
+    """parse_ports' "8888/tcp" -> 8888 | None | (ip,) | (ip, port) as a podman PortMapping."""
+    port, _, proto = key.partition("/")
+    ip, hport = ("", host) if not isinstance(host, tuple) else (host[0], (host[1:] or [None])[0])
+    return {"container_port": int(port), "host_port": int(hport or 0), "host_ip": ip,
+            "protocol": proto or "tcp"}  # fmt: skip
+
+
+def _bytes(size: str) -> int:
+    """Docker's --shm-size form ("2g"; units b, k, m, g) as bytes."""
+    match = re.fullmatch(r"(\d+)([bkmg]?)", size.lower())
+    if match is None:
+        raise EngineError(f"shm size {size!r}: expected a number with b, k, m or g")
+    power = "bkmg".index(match.group(2) or "b")
+    return int(match.group(1)) * (1 << (10 * power))
 
 
 def _podman_tmpfs(options: str) -> str:

@@ -15,7 +15,10 @@ from typing import Any
 
 from gpuenv.matrix.errors import GpuenvError
 
-_DEVICE_ID = re.compile(r"(?:\d+|GPU-[0-9a-fA-F-]{8,64}|MIG-[0-9a-zA-Z/-]{8,80})")
+# An index, a MIG device by GPU:instance index (0:1), a GPU UUID or a MIG UUID; as a CDI name
+# each may carry NVIDIA's kind (nvidia.com/gpu=0), and nvidia.com/gpu=all means every GPU.
+_DEVICE_ID = re.compile(r"(?:\d+|\d+:\d+|GPU-[0-9a-fA-F-]{8,64}|MIG-[0-9a-zA-Z/-]{8,80})")
+CDI_KIND = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ def parse_gpus(spec: str) -> GpuRequest:
     """Docker's --gpus forms: all, N, device=0,2, device=GPU-<uuid>, "count=N", plus
     capabilities=... Unknown forms are an error, not a silent CPU run."""
     text = spec.strip().strip('"')
+    if text.startswith(CDI_KIND + "="):  # CDI names alone: --gpus nvidia.com/gpu=0,...
+        text = "device=" + text
     if not text:
         raise GpuenvError("--gpus needs a value: all, N, or device=ID[,ID...]", exit_code=125)
     if text == "all":
@@ -65,14 +70,18 @@ def parse_gpus(spec: str) -> GpuRequest:
         if not sep:
             raise GpuenvError(f"--gpus {spec!r}: expected all, N or key=value", exit_code=125)
         if key == "device":
-            ids = tuple(v.strip() for v in value.split(",") if v.strip())
-            bad = [i for i in ids if not _DEVICE_ID.fullmatch(i)]
-            if not ids or bad:
+            ids = tuple(_bare(v.strip()) for v in value.split(",") if v.strip())
+            bad = [i for i in ids if not (_DEVICE_ID.fullmatch(i) or i == "all")]
+            if not ids or bad or ("all" in ids and len(ids) > 1):
                 raise GpuenvError(
-                    f"--gpus {spec!r}: device ids are indices (0,1) or UUIDs (GPU-...)",
+                    f"--gpus {spec!r}: device ids are indices (0,1), UUIDs (GPU-..., MIG-...), "
+                    "MIG devices (0:1) or CDI names (nvidia.com/gpu=0, nvidia.com/gpu=all)",
                     exit_code=125,
                 )
-            devices = ids
+            if ids == ("all",):
+                count = -1
+            else:
+                devices = ids
         elif key == "count":
             if value == "all":
                 count = -1
@@ -90,11 +99,16 @@ def parse_gpus(spec: str) -> GpuRequest:
             caps = tuple(sorted({"gpu", *asked}))
         else:
             raise GpuenvError(f"--gpus {spec!r}: unknown option {key!r}", exit_code=125)
-    if devices and count is not None:
+    if "device=" in text and "count=" in text:
         raise GpuenvError(f"--gpus {spec!r}: give count or device, not both", exit_code=125)
     if not devices and count is None:
         count = -1
     return GpuRequest(count=count, device_ids=devices, capabilities=caps)
+
+
+def _bare(device: str) -> str:
+    """A device id without NVIDIA's CDI kind: both paths (hook and CDI) start from it."""
+    return device.removeprefix(CDI_KIND + "=")
 
 
 # ---------------------------------------------------------------------------- drivers
@@ -186,8 +200,21 @@ NO_DRIVER = re.compile(r"nvidia-container-cli: initialization error: (?:load lib
                        r"error: driver not loaded)[^\n]*")  # fmt: skip
 
 
+# podman ("setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=7") and Docker
+# ("failed to inject CDI devices: unresolvable CDI devices nvidia.com/gpu=7") alike.
+CDI_UNRESOLVABLE = re.compile(r"unresolvable CDI devices ([^\n\"]+)")
+
+
 def explain_start_error(text: str, image: str) -> str | None:
     """A one-line, actionable message for the NVIDIA toolkit's own errors, else None."""
+    m = CDI_UNRESOLVABLE.search(text)
+    if m:
+        return (
+            f"the engine has no CDI spec for {m.group(1).strip()}: it takes GPUs as CDI "
+            "devices, which its host's spec files define; generate them there "
+            "(nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml; `nvidia-ctk cdi list` "
+            "names the devices), or ask for a device they list"
+        )
     m = GPU_UNAVAILABLE.search(text)
     if m:
         return (

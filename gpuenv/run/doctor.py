@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuenv.gpu.cdi import GENERATE, GpuPath, path_for
 from gpuenv.gpu.gpus import GpuInfo, driver_verdict, parse_nvidia_smi_query
 from gpuenv.matrix.contract import TITLE, ImageLabels
 
@@ -49,9 +50,36 @@ class Facts:
     # Whether the engine sees this directory (gpuenv/run/sync.py), and why; None: unknown.
     workdir_seen: bool | None = None
     workdir_why: str = ""
+    podman: bool = False
+    gpu_path: GpuPath | None = None  # how `--gpus` reaches this engine (gpuenv.gpu.cdi)
+
+
+def gpu_path_finding(path: GpuPath) -> Finding:
+    """Which way `--gpus` takes on this engine: CDI devices or the runtime hook's request."""
+    if path.kind == "none":
+        return Finding("gpu path", "error", path.problem)
+    return Finding("gpu path", "info", f"--gpus reaches containers as {path.how}")
+
+
+def podman_gpu_support(facts: Facts) -> Finding:
+    """podman gives GPUs as CDI devices only: the spec files on its host decide."""
+    if facts.cdi_specs:
+        return Finding("gpu support", "ok",
+                       f"CDI specs for nvidia.com/gpu, which podman reads: "
+                       f"{', '.join(facts.cdi_specs)}")  # fmt: skip
+    if not facts.local:
+        return Finding("gpu support", "info",
+                       "remote podman: its CDI specs are on its host, which this machine cannot "
+                       "read; `gpuenv run --gpus all` asks it, and names a missing spec",
+                       GENERATE + " (on podman's host)")  # fmt: skip
+    return Finding("gpu support", "error" if facts.gpus else "info",
+                   "podman gives containers GPUs only as CDI devices, and no CDI spec for "
+                   "nvidia.com/gpu is in /etc/cdi or /var/run/cdi", GENERATE)  # fmt: skip
 
 
 def gpu_support(facts: Facts) -> Finding:
+    if facts.podman:
+        return podman_gpu_support(facts)
     runtimes = facts.info.get("Runtimes") or {}
     if "nvidia" in runtimes:
         default = facts.info.get("DefaultRuntime")
@@ -202,6 +230,8 @@ def evaluate(facts: Facts) -> list[Finding]:
     findings.append(arm64_finding(facts))
     support = gpu_support(facts)
     findings.append(support)
+    if facts.gpu_path is not None:
+        findings.append(gpu_path_finding(facts.gpu_path))
     if facts.gpus:
         names = "; ".join(f"{g.name} (compute {g.compute_cap})" for g in facts.gpus)
         findings.append(
@@ -214,7 +244,9 @@ def evaluate(facts: Facts) -> list[Finding]:
     else:
         where = "this machine" if facts.local else "this machine (the engine is remote)"
         findings.append(Finding("driver", "info", f"no NVIDIA driver or GPU found on {where}"))
-    gpu_ok = support.level in ("ok", "info")
+    gpu_ok = support.level in ("ok", "info") and (
+        facts.gpu_path is None or facts.gpu_path.kind != "none"
+    )
     findings.extend(image_verdict(labels, facts, gpu_ok) for labels in facts.images)
     findings.append(workdir_finding(facts))
     return findings
@@ -298,6 +330,8 @@ def gather() -> Facts:
         facts.info = eng.info()
         facts.local = eng.is_local
         facts.images = eng.gpuenv_images()
+        facts.podman = eng.is_podman
+        facts.gpu_path = path_for(eng)
         try:
             facts.build_path = eng.build_path()
         except engines.EngineError as exc:

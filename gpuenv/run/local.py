@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from gpuenv.engine.client import ContainerSpec, Engine, EngineError
+from gpuenv.gpu.cdi import devices_for
 from gpuenv.gpu.gpus import GpuInfo, GpuRequest, explain_start_error
 from gpuenv.matrix import contract
 from gpuenv.matrix.errors import GpuenvError
@@ -297,6 +298,7 @@ def run(
 
     spec = container_spec(opts)
     spec.platform = foreign_platform(engine, opts.image)
+    spec = replace(spec, **devices_for(engine, opts.gpus))  # the hook's request, or CDI
     if sync.visibility(engine, opts.cwd, opts.image, spec.platform).sees:
         if engine.is_local:  # a remote engine's paths are on its host, not here
             check_bind_sources(spec.binds)
@@ -578,7 +580,7 @@ def check_engine_gives_gpus(engine: Engine, cell: Cell, gpus: GpuRequest) -> Non
     image = cell.base.image
     if engine.image(image) is None:
         return
-    spec = ContainerSpec(image, ["true"], device_requests=[gpus.as_api()], network="none",
+    spec = ContainerSpec(image, ["true"], **devices_for(engine, gpus), network="none",
                          labels=contract.container_labels("probe"), init=False)  # fmt: skip
     cid = engine.create(spec)
     try:
@@ -708,7 +710,7 @@ def probe_gpus(engine: Engine, image: str, gpus: GpuRequest) -> list[GpuInfo] | 
         return known
     command = ["nvidia-smi", "--query-gpu=driver_version,name,compute_cap",
                "--format=csv,noheader"]  # fmt: skip
-    spec = ContainerSpec(image, command, device_requests=[gpus.as_api()], network="none",
+    spec = ContainerSpec(image, command, **devices_for(engine, gpus), network="none",
                          labels=contract.container_labels("probe"), init=False)  # fmt: skip
     try:
         cid = engine.create(spec)

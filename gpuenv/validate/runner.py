@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuenv.engine.client import ContainerSpec, Engine, EngineError, ImageInfo
+from gpuenv.gpu.cdi import devices_for
 from gpuenv.gpu.gpus import GpuRequest, explain_start_error
 from gpuenv.matrix import contract
 from gpuenv.matrix.errors import GpuenvError
@@ -82,7 +83,8 @@ def _start(engine: Engine, image: str, gpus: GpuRequest | None, platform: str | 
         network="none",
         labels=contract.container_labels("validate"),
         init=True,
-        device_requests=[gpus.as_api()] if gpus else [],
+        # The hook's device request or CDI devices, as this engine takes GPUs.
+        **devices_for(engine, gpus),
         platform=platform,  # the image's own, when the engine's differs (run under QEMU)
     )
     cid = engine.create(spec)
@@ -135,6 +137,8 @@ def validate(
                 except EngineError as exc:
                     explained = explain_start_error(exc.detail, target.image)
                     target.gpu_error = explained or exc.detail.strip()[:300]
+                except GpuenvError as exc:  # an engine that gives no GPUs (gpu.cdi)
+                    target.gpu_error = exc.message
         return _run_pytest(targets, gpus, junitxml, verbose)
     finally:
         for cid in started:

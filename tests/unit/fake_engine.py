@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpuenv.engine.client import ContainerSpec, EngineError, ImageInfo
+from gpuenv.engine.client import ContainerSpec, EngineError, GpuEngineFacts, ImageInfo
 
 
 class FakeEngine:
@@ -43,6 +43,9 @@ class FakeEngine:
 
     def architecture(self) -> str:
         return "x86_64"
+
+    def gpu_facts(self) -> GpuEngineFacts:
+        return GpuEngineFacts.from_info(self.info(), self.is_podman, self.is_local)
 
     def close(self) -> None:
         pass
