@@ -203,14 +203,16 @@ NO_DRIVER = re.compile(r"nvidia-container-cli: initialization error: (?:load lib
 # podman ("setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=7") and Docker
 # ("failed to inject CDI devices: unresolvable CDI devices nvidia.com/gpu=7") alike.
 CDI_UNRESOLVABLE = re.compile(r"unresolvable CDI devices ([^\n\"]+)")
+_CDI_NAME = re.compile(r"[a-z0-9.-]+/[a-z0-9_.-]+=[A-Za-z0-9_.:-]*[A-Za-z0-9_]")
 
 
 def explain_start_error(text: str, image: str) -> str | None:
     """A one-line, actionable message for the NVIDIA toolkit's own errors, else None."""
     m = CDI_UNRESOLVABLE.search(text)
     if m:
+        names = ", ".join(_CDI_NAME.findall(m.group(1))) or m.group(1).strip()[:200]
         return (
-            f"the engine has no CDI spec for {m.group(1).strip()}: it takes GPUs as CDI "
+            f"the engine has no CDI spec for {names}: it takes GPUs as CDI "
             "devices, which its host's spec files define; generate them there "
             "(nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml; `nvidia-ctk cdi list` "
             "names the devices), or ask for a device they list"

@@ -40,7 +40,8 @@ def recorded(name: str) -> str:
 def info_from_text(text: str) -> dict:
     """The fields of `docker info` text that doctor reads, shaped as GET /info returns them:
     Runtimes is a dict keyed by name, DefaultRuntime and ServerVersion strings, CDISpecDirs a
-    list. Only the lines doctor needs are read; the rest of the text is ignored."""
+    list, DiscoveredDevices a list of {Source, ID}. Only the lines doctor needs are read; the
+    rest of the text is ignored."""
     info: dict = {}
     lines = text.splitlines()
     for i, line in enumerate(lines):
@@ -62,6 +63,15 @@ def info_from_text(text: str) -> dict:
                     break
                 dirs.append(nxt.strip())
             info["CDISpecDirs"] = dirs
+        elif key == "Discovered Devices":  # Docker >= 28.3: "  cdi: nvidia.com/gpu=0"
+            indent = len(line) - len(line.lstrip())
+            found = []
+            for nxt in lines[i + 1 :]:
+                if len(nxt) - len(nxt.lstrip()) <= indent:
+                    break
+                source, _, device = nxt.strip().partition(": ")
+                found.append({"Source": source, "ID": device})
+            info["DiscoveredDevices"] = found
     return info
 
 
@@ -81,6 +91,11 @@ def test_info_from_text_reads_the_recorded_nvidia_runtime_host() -> None:
     assert info == {
         "ServerVersion": "29.7.2",
         "CDISpecDirs": ["/etc/cdi", "/var/run/cdi"],
+        "DiscoveredDevices": [
+            {"Source": "cdi", "ID": "nvidia.com/gpu=0"},
+            {"Source": "cdi", "ID": "nvidia.com/gpu=GPU-0008bcf4-cae8-0120-a18f-bc344fb1c710"},
+            {"Source": "cdi", "ID": "nvidia.com/gpu=all"},
+        ],
         "Runtimes": {
             "io.containerd.runc.v2": {"path": "io.containerd.runc.v2"},
             "nvidia": {"path": "nvidia"},
