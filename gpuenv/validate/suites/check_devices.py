@@ -14,7 +14,15 @@ def _requested(gpu_box: Box) -> int:
     if request["DeviceIDs"]:
         return len(request["DeviceIDs"])
     if request["Count"] == -1:
-        return len(gpu_box.sh("nvidia-smi -L").stdout.strip().splitlines())
+        # Every GPU: as many as the container lists. None listed is a failure, never "0 GPUs
+        # asked for" (a check that then skips would pass a container without GPUs).
+        listed = gpu_box.sh("nvidia-smi -L")
+        gpus = [line for line in listed.stdout.splitlines() if line.startswith("GPU ")]
+        assert listed.rc == 0 and gpus, (
+            f"--gpus all, but nvidia-smi -L lists no GPU (exit {listed.rc}): "
+            f"{(listed.stderr or listed.stdout).strip()[:200]}"
+        )
+        return len(gpus)
     return int(request["Count"])
 
 

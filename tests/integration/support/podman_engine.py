@@ -2,6 +2,11 @@
 run it: its own storage and run directories under a temporary directory, a Unix socket
 there, started and stopped by PID. Skipped (with the reason) when podman is missing or it
 cannot start here.
+
+With `cdi_dir`, the service runs in a private mount namespace where that directory is
+mounted on /run/cdi (= /var/run/cdi, where podman 4.3 reads CDI specs; it has no setting for
+another place): the lab's specs reach its podman alone, never this machine's other engines
+or `gpuenv doctor`. An empty /run/cdi is made for the mount if there is none, and removed.
 """
 
 from __future__ import annotations
@@ -56,10 +61,19 @@ def load_into_podman(engine: PodmanEngine, ref: str) -> None:
     assert load.returncode == 0 and save.returncode == 0, load.stderr
 
 
+CDI_RUN_DIR = Path("/run/cdi")
+
+
 @contextlib.contextmanager
-def podman_engine() -> Iterator[PodmanEngine]:
+def podman_engine(cdi_dir: Path | None = None) -> Iterator[PodmanEngine]:
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed (Debian: podman)")
+    if cdi_dir is not None and shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is needed to give podman a private /run/cdi")
+    made_run_cdi = False
+    if cdi_dir is not None and not CDI_RUN_DIR.exists():
+        CDI_RUN_DIR.mkdir(mode=0o755)
+        made_run_cdi = True
     root = Path(tempfile.mkdtemp(prefix="gpuenv-pm-", dir="/tmp"))
     engine = PodmanEngine(root)
     # podman gives containers nofile and nproc limits above what this sandbox lets runc set
@@ -70,8 +84,13 @@ def podman_engine() -> Iterator[PodmanEngine]:
     conf.write_text(f'[containers]\ndefault_ulimits = ["nofile={nofile}:{nofile}", '
                     f'"nproc={nproc}:{nproc}"]\n')  # fmt: skip
     log = (root / "service.log").open("wb")
+    service = ["podman", *engine.storage(), "system", "service", "--time=0", engine.sock]
+    if cdi_dir is not None:  # unshare and sh exec: the PID stays the service's
+        service = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                   f'mount --bind "$0" {CDI_RUN_DIR} && exec "$@"', str(cdi_dir),
+                   *service]  # fmt: skip
     proc = subprocess.Popen(
-        ["podman", *engine.storage(), "system", "service", "--time=0", engine.sock],
+        service,
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "CONTAINERS_CONF": str(conf)},
     )  # fmt: skip
@@ -104,3 +123,6 @@ def podman_engine() -> Iterator[PodmanEngine]:
         # Not `podman system reset`: it removes more than this lab's storage.
         unmount_under(root)
         shutil.rmtree(root, ignore_errors=True)
+        if made_run_cdi:
+            with contextlib.suppress(OSError):
+                CDI_RUN_DIR.rmdir()
