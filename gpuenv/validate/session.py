@@ -159,15 +159,65 @@ def validate_host(
     elif info is not None:
         image = info.tags[0] if info.tags else info.id
         exp = expected.from_labels(image, info.labels)
+    elif gpus is not None:
+        targets = host_framework_targets(url)
+        summaries = runner.validate(None, targets, gpus, junitxml, verbose)
+        return Report([Outcome(s, t.image, "", _devices(t, gpus))
+                       for s, t in zip(summaries, targets, strict=True)])  # fmt: skip
     else:
         raise GpuenvError(
             f"--host {url}: say what it must hold with --cell NAME (only a docker:// host has "
-            "image labels to read)",
+            "image labels to read), or check its devices with its own frameworks: --gpus all",
             exit_code=2,
         )
     target = runner.Target(url, image, exp, host=url, info=info)
     summaries = runner.validate(None, [target], gpus, junitxml, verbose)
     return Report([Outcome(summaries[0], image, "", _devices(target, gpus))])
+
+
+CONTENTS_UNKNOWN = (
+    "no cell named (--cell NAME): what the environment must hold is unknown, so only its "
+    "devices are checked, with the frameworks it has"
+)
+_INSTALLED = (
+    "import json, importlib.metadata as m\nfound = {}\n"
+    "for name in ('tensorflow', 'torch', 'jax'):\n"
+    "    try: found[name] = m.version(name)\n"
+    "    except m.PackageNotFoundError: pass\n"
+    "print(json.dumps(found))"
+)
+
+
+def host_framework_targets(url: str) -> list[Any]:
+    """`validate --host URL --gpus ...` without --cell: the device checks against each
+    framework the host's `python` has (a GPU VM's own PyTorch and JAX), one target each;
+    the checks of an image's contents skip, saying why (nothing says what it must hold)."""
+    import json
+
+    import testinfra
+
+    from gpuenv.validate import runner
+
+    result = testinfra.get_host(url).run("python -c %s", _INSTALLED)
+    try:
+        found = dict(json.loads(result.stdout.strip().splitlines()[-1])) if result.rc == 0 else {}
+    except (ValueError, IndexError):
+        found = {}
+    if not found:
+        raise GpuenvError(
+            f"--host {url}: its `python` has none of TensorFlow, PyTorch or JAX "
+            f"({result.stderr.strip()[:200] if result.rc else 'none installed'}); put the "
+            "environment's python first on PATH, or say what it must hold with --cell NAME",
+            exit_code=2,
+        )
+    targets = []
+    for name, version in found.items():
+        expect = {"name": f"{name}@{url}", "variant": "gpu", "framework": name,
+                  "framework_version": str(version).split("+")[0],
+                  "contents_unknown": CONTENTS_UNKNOWN}  # fmt: skip
+        targets.append(runner.Target(f"{name}@{url}", f"{name} {version} on {url}", expect,
+                                     host=url))  # fmt: skip
+    return targets
 
 
 HOST_SCHEMES = ("local", "ssh", "paramiko", "kubectl", "docker", "podman", "ansible")
