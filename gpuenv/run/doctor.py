@@ -212,10 +212,25 @@ def workdir_finding(facts: Facts) -> Finding:
                    "writes")  # fmt: skip
 
 
+def driver_finding(facts: Facts) -> Finding:
+    """The host's NVIDIA driver and GPUs, with their compute capability."""
+    if facts.gpus:
+        names = "; ".join(f"{g.name} (compute {g.compute_cap})" for g in facts.gpus)
+        driver = facts.gpus[0].driver
+        return Finding("driver", "ok", f"NVIDIA driver {driver} via {facts.driver_source}: {names}")
+    where = "this machine" if facts.local else "this machine (the engine is remote)"
+    return Finding("driver", "info", f"no NVIDIA driver or GPU found on {where}")
+
+
 def evaluate(facts: Facts) -> list[Finding]:
     if facts.engine_error:
+        # No engine (a bare GPU host, dockerd down): the host's driver and GPUs still say
+        # what an engine there would get.
         return [
-            Finding("engine", "error", facts.engine_error, "start dockerd (sudo scripts/engine.sh)")
+            Finding(
+                "engine", "error", facts.engine_error, "start dockerd (sudo scripts/engine.sh)"
+            ),
+            driver_finding(facts),
         ]
     info = facts.info
     findings = [
@@ -232,18 +247,7 @@ def evaluate(facts: Facts) -> list[Finding]:
     findings.append(support)
     if facts.gpu_path is not None:
         findings.append(gpu_path_finding(facts.gpu_path))
-    if facts.gpus:
-        names = "; ".join(f"{g.name} (compute {g.compute_cap})" for g in facts.gpus)
-        findings.append(
-            Finding(
-                "driver",
-                "ok",
-                f"NVIDIA driver {facts.gpus[0].driver} via {facts.driver_source}: {names}",
-            )
-        )
-    else:
-        where = "this machine" if facts.local else "this machine (the engine is remote)"
-        findings.append(Finding("driver", "info", f"no NVIDIA driver or GPU found on {where}"))
+    findings.append(driver_finding(facts))
     gpu_ok = support.level in ("ok", "info") and (
         facts.gpu_path is None or facts.gpu_path.kind != "none"
     )
@@ -338,6 +342,7 @@ def gather() -> Facts:
             facts.build_error = exc.message
     except GpuenvError as exc:
         facts.engine_error = exc.message
+        facts.gpus, facts.driver_source = _host_gpus()
         return facts
     _gather_workdir(eng, facts)
     if facts.local:
@@ -348,11 +353,7 @@ def gather() -> Facts:
             facts.binfmt_aarch64 = entry.read_text()
         except OSError:
             facts.binfmt_aarch64 = ""
-        for source, probe in (("NVML", _nvml), ("nvidia-smi", _nvidia_smi)):
-            gpus = probe()
-            if gpus:
-                facts.gpus, facts.driver_source = gpus, source
-                break
+        facts.gpus, facts.driver_source = _host_gpus()
     return facts
 
 
@@ -373,6 +374,15 @@ def _gather_workdir(engine: Engine, facts: Facts) -> None:
         facts.workdir_why = exc.message
         return
     facts.workdir_seen, facts.workdir_why = verdict.sees, verdict.why
+
+
+def _host_gpus() -> tuple[list[GpuInfo], str]:
+    """This machine's GPUs and where they were learnt: NVML, else nvidia-smi."""
+    for source, probe in (("NVML", _nvml), ("nvidia-smi", _nvidia_smi)):
+        gpus = probe()
+        if gpus:
+            return gpus, source
+    return [], "none"
 
 
 def matrix_findings(facts: Facts, file: Path | None) -> list[Finding]:

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from support.cells import SHIPPED_MATRIX
 from support.cli import clean_env, gpuenv_cmd, output
 from support.podman_engine import PodmanEngine, podman_engine

@@ -256,9 +256,16 @@ def test_evaluate_names_the_recorded_server_version(nvidia_runtime_facts: Facts)
     assert "Docker Engine 29.7.2" in findings[0].message
 
 
-def test_evaluate_engine_error_stops_there() -> None:
+def test_evaluate_engine_error_stops_there_but_still_says_the_driver() -> None:
     findings = evaluate(Facts(engine_error="Cannot connect to the Docker daemon"))
-    assert [(f.topic, f.level) for f in findings] == [("engine", "error")]
+    assert [(f.topic, f.level) for f in findings] == [("engine", "error"), ("driver", "info")]
+    # A bare GPU host (no engine): doctor still names the driver, the GPUs and their
+    # compute capability.
+    facts = Facts(engine_error="no engine", gpus=[GpuInfo("580.159.04", "NVIDIA H100", "9.0")],
+                  driver_source="NVML")  # fmt: skip
+    driver = evaluate(facts)[1]
+    assert driver.level == "ok" and "580.159.04" in driver.message
+    assert "NVIDIA H100 (compute 9.0)" in driver.message
 
 
 def test_evaluate_gpu_image_on_an_engine_without_gpu_support_is_an_error(
