@@ -3,13 +3,13 @@
 # PyTorch, JAX, nvidia-ml-py, PyYAML, Jinja2, requests, pytest; no gpuenv, no index): gpuenv's
 # own wheel and the wheels its doctor, validate --host and monitor verbs import that such a
 # host lacks or may hold too old, at the versions requirements-dev.txt locks. Run here, in the
-# repository root, with the index reachable; writes .gpu-proof/wheels (ignored by git).
+# repository root, with the index reachable; writes .gpu-proof/wheels (.gitignore has it:
+# the device tool carries only ignored paths).
 #   usage: bash scripts/gpu-proof-wheels.sh [PYTHON_VERSION]   (default 3.12)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pyver=${1:-3.12}
 dest=.gpu-proof/wheels
-grep -qx '/.gpu-proof/' .git/info/exclude 2>/dev/null || echo '/.gpu-proof/' >> "$(git rev-parse --git-path info/exclude)"
 rm -rf "$dest" && mkdir -p "$dest"
 # typer >= 0.29 (coercion through pydantic) and what it needs; the Docker SDK (doctor asks
 # for an engine, and says there is none); pytest-testinfra (validate's suites).

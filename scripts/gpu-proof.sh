@@ -4,7 +4,8 @@
 # report plus raw outputs under OUT_DIR. Without a GPU every GPU step is skipped with the
 # reason and it exits 0. How the lead runs it on a lent GPU host: scripts/gpu-proof.README.
 #
-#   usage: bash scripts/gpu-proof.sh [OUT_DIR]        (default: $OUT, else ./gpu-proof)
+#   usage: bash scripts/gpu-proof.sh [OUT_DIR [--budget SECONDS]]
+#          (OUT_DIR default: $OUT, else ./gpu-proof; budget default 480 s, the whole proof)
 #
 # Which gpuenv runs it:
 # - wheels in .gpu-proof/wheels (scripts/gpu-proof-wheels.sh; or $GPUENV_PROOF_WHEELS): a new
@@ -39,4 +40,4 @@ bin=$(dirname "$py")
 export PATH="$bin:$PATH"  # validate's checks run `python`: this one, with the host's frameworks
 gpuenv=("$py" -m gpuenv)
 [ -x "$bin/gpuenv" ] && gpuenv=("$bin/gpuenv")
-"$py" "$repo/benchmarks/gpu_proof.py" --out "$out" --python "$py" --gpuenv "${gpuenv[*]}"
+"$py" "$repo/benchmarks/gpu_proof.py" --out "$out" --python "$py" --gpuenv "${gpuenv[*]}" "${@:2}"

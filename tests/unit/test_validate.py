@@ -5,6 +5,7 @@ the labels alone; the per-image summary read back from JUnit XML; the size basel
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -378,3 +379,38 @@ def test_a_drifted_lock_entry_fails_the_lock_check(tmp_path: Path) -> None:
     found = run_suites(tmp_path, expected.from_cell(shipped(CPU_CELL)), "check_image.py",
                        "match_the_lock")  # fmt: skip
     assert found["test_packages_match_the_lock"][0] == "skipped"
+
+
+def _fake_python(where, printed: str, code: int = 0) -> None:
+    script = where / "python"
+    script.write_text(f"#!/bin/sh\necho '{printed}'\nexit {code}\n")
+    script.chmod(0o755)
+
+
+def test_the_hosts_own_frameworks_become_device_targets(tmp_path, monkeypatch):
+    """`validate --host local:// --gpus all` without --cell: one target per framework the
+    host's `python` has (as a GPU VM's own PyTorch 2.11 and JAX 0.11 report themselves),
+    the checks of contents marked to skip with the reason."""
+    from gpuenv.validate import session
+
+    _fake_python(tmp_path, '{"torch": "2.11.0+cu130", "jax": "0.11.2"}')
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    targets = session.host_framework_targets("local://")
+    assert [t.id for t in targets] == ["torch@local://", "jax@local://"]
+    torch = targets[0].expected
+    assert (torch["framework"], torch["framework_version"], torch["variant"]) == (
+        "torch", "2.11.0", "gpu")  # fmt: skip
+    assert torch["contents_unknown"] == session.CONTENTS_UNKNOWN
+    assert all(t.host == "local://" for t in targets)
+
+
+@pytest.mark.parametrize(("printed", "code"), [("{}", 0), ("Traceback: boom", 1)])
+def test_a_host_without_a_framework_is_one_error(tmp_path, monkeypatch, printed, code):
+    from gpuenv.validate import session
+
+    _fake_python(tmp_path, printed, code)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(GpuenvError) as exc:
+        session.host_framework_targets("local://")
+    assert exc.value.exit_code == 2
+    assert "has none of TensorFlow, PyTorch or JAX" in exc.value.message
