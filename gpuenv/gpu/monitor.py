@@ -562,7 +562,7 @@ class StreamSampler:
 
     def __init__(self, engine: Engine, image: str, gpus: GpuRequest, interval: float) -> None:
         from gpuenv.engine.client import ContainerSpec
-        from gpuenv.gpu.cdi import devices_for
+        from gpuenv.gpu import cdi
         from gpuenv.matrix import contract
 
         self.engine, self.error = engine, None
@@ -570,7 +570,7 @@ class StreamSampler:
         self.parser = CsvParser(interval)
         command = ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv",
                    f"-lms={max(int(interval * 1000), 50)}"]  # fmt: skip
-        spec = ContainerSpec(image, command, **devices_for(engine, gpus), network="none",
+        spec = ContainerSpec(image, command, **cdi.devices_for(engine, gpus), network="none",
                              env={"NVIDIA_DRIVER_CAPABILITIES": "utility"},
                              labels=contract.container_labels("monitor"), init=True)  # fmt: skip
         self.cid = engine.create(spec)
