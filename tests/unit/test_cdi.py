@@ -347,7 +347,8 @@ def test_probe_and_run_ask_podman_for_cdi_devices(tmp_path, monkeypatch, fake_en
     eng.outcomes["img"] = (0, "560.35.03, NVIDIA H100 80GB HBM3, 9.0\n")
     local.probe_gpus(eng, "img", parse_gpus("device=1"))
     local.run(eng, local.RunOptions("img", ["ls", "/dev"], gpus=parse_gpus("2"), cwd=tmp_path))
-    probe, workload = eng.created
+    probe, workload = eng.created[0], eng.created[-1]  # between them: run's directory probe
+    assert workload.command == ["ls", "/dev"]
     assert probe.cdi_devices == ["nvidia.com/gpu=1"] and not probe.device_requests
     assert workload.cdi_devices == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
     assert not workload.device_requests
@@ -407,3 +408,14 @@ def test_doctor_on_podman_looks_for_cdi_specs() -> None:
     assert found.level == "ok" and "/etc/cdi/nvidia.yaml" in found.message
     remote = gpu_support(Facts(podman=True, local=False, gpus=gpus))
     assert remote.level == "info" and "podman's host" in (remote.fix or "")
+
+
+def test_libpod_spec_mount_binds_keep_read_only() -> None:
+    # `--mount`-style binds (run on an engine that cannot see this machine: -v of the
+    # engine host's own paths), which refuse a missing source.
+    body = libpod_spec(ContainerSpec("img", ["x"], mounts=[("/data", "/data", True),
+                                                           ("/out", "/out", False)]))  # fmt: skip
+    assert body["mounts"] == [
+        {"type": "bind", "source": "/data", "destination": "/data", "options": ["rbind", "ro"]},
+        {"type": "bind", "source": "/out", "destination": "/out", "options": ["rbind"]},
+    ]
