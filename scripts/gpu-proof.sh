@@ -18,6 +18,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-${OUT:-$PWD/gpu-proof}}
 wheels=${GPUENV_PROOF_WHEELS:-$repo/.gpu-proof/wheels}
 py=${GPUENV_PROOF_PYTHON:-python3}
+[[ $py == */* ]] && py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py")  # absolute: cd / below
 scratch=""
 if compgen -G "$wheels/gpuenv-*.whl" >/dev/null; then
   scratch=$(mktemp -d "${TMPDIR:-/tmp}/gpuenv-proof.XXXXXX")
@@ -32,7 +33,7 @@ if compgen -G "$wheels/gpuenv-*.whl" >/dev/null; then
   "$venv/bin/python" -m pip install -q --no-index --no-deps --no-compile \
     --disable-pip-version-check "$wheels"/*.whl
   py=$venv/bin/python
-elif ! "$py" -c 'import gpuenv' 2>/dev/null; then
+elif ! (cd / && "$py" -c 'import gpuenv') 2>/dev/null; then  # not the checkout's gpuenv/ by the cwd
   echo "error: no gpuenv wheels in $wheels and $py has no gpuenv: run scripts/gpu-proof-wheels.sh here and carry .gpu-proof, or set GPUENV_PROOF_PYTHON to a Python with gpuenv" >&2
   exit 2
 fi
