@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from gpuenv.matrix.cell import Cell
 from gpuenv.matrix.contract import lock_path
 from gpuenv.matrix.errors import GpuenvError
+from gpuenv.matrix.umask import current_umask
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -262,7 +263,7 @@ def load(path: Path) -> Lock | None:
     return Lock(path, exclude_newer, cells, bases)
 
 
-_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
+_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
 
 
 class _Literal(str):
@@ -303,9 +304,7 @@ def write(lock: Lock) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(header + text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # a committed file: not mkstemp's 0600
+        os.chmod(tmp, 0o666 & ~current_umask())  # a committed file: not mkstemp's 0600
         os.replace(tmp, lock.path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -353,7 +352,7 @@ def exclude_newer_date(given: str | None, current: Lock | None) -> str:
     if given is None:
         return current.exclude_newer if current is not None else today()
     try:
-        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", given):
+        if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", given):
             raise ValueError
         datetime.strptime(given, "%Y-%m-%d")
     except ValueError:

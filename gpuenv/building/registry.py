@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from gpuenv.building.project import Project
 
 REGISTRY_ENV = "GPUENV_REGISTRY"  # where `gpuenv build` looks for published images first
-_REGISTRY = re.compile(r"[A-Za-z0-9.-]+(:\d+)?(/[a-z0-9._-]+)*")
+_REGISTRY = re.compile(r"[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*")
 
 
 def registry_problem(value: str) -> str | None:

@@ -194,7 +194,7 @@ def write(snap: Snapshot) -> bool:
             return False
     except (TypeError, ValueError, KeyError):
         return False
-    return caches.write_record(snap.entry, doc)
+    return caches.write_record(snap.entry, doc, held=True)  # not when the command fails
 
 
 def depends_of(matrix: Any) -> dict[str, str]:

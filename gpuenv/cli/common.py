@@ -118,10 +118,18 @@ CaOption = Annotated[
 MAX_ERROR = 2000
 
 
+def printable(text: str) -> str:
+    """`text` with what a terminal would act on (ESC, other control and format characters,
+    bidi overrides) written as escapes: file names and values reach error lines raw."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def fail(message: str, code: int = 1) -> typer.Exit:
     # One line, whatever the message holds (a library's multi-line text, a hostile value).
     # Bounded: a hostile value (a 60 KB label) is not echoed in full.
-    line = " ".join(message.split())
+    line = printable(" ".join(message.split()))
     if len(line) > MAX_ERROR:
         line = f"{line[:MAX_ERROR]}... ({len(line) - MAX_ERROR} more characters)"
     print(f"error: {line}", file=sys.stderr)
@@ -132,24 +140,30 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 def user_errors(exit_code: int | None = None) -> Iterator[None]:
     """Turn GpuenvError into one `error:` line and an exit code, never a traceback."""
     from gpuenv.matrix.errors import GpuenvError
+    from gpuenv.store.cache import held_records
 
-    try:
-        yield
-    except GpuenvError as exc:
-        # `run` fails with 125 unless the error knows better (126: cannot invoke, 127: not found).
-        if exit_code is None:  # other verbs: 2 for usage, 1 for everything else
-            code = 2 if exc.exit_code == 2 else 1
-        else:
-            code = exc.exit_code if exc.exit_code in (2, 126, 127) else exit_code
-        raise fail(exc.message, code) from None
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
-        code = interrupted_code(exc)
-        raise fail(interrupted_message(code).removeprefix("error: "), code) from None
+    # A command that fails writes no snapshot into gpuenv's cache ("nothing written").
+    with held_records() as held:
+        try:
+            yield
+        except GpuenvError as exc:
+            held.clear()
+            # `run` fails with 125 unless the error knows better (126: cannot invoke, 127:
+            # not found).
+            if exit_code is None:  # other verbs: 2 for usage, 1 for everything else
+                code = 2 if exc.exit_code == 2 else 1
+            else:
+                code = exc.exit_code if exc.exit_code in (2, 126, 127) else exit_code
+            raise fail(exc.message, code) from None
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
+            held.clear()
+            code = interrupted_code(exc)
+            raise fail(interrupted_message(code).removeprefix("error: "), code) from None
 
 
 def say(message: str) -> None:
     """Progress for the user, on stderr so that stdout stays the command's result."""
-    print(f"gpuenv: {message}", file=sys.stderr)
+    print(f"gpuenv: {printable(message)}", file=sys.stderr)
 
 
 def print_json(doc: Any) -> None:

@@ -124,10 +124,13 @@ def _check_tree(root: yaml.Node, path: Path) -> None:
     """Refuse duplicate keys and documents whose aliases expand past MAX_EXPANDED_NODES."""
     sizes: dict[int, int] = {}
     on_stack: set[int] = set()
+    aliased = False  # a node reached twice: the document uses aliases
 
     def size(node: yaml.Node) -> int:
+        nonlocal aliased
         key = id(node)
         if key in sizes:
+            aliased = True
             return sizes[key]
         if key in on_stack:
             raise MatrixError(path, "recursive YAML alias", node.start_mark.line + 1)
@@ -146,12 +149,11 @@ def _check_tree(root: yaml.Node, path: Path) -> None:
                 total += size(item)
         on_stack.discard(key)
         if total > MAX_EXPANDED_NODES:
-            raise MatrixError(
-                path,
-                f"YAML aliases expand to more than {MAX_EXPANDED_NODES} values "
-                "(a 'billion laughs' document?); write the values out",
-                node.start_mark.line + 1,
-            )
+            why = (f"YAML aliases expand to more than {MAX_EXPANDED_NODES} values "
+                   "(a 'billion laughs' document?); write the values out") if aliased else (
+                   f"more than {MAX_EXPANDED_NODES} values; a matrix needs far fewer "
+                   "(split the cells into several matrices)")  # fmt: skip
+            raise MatrixError(path, why, node.start_mark.line + 1)
         sizes[key] = total
         return total
 

@@ -13,8 +13,29 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+# Records written with held=True while a command runs, by name: written when it ends, and
+# dropped when it fails (gpuenv/cli/common.py: user_errors), so that a failed command (a bad
+# CA bundle, a failed build) leaves the cache as it was. A stack: commands may nest.
+_held: list[dict[str, dict[str, Any]]] = []
+
+
+@contextmanager
+def held_records() -> Iterator[dict[str, dict[str, Any]]]:
+    """Hold back held=True writes until the block ends; the caller clears what it yields
+    to drop them."""
+    pending: dict[str, dict[str, Any]] = {}
+    _held.append(pending)
+    try:
+        yield pending
+    finally:
+        _held.remove(pending)
+        for name, data in pending.items():
+            write_record(name, data)
 
 
 def cache_dir() -> Path | None:
@@ -46,12 +67,16 @@ def read_record(name: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def write_record(name: str, data: dict[str, Any]) -> bool:
+def write_record(name: str, data: dict[str, Any], *, held: bool = False) -> bool:
     """Replace the cache file `name` atomically; False when it cannot be written (a
-    read-only home), which callers treat as "not remembered"."""
+    read-only home), which callers treat as "not remembered". `held`: a record that only
+    spares work (a snapshot), written once the command has succeeded (held_records)."""
     path = cache_file(name)
     if path is None:
         return False
+    if held and _held:
+        _held[-1][name] = data
+        return True
     import tempfile  # ~3 ms (shutil, compressors): only when something is written
 
     try:

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from gpuenv.matrix.errors import GpuenvError
+from gpuenv.matrix.umask import current_umask
 
 GROWTH_LIMIT = 1.2
 MAX_BASELINE_BYTES = 1 << 20  # one line per cell
@@ -53,9 +54,9 @@ def record(path: Path, sizes: dict[str, int]) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as write_text would have made it, not mkstemp's 0600
+        os.chmod(
+            tmp, 0o666 & ~current_umask()
+        )  # as write_text would have made it, not mkstemp's 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

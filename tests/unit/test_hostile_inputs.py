@@ -99,6 +99,9 @@ _matrix_contents: list[tuple[str, str | bytes, str]] = [
     ("packages-apt-is-a-mapping", add("packages:\n  apt: {a: b}\n"), ":9:"),
     ("default-names-no-cell", add('default: {tensorflow: "2.17", python: "3.11"}\n'), ""),
     ("aliases-is-a-list", add("aliases: [latest]\n"), ":8:"),
+    # Issue 35, L6: digits are ASCII digits (\\d and int() take "３" and "٣").
+    ("python-fullwidth-digits", sub('"3.11": {debian', '"\uff13.\uff11\uff11": {debian'), ":7:"),
+    ("python-arabic-digits", sub('python: ["3.11"]', 'python: ["\u0663.\u0661\u0661"]'), ":4:"),
     ("build-index-url-int", add("build:\n  index_url: 5\n"), ":9:"),
     # encodings
     (
@@ -112,6 +115,8 @@ _matrix_contents: list[tuple[str, str | bytes, str]] = [
     ("bom-then-garbage", "\ufeff" + sub("name: acme/gpuenv", "name: [acme"), ""),
     ("only-a-bom", "\ufeff", "expected a mapping"),
     # structure
+    # Issue 35, L7: an alias-free document too large is not called a 'billion laughs'.
+    ("many-values-no-alias", add("x:\n" + "  - a\n" * 100_001), "more than 100000 values; a"),
     ("deep-nesting-flow", "a: " + "[" * 20000 + "]" * 20000 + "\n", ""),
     (
         "deep-nesting-block",
@@ -273,6 +278,13 @@ CASES += [
     ),
     Case("file:empty", ["matrix", "-f", "{m}"], "expected a mapping", matrix=""),
     Case("file:unreadable-name", ["matrix", "-f", "{d}/\udcff.yaml"], "no such file"),
+    # Issue 35, L5: the name reaches the error line escaped, never as a terminal's ESC.
+    Case(
+        "file:escape-in-name",
+        ["matrix", "-f", "{d}/m\x1b]0;owned\x07\x1b[2J.yaml"],
+        "m\\x1b]0;owned\\x07\\x1b[2J.yaml:1:",
+        files={"m\x1b]0;owned\x07\x1b[2J.yaml": "name: 42\n"},
+    ),
     Case(
         "file:env-missing",
         ["matrix"],
@@ -722,9 +734,13 @@ def test_hostile_input(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPat
         "DOCKER_HOST": NO_ENGINE, "DOCKER_CONTEXT": None, "GPUENV_MATRIX": None,
         "GPUENV_REGISTRY": None, "GPUENV_CA_BUNDLE": None, "PIP_CERT": None,
         "XDG_CACHE_HOME": str(tmp_path / "cache"), "TMPDIR": str(tmp_path / "tmp"),
+        "HOME": str(tmp_path / "home"),
     }  # fmt: skip
     env.update({k: _fill(v, d, m) for k, v in case.env.items()})
-    before = _tree(d)
+    # "Nothing written" covers gpuenv's cache and HOME too, not only the project directory.
+    (tmp_path / "home").mkdir()
+    watched = (d, tmp_path / "cache", tmp_path / "home")
+    before = [_tree(w) for w in watched]
     result = CliRunner().invoke(app, [_fill(a, d, m) for a in case.args], env=env)
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
     stderr, stdout = result.stderr, result.stdout
@@ -736,7 +752,8 @@ def test_hostile_input(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert lines[0].startswith("error: "), lines[0]
     assert case.says in lines[0], lines[0]
     assert NO_ENGINE not in lines[0] and "engine" not in lines[0].lower(), lines[0]
-    assert _tree(d) == before, "files were written"
+    assert not any(c < " " or c == "\x7f" for c in lines[0]), repr(lines[0])  # no raw escapes
+    assert [_tree(w) for w in watched] == before, "files were written"
     assert list(private_tmp.iterdir()) == [], "temporary files were left"
 
 
