@@ -43,7 +43,7 @@ AXES = (*FRAMEWORK_KEYS, "python", "variant", "arch")
 
 # Everything below ends up in a Dockerfile or on a command line, so each pattern admits
 # only what the value needs, never quotes, whitespace, `;`, `&`, `$`, backslashes or newlines.
-# [0-9], never \d: \d matches any Unicode digit ("３.１１"), which int() and Python accept.
+# [0-9], never \d: \d matches any Unicode digit (fullwidth, Arabic-Indic), as int() does.
 _VERSION = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?")
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9-]+)*(?::[0-9]+)?/)"

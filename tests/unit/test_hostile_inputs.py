@@ -99,7 +99,7 @@ _matrix_contents: list[tuple[str, str | bytes, str]] = [
     ("packages-apt-is-a-mapping", add("packages:\n  apt: {a: b}\n"), ":9:"),
     ("default-names-no-cell", add('default: {tensorflow: "2.17", python: "3.11"}\n'), ""),
     ("aliases-is-a-list", add("aliases: [latest]\n"), ":8:"),
-    # Issue 35, L6: digits are ASCII digits (\\d and int() take "３" and "٣").
+    # Issue 35, L6: digits are ASCII digits (\\d and int() take fullwidth and Arabic-Indic ones).
     ("python-fullwidth-digits", sub('"3.11": {debian', '"\uff13.\uff11\uff11": {debian'), ":7:"),
     ("python-arabic-digits", sub('python: ["3.11"]', 'python: ["\u0663.\u0661\u0661"]'), ":4:"),
     ("build-index-url-int", add("build:\n  index_url: 5\n"), ":9:"),
