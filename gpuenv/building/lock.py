@@ -323,8 +323,17 @@ def drift(lock: Lock, cells: list[Cell]) -> dict[str, str]:
     return out
 
 
+def root_filesystem(image: ImageInfo) -> str | None:
+    """A bootstrapped base's root filesystem, by content: its one layer's diff_id, which the
+    engine computed from the layer's bytes when the tar mmdebstrap wrote was imported (the
+    io.gpuenv.rootfs label states the same digest, but a label is only a claim: issue 35,
+    M2). None for an image of more layers (a registry base, pinned by its ID)."""
+    return image.layers[0] if len(image.layers) == 1 else None
+
+
 def base_identity(image: ImageInfo, packages: list[str]) -> dict[str, Any]:
-    return {"id": image.id, "rootfs": image.claims.rootfs, "packages": packages}
+    rootfs = root_filesystem(image) if image.claims.rootfs else None
+    return {"id": image.id, "rootfs": rootfs, "packages": packages}
 
 
 def base_drift(lock: Lock, base_image: str, image: ImageInfo) -> str | None:
@@ -334,7 +343,7 @@ def base_drift(lock: Lock, base_image: str, image: ImageInfo) -> str | None:
         # The matrix moved a cell to a base it was not locked on (a lock from before bases
         # were recorded has none at all: nothing to compare with).
         return "not in the lock (the matrix changed its base)" if lock.bases else None
-    rootfs = image.claims.rootfs
+    rootfs = root_filesystem(image)
     if locked.get("rootfs"):
         if rootfs != locked["rootfs"]:
             return f"root filesystem {rootfs} is not the locked {locked['rootfs']}"

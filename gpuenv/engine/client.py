@@ -69,6 +69,9 @@ class ImageInfo:
     entrypoint: tuple[str, ...] = ()
     cmd: tuple[str, ...] = ()
     architecture: str = ""  # amd64, arm64: what the image's config says
+    # The layers' diff_ids: digests the engine checked against the layers' own bytes
+    # (unlike labels, which say what the image's author wrote).
+    layers: tuple[str, ...] = ()
 
     @property
     def env_map(self) -> dict[str, str]:
@@ -93,6 +96,7 @@ class ImageInfo:
             entrypoint=tuple(config.get("Entrypoint") or ()),
             cmd=tuple(config.get("Cmd") or ()),
             architecture=str(data.get("Architecture") or ""),
+            layers=tuple(str(x) for x in (data.get("RootFS") or {}).get("Layers") or ()),
         )
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urldefrag, urljoin
 
+from gpuenv.matrix import contract
 from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
@@ -375,17 +376,24 @@ class Store:
             _write_atomic(path, json.dumps({"upstreams": list(urls)}).encode())
 
     def index(self, key: str) -> tuple[str, ...] | None:
+        """The upstream indexes `key` names; None when unknown, or when the entry does not
+        hash to its own name (one a crafted import wrote would redirect every page fetch
+        of that key to another host: issue 35, M2)."""
         if not _KEY.fullmatch(key):
             return None
         try:
             doc = json.loads((self.root / "indexes" / f"{key}.json").read_text(encoding="utf-8"))
-            return tuple(str(u) for u in doc["upstreams"])
+            urls = tuple(str(u) for u in doc["upstreams"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
+        return urls if index_key(urls) == key else None
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    # Each directory made 0700 (mkdir's parents=True gives the parents the umask's mode).
+    for parent in reversed([path.parent, *path.parent.parents]):
+        if not parent.is_dir():
+            parent.mkdir(mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -560,9 +568,25 @@ def prune(store: Store, lock_texts: list[str], keep_days: float) -> tuple[int, i
 def export(store: Store, target: Path, engine: Engine | None, bases: list[str],
            say: Callable[[str], None]) -> tuple[int, int]:  # fmt: skip
     """A tarball an air-gapped site can carry: the wheelhouse (files, pages, indexes) and
-    the base images (docker save), written atomically. Returns (files, bases)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    the base images (docker save), written atomically. Returns (files, bases).
+
+    The target is a new file or a regular file it replaces: never a directory, a device
+    (/dev/full would become a regular file) or a symbolic link (which it would replace,
+    not write through)."""
+    try:
+        st: os.stat_result | None = target.lstat()
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise GpuenvError(f"cache export {target}: {exc.strerror}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise GpuenvError(f"cache export {target}: not a regular file (a directory, a device "
+                          "or a symbolic link); give the name of a new file")  # fmt: skip
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    except OSError as exc:
+        raise GpuenvError(f"cache export {target}: {exc.strerror}") from None
     os.close(fd)
     count = 0
     try:
@@ -585,8 +609,9 @@ def export(store: Store, target: Path, engine: Engine | None, bases: list[str],
         os.replace(tmp, target)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.filename is None:
-            exc.filename = str(target)  # tarfile's writes do not say which file failed
+        if isinstance(exc, OSError):  # a full disk, an unreadable store file
+            where = exc.filename or target  # tarfile's writes do not say which file failed
+            raise GpuenvError(f"cache export {target}: {where}: {exc.strerror}") from None
         raise
     return count, len(bases) if engine is not None else 0
 
@@ -595,12 +620,97 @@ def _base_file(image: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", image) + ".tar"
 
 
+MAX_INDEX_ENTRY = 64 << 10
+MAX_ARCHIVE_JSON = 1 << 20  # a docker-archive's manifest.json, repositories, config
+CELL_LABELS = (contract.SPEC_HASH, contract.CELL)
+IMAGE_NAME_ANNOTATIONS = ("io.containerd.image.name", "org.opencontainers.image.ref.name")
+
+
+def _index_entry_key(data: bytes) -> str | None:
+    """The key an index entry's upstreams hash to; None when it is not one."""
+    if len(data) > MAX_INDEX_ENTRY:
+        return None
+    try:
+        urls = json.loads(data)["upstreams"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+        return None
+    return index_key(urls)
+
+
+def check_base_archive(archive: Path, file_name: str, where: str) -> str:
+    """The one tag a `docker save` archive loads ("" for none), when it is the base `file_name` was
+    written for (export's _base_file) and carries no cell's labels; else an error.
+
+    `docker load` tags what the archive's manifest.json says (or, without it, its legacy
+    `repositories` file; newer engines also read index.json's names), so each is read."""
+
+    def refuse(why: str) -> GpuenvError:
+        return GpuenvError(f"{where}: {why}; refusing to load it")
+
+    try:
+        with tarfile.open(archive, "r") as tar:
+            files = {m.name.removeprefix("./"): m for m in tar if m.isfile()}
+
+            def read_json(name: str) -> Any:
+                member = files.get(name)
+                if member is None:
+                    return None
+                if member.size > MAX_ARCHIVE_JSON:
+                    raise refuse(f"its {name} is larger than {MAX_ARCHIVE_JSON} bytes")
+                stream = tar.extractfile(member)
+                assert stream is not None
+                return json.loads(stream.read())
+
+            manifest = read_json("manifest.json")
+            if not (isinstance(manifest, list) and len(manifest) == 1
+                    and isinstance(manifest[0], dict)):  # fmt: skip
+                raise refuse("not one image in docker save's format")
+            tags = manifest[0].get("RepoTags") or []  # none: a base named by digest
+            named = isinstance(tags, list) and all(
+                isinstance(t, str) and _base_file(t) == file_name for t in tags
+            )
+            if not named or len(tags) > 1:
+                raise refuse(f"it tags {str(tags)[:200]}, not only the base it is named for")
+            tag = tags[0] if tags else ""
+            repo, _, tag_part = tag.rpartition(":")
+            repositories = read_json("repositories")
+            if repositories and not (
+                tag and isinstance(repositories, dict) and list(repositories) == [repo]
+                and isinstance(repositories[repo], dict) and list(repositories[repo]) == [tag_part]
+            ):  # fmt: skip
+                raise refuse("its repositories file names other tags")
+            index = read_json("index.json")
+            for entry in index.get("manifests") or [] if isinstance(index, dict) else []:
+                notes = entry.get("annotations") or {}
+                names = {notes.get(k) for k in IMAGE_NAME_ANNOTATIONS} - {None, "", tag, tag_part}
+                if names:
+                    raise refuse(f"its index.json names {sorted(map(str, names))[:3]}")
+            config = read_json(str(manifest[0].get("Config", "")))
+            labels = ((config or {}).get("config") or {}).get("Labels") or {}
+            if not isinstance(labels, dict):
+                raise refuse("its config is not an image's")
+            forged = [k for k in CELL_LABELS if k in labels]
+            if forged:
+                raise refuse(f"it carries a cell's label {forged[0]} (a base never does)")
+            return tag
+    except (OSError, tarfile.TarError, ValueError, AttributeError):
+        raise refuse("not a docker save archive") from None
+
+
 def import_(store: Store, source: Path, engine: Engine | None,
             say: Callable[[str], None]) -> tuple[int, int]:  # fmt: skip
     """Bring an export back: every file checked against its name (its sha256) before it
     enters the store, pages and indexes by name only, bases loaded into the engine.
-    Returns (files added, bases loaded)."""
+    Returns (files added, bases loaded).
+
+    An index entry must hash to its name (it says where that key's pages come from), and a
+    base's archive must load exactly the one base its file is named for, with no cell's
+    labels (a crafted export could otherwise tag any image, a cell's with a forged spec
+    hash included): issue 35, M2."""
     added = loaded = 0
+    store.make_private()  # before the first write, even if the import aborts (L4)
     try:
         tar = tarfile.open(source, "r")  # noqa: SIM115 - closed by the with below
     except (OSError, tarfile.TarError):
@@ -627,12 +737,17 @@ def import_(store: Store, source: Path, engine: Engine | None,
             elif parts[:2] == ["wheelhouse", "indexes"] and len(parts) == 3:
                 if not re.fullmatch(r"[0-9a-f]{16}\.json", parts[2]):
                     raise GpuenvError(f"{source}: unexpected entry {member.name[:200]!r}")
-                _write_atomic(store.root / "indexes" / parts[2], stream.read())
+                data = stream.read(MAX_INDEX_ENTRY + 1)
+                if _index_entry_key(data) != parts[2].removesuffix(".json"):
+                    raise GpuenvError(f"{source}: {member.name} does not name the indexes its "
+                                      "name is the key of; refusing the export")  # fmt: skip
+                _write_atomic(store.root / "indexes" / parts[2], data)
             elif parts[0] == "bases" and len(parts) == 2 and engine is not None:
                 saved = Path(scratch) / "base.tar"
                 with saved.open("wb") as out:
                     while chunk := stream.read(1 << 20):
                         out.write(chunk)
+                check_base_archive(saved, parts[1], f"{source}: {member.name[:200]}")
                 for line in engine.load(str(saved)):
                     say(line)
                 saved.unlink()

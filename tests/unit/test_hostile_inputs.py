@@ -386,6 +386,8 @@ CASES.append(
 
 CASES += [
     # usage errors: exit 2 (125 under run), naming the option
+    # Issue 35, L1: a directory as the export's target (a traceback before).
+    Case("opt:cache-export-directory", ["cache", "export", "{d}", "--no-bases"], "regular file"),
     Case("opt:build-j-0", ["build", "-f", "{m}", "-j", "0"], "'-j' / '--jobs'", code=2),
     Case("opt:build-j-negative", ["build", "-f", "{m}", "-j", "-3"], "--jobs", code=2),
     Case("opt:build-j-word", ["build", "-f", "{m}", "-j", "many"], "--jobs", code=2),

@@ -158,9 +158,13 @@ def test_inputs_digest_ignores_the_image_name(cells):
 # --------------------------------------------------------------------------- base drift
 
 
-def info(image_id: str = BASE_ID, rootfs: str | None = ROOTFS) -> ImageInfo:
+def info(
+    image_id: str = BASE_ID, rootfs: str | None = ROOTFS, layers: tuple[str, ...] | None = None
+) -> ImageInfo:
     labels = {"io.gpuenv.rootfs": rootfs} if rootfs else {}
-    return ImageInfo(id=image_id, labels=labels)
+    if layers is None:  # as the engine gives a bootstrapped base: the label states its layer
+        layers = (rootfs,) if rootfs else ("sha256:" + "a1" * 32, "sha256:" + "a2" * 32)
+    return ImageInfo(id=image_id, labels=labels, layers=layers)
 
 
 def test_bootstrapped_base_is_pinned_by_its_root_filesystem(tmp_path, cells):
@@ -171,6 +175,18 @@ def test_bootstrapped_base_is_pinned_by_its_root_filesystem(tmp_path, cells):
     other = "sha256:" + "99" * 32
     why = locks.base_drift(lock, BASE, info(rootfs=other))
     assert why and other in why and ROOTFS in why
+
+
+def test_a_base_whose_label_claims_the_locked_root_filesystem_is_drift(tmp_path, cells):
+    """Issue 35, M2b: another filesystem with the locked io.gpuenv.rootfs label copied onto
+    it (as a crafted `cache import` or `docker load` brings) is compared by its layer."""
+    lock = make_lock(tmp_path / "matrix.lock", cells)
+    forged = "sha256:" + "66" * 32
+    why = locks.base_drift(lock, BASE, info(image_id="sha256:" + "ef" * 32, layers=(forged,)))
+    assert why and forged in why and ROOTFS in why
+    # Nor does a base that dropped the label escape the pin.
+    why = locks.base_drift(lock, BASE, info(rootfs=None, layers=(forged,)))
+    assert why and forged in why
 
 
 def test_image_base_is_pinned_by_its_id(tmp_path, cells):
@@ -188,9 +204,12 @@ def test_a_base_the_lock_does_not_know_is_drift(tmp_path, cells):
     assert why and "not in the lock" in why
 
 
-def test_base_identity_records_the_rootfs_label():
+def test_base_identity_records_the_root_filesystems_layer():
     found = locks.base_identity(info(), ["python3=3.11.2-1+b1"])
     assert found == {"id": BASE_ID, "rootfs": ROOTFS, "packages": ["python3=3.11.2-1+b1"]}
+    # The layer the engine hashed, not what the label says.
+    layer = "sha256:" + "77" * 32
+    assert locks.base_identity(info(layers=(layer,)), [])["rootfs"] == layer
 
 
 # --------------------------------------------------------------------------- rendering

@@ -172,7 +172,7 @@ def test_prune_removes_files(tmp_path):
 def test_export_import_round_trip_checks_every_file(tmp_path):
     store = Store(tmp_path / "a")
     store.put(SHA, io.BytesIO(WHEEL), "demo")
-    key = "0123456789abcdef"
+    key = wheelhouse.index_key(["https://pypi.org/simple/"])
     store.save_index(key, ("https://pypi.org/simple/",))
     store.save_page(key, "demo", [IndexFile("demo-1.0.tar.gz", "u", SHA)], "x")
     (store.root / "files" / ".locks").mkdir()
@@ -196,6 +196,146 @@ def test_export_import_round_trip_checks_every_file(tmp_path):
         tar.addfile(info, io.BytesIO(b""))
     with pytest.raises(GpuenvError, match="unexpected entry"):
         wheelhouse.import_(Store(tmp_path / "d"), evil, None, print)
+
+
+def carry(tmp_path: Path, entries: dict[str, bytes], name: str = "carry.tar") -> Path:
+    tarball = tmp_path / name
+    with tarfile.open(tarball, "w") as tar:
+        for entry, data in entries.items():
+            info = tarfile.TarInfo(entry)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return tarball
+
+
+def test_an_import_cannot_redirect_an_indexs_pages(tmp_path):
+    """Issue 35, M2c: an index entry says where its key's pages are fetched from; one whose
+    upstreams do not hash to its name is refused at import, and ignored when found in the
+    store (every page fetch of the key, private project names included, would go there)."""
+    key = wheelhouse.index_key(["https://private.example/simple/"])
+    evil = json.dumps({"upstreams": ["https://attacker.example/simple/"]}).encode()
+    store = Store(tmp_path / "w")
+    tarball = carry(tmp_path, {f"wheelhouse/indexes/{key}.json": evil})
+    with pytest.raises(GpuenvError, match="does not name the indexes"):
+        wheelhouse.import_(store, tarball, None, print)
+    assert store.index(key) is None
+    # Written by an older gpuenv's import: not trusted either.
+    (store.root / "indexes").mkdir(parents=True, exist_ok=True)
+    (store.root / "indexes" / f"{key}.json").write_bytes(evil)
+    assert store.index(key) is None
+    store.save_index(key, ("https://private.example/simple/",))  # never rewrites a file
+    good = wheelhouse.index_key(["https://pypi.org/simple/"])
+    store.save_index(good, ("https://pypi.org/simple/",))
+    assert store.index(good) == ("https://pypi.org/simple/",)
+
+
+def test_an_aborted_import_leaves_the_store_private(tmp_path):
+    """Issue 35, L4: the store is 0700 before an import's first write, even when the import
+    stops at a bad entry right after a page."""
+    key = wheelhouse.index_key(["https://pypi.org/simple/"])
+    tarball = carry(tmp_path, {f"wheelhouse/pages/{key}/secret-internal-pkg.json": b"{}",
+                               "wheelhouse/bogus": b""})  # fmt: skip
+    store = Store(tmp_path / "w")
+    with pytest.raises(GpuenvError, match="unexpected entry"):
+        wheelhouse.import_(store, tarball, None, print)
+    for d in (store.root, store.root / "pages", store.root / "pages" / key):
+        assert d.stat().st_mode & 0o077 == 0, oct(d.stat().st_mode)
+
+
+class LoadRecorder:
+    """Records what `docker load` would be given (the archive's tags): no engine here."""
+
+    def __init__(self) -> None:
+        self.loaded: list[list[str]] = []
+
+    def load(self, path: str) -> list[str]:
+        with tarfile.open(path) as tar:
+            stream = tar.extractfile("manifest.json")
+            assert stream is not None
+            self.loaded.append(json.load(stream)[0]["RepoTags"])
+        return []
+
+
+def base_archive(tags: list[str], labels: dict[str, str], **more: bytes) -> bytes:
+    config = json.dumps({"config": {"Labels": labels}, "rootfs": {"diff_ids": []}}).encode()
+    manifest = [{"Config": "c.json", "RepoTags": tags, "Layers": []}]
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        files = {"manifest.json": json.dumps(manifest).encode(), "c.json": config}
+        files.update({k.replace("_", "."): v for k, v in more.items()})
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+BASE_TAG = "gpuenv/debian:bookworm"
+BASE_FILE = "bases/gpuenv_debian_bookworm.tar"
+CELL_TAG = "gpuenv/tensorflow:tf2.21-py3.11-cpu"
+
+
+@pytest.mark.parametrize(
+    ("archive", "why"),
+    [
+        # A cell's tag with a forged spec hash: `build` would call it up to date.
+        (base_archive([CELL_TAG], {"io.gpuenv.spec-hash": "ab" * 32}), "not only the base"),
+        (base_archive([BASE_TAG, CELL_TAG], {}), "not only the base"),
+        (base_archive([BASE_TAG], {"io.gpuenv.spec-hash": "ab" * 32}), "a cell's label"),
+        (
+            base_archive(
+                [BASE_TAG],
+                {},
+                repositories=json.dumps({"gpuenv/tensorflow": {"tf2.21-py3.11-cpu": "x"}}).encode(),
+            ),
+            "repositories",
+        ),
+        (
+            base_archive(
+                [BASE_TAG],
+                {},
+                index_json=json.dumps(
+                    {"manifests": [{"annotations": {"io.containerd.image.name": CELL_TAG}}]}
+                ).encode(),
+            ),
+            "index.json",
+        ),
+        (b"not a tar", "not a docker save archive"),
+    ],
+    ids=["cell-tag", "two-tags", "cell-label", "repositories", "index-json", "garbage"],
+)
+def test_an_import_loads_only_the_base_its_file_is_named_for(tmp_path, archive, why):
+    """Issue 35, M2a: `cache import` gave `docker load` every base archive as it was."""
+    engine = LoadRecorder()
+    tarball = carry(tmp_path, {BASE_FILE: archive})
+    with pytest.raises(GpuenvError, match=why):
+        wheelhouse.import_(Store(tmp_path / "w"), tarball, engine, print)  # type: ignore[arg-type]
+    assert engine.loaded == []
+    # The base as export writes it loads.
+    ok = carry(tmp_path, {BASE_FILE: base_archive([BASE_TAG], {"io.gpuenv.rootfs": "x"})}, "ok.tar")
+    assert wheelhouse.import_(Store(tmp_path / "w"), ok, engine, print) == (0, 1)  # type: ignore[arg-type]
+    assert engine.loaded == [[BASE_TAG]]
+
+
+@pytest.mark.parametrize("kind", ["directory", "symlink", "fifo"])
+def test_cache_export_writes_only_a_regular_file(tmp_path, kind):
+    """Issue 35, L1: export replaced its target whatever it was (as root, /dev/full became
+    a file; a symbolic link was replaced, not written through), or tracebacked on a
+    directory."""
+    target = tmp_path / "target"
+    aimed = tmp_path / "aimed"
+    aimed.write_text("keep")
+    if kind == "directory":
+        target.mkdir()
+    elif kind == "symlink":
+        target.symlink_to(aimed)
+    else:
+        os.mkfifo(target)
+    with pytest.raises(GpuenvError, match="not a regular file"):
+        wheelhouse.export(Store(tmp_path / "w"), target, None, [], print)
+    assert aimed.read_text() == "keep"
+    assert target.is_symlink() == (kind == "symlink")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["aimed", "target"])
 
 
 # ------------------------------------------------------------------------------ credentials
