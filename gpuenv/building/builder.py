@@ -29,6 +29,7 @@ from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
     from gpuenv.building.project import Project
+    from gpuenv.building.registry import Vet
     from gpuenv.building.render import BuildContext
     from gpuenv.building.sendable import Sender
 
@@ -88,15 +89,23 @@ def plan_and_build(
     no_cache: bool = False,
     reproducible: bool = False,
     offline: bool = False,
+    vet: Vet | None = None,
 ) -> list[CellResult]:
     """`gpuenv build`: bases, then the plan, then its execution; with `reproducible`, the
     built images normalised (gpuenv/building/reproducible.py) once every cell succeeded. With
-    `offline`, locked cells only, from the wheelhouse and the bases in the engine alone."""
+    `offline`, locked cells only, from the wheelhouse and the bases in the engine alone.
+    Published images ($GPUENV_REGISTRY) are pulled only with `vet`, which checks each
+    one's signed provenance before it is adopted (gpuenv/building/pull.py)."""
     from gpuenv.building import plan as plans
     from gpuenv.building.registry import pull_repository
 
     # A malformed $GPUENV_REGISTRY stops the run here; offline, nothing is pulled.
     pull_from = None if offline else pull_repository(project)
+    if pull_from and vet is None:
+        reporter.info(f"not pulling from {pull_from}: set $GPUENV_VERIFY_KEY to the "
+                      "publisher's public key, which a published image's provenance must "
+                      "verify with")  # fmt: skip
+        pull_from = None
     # Render everything before touching the engine: a template error must stop the run
     # before a base is bootstrapped.
     contexts = plans.render_all(project, cells)
@@ -108,7 +117,7 @@ def plan_and_build(
         prepare_bases(engine, cells, reporter)
     plan = plans.make_plan(
         engine, project, cells, ca_bundle=ca_bundle, no_cache=no_cache, pull_from=pull_from,
-        contexts=contexts,
+        vet=vet, contexts=contexts,
     )  # fmt: skip
     # Only a build needs the wheelhouse (a no-op build reads no netrc, imports no ssl).
     building = any(p.action != "up-to-date" for p in plan.cells)
@@ -277,11 +286,12 @@ def _pull(engine: Engine, p: CellPlan, reporter: Reporter) -> str | None:
 
     ref, name = str(p.pull_ref), p.cell.name
     reporter.info(f"{name}: looking for {ref}")
-    image_id, why = pull_matching(engine, ref, str(p.spec_hash), keep_as=p.cell.image)
+    assert p.vet is not None, "the plan pulls only what it can vet"
+    image_id, why = pull_matching(engine, ref, str(p.spec_hash), keep_as=p.cell.image, vet=p.vet)
     if image_id is None:
         reporter.info(f"{name}: not pulled ({why}); building")
     else:
-        reporter.info(f"{name}: pulled {ref} (same spec hash)")
+        reporter.info(f"{name}: pulled {ref} (same spec hash, provenance verified)")
     return image_id
 
 

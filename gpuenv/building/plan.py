@@ -25,6 +25,7 @@ from gpuenv.matrix.errors import GpuenvError
 if TYPE_CHECKING:
     from gpuenv.building.lock import CellLock, Lock
     from gpuenv.building.project import Project
+    from gpuenv.building.registry import Vet
     from gpuenv.building.render import BuildContext, RenderOptions
     from gpuenv.engine.client import Engine, ImageInfo
     from gpuenv.matrix.cell import Cell
@@ -102,6 +103,7 @@ class CellPlan:
     action: Action = "build"
     reasons: list[str] = field(default_factory=list)
     pull_ref: str | None = None
+    vet: Vet | None = None  # how a pulled image is checked before it is adopted
     rebuilds_from: str | None = None  # the first layer (LAYERS) a rebuild cannot take cached
 
     def to_json(self) -> dict[str, Any]:
@@ -258,6 +260,7 @@ def make_plan(
     ca_bundle: Path | None,
     no_cache: bool = False,
     pull_from: str | None = None,
+    vet: Vet | None = None,
     contexts: dict[str, BuildContext] | None = None,
 ) -> BuildPlan:
     """Decide per cell what a build would do. `pull_from` is the repository published
@@ -287,21 +290,22 @@ def make_plan(
             p.action = "up-to-date"
         else:
             p.reasons, p.rebuilds_from = _why_rebuild(existing, inputs)
-        if p.action == "build" and pull_from and not no_cache and base_id:
-            p.action, p.pull_ref = "pull", f"{pull_from}:{cell.name}"
+        if p.action == "build" and pull_from and vet and not no_cache and base_id:
+            p.action, p.pull_ref, p.vet = "pull", f"{pull_from}:{cell.name}", vet
         plans.append(p)
     return BuildPlan(plans, ca_bundle, no_cache, project.lock)
 
 
 def dry_run(
-    engine: Engine, project: Project, cells: list[Cell], ca_bundle: Path | None, no_cache: bool
-) -> BuildPlan:
+    engine: Engine, project: Project, cells: list[Cell], ca_bundle: Path | None, no_cache: bool,
+    vet: Vet | None = None,
+) -> BuildPlan:  # fmt: skip
     """`gpuenv build --dry-run`: the plan a build would follow now, building nothing."""
     from gpuenv.building.registry import pull_repository
 
     return make_plan(
         engine, project, cells, ca_bundle=ca_bundle, no_cache=no_cache,
-        pull_from=pull_repository(project),
+        pull_from=pull_repository(project), vet=vet,
     )  # fmt: skip
 
 
@@ -314,7 +318,8 @@ def describe(plan: BuildPlan) -> list[str]:
             continue
         why = "; ".join(p.reasons)
         if p.action == "pull":
-            lines.append(f"{p.cell.name}: pull {p.pull_ref} if its spec hash matches, else build")
+            lines.append(f"{p.cell.name}: pull {p.pull_ref} if its spec hash matches and its "
+                         "provenance verifies, else build")  # fmt: skip
             lines.append(f"    because: {why}")
         else:
             lines.append(f"{p.cell.name}: build ({why})")

@@ -3,6 +3,13 @@ instead of built ($GPUENV_REGISTRY's repository, gpuenv/building/registry.py).
 
 The spec hash is read from the registry's manifest and config first (a few KB), so a
 mismatch costs no pull; where it cannot be read here the image is pulled and compared.
+
+A label is only what the image's author wrote, and the spec hash is computable by anyone
+with the public matrix (issue 35, M1). So an image is adopted only when its signed
+provenance verifies with $GPUENV_VERIFY_KEY and records this spec hash (the verb's `vet`),
+it is pulled by the digest that verified, and the pulled image's ID must be the one the
+provenance records. It is remembered as pulled: `push --attest` signs no provenance for an
+image this machine did not build.
 """
 
 from __future__ import annotations
@@ -12,7 +19,10 @@ from typing import TYPE_CHECKING, Any
 from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
+    from gpuenv.building.registry import Vet
     from gpuenv.engine.client import Engine
+
+PULLED_RECORD = "pulled"  # image ID -> REPO@DIGEST it was pulled from (gpuenv's cache)
 
 
 def chunk_error(chunk: dict[str, Any]) -> str | None:
@@ -42,39 +52,45 @@ def peek_spec_hash(engine: Engine, ref: str) -> tuple[str | None, str]:
     return labels.get(SPEC_HASH, ""), ""
 
 
-def pull_matching(engine: Engine, ref: str, spec: str, keep_as: str) -> tuple[str | None, str]:
-    """Pull `ref` when its spec hash is `spec`; tag it `keep_as` and return its image ID.
+def pull_matching(
+    engine: Engine, ref: str, spec: str, keep_as: str, vet: Vet
+) -> tuple[str | None, str]:
+    """Pull `ref` when its spec hash is `spec` and `vet` adopts it; tag it `keep_as` and
+    return its image ID.
 
     The spec hash is read from the registry first (manifest and config blob, a few KB):
-    another hash, or no such image, returns None and why without pulling gigabytes. Where
-    the registry cannot be read here, the image is pulled and compared as before. Nothing
-    the pull added is left behind; a tag `ref` that was already there stays where it was."""
+    another hash, or no such image, returns None and why without pulling gigabytes. Then
+    `vet` verifies its attestations (or says why not), and the digest it verified is pulled:
+    a tag moved meanwhile changes nothing. Nothing the pull added is left behind when the
+    image is not the one the provenance records."""
+    from gpuenv.store.cache import update_record
+
     remote, why = peek_spec_hash(engine, ref)
     if remote is None:
         return None, why
     if remote != "?" and remote != spec:
         return None, f"{ref} has another spec hash (read from the registry; not pulled)"
-    before = engine.image(ref)
     try:
-        for chunk in engine.pull(ref):
+        pinned, image_id = vet(ref, spec)
+    except GpuenvError as exc:
+        return None, f"{ref}: not adopted: {exc.message}"
+    try:
+        for chunk in engine.pull(pinned):
             error = chunk_error(chunk) if isinstance(chunk, dict) else None
             if error:
-                return None, f"pull {ref}: {error.splitlines()[0][:300]}"
+                return None, f"pull {pinned}: {error.splitlines()[0][:300]}"
     except GpuenvError as exc:  # a missing tag, a refused login, an unreachable registry
         detail = getattr(exc, "detail", exc.message)
         text = str(detail).strip().splitlines()
-        return None, f"pull {ref}: {text[0][:300] if text else exc.message}"
-    info = engine.image(ref)
+        return None, f"pull {pinned}: {text[0][:300] if text else exc.message}"
+    info = engine.image(pinned)
     if info is None:
-        return None, f"pull {ref}: the engine has no such image after pulling"
-    if info.claims.spec_hash != spec:
-        if before is None:
-            engine.remove_image(ref)  # the tag, and the image unless something else uses it
-        elif before.id != info.id:
-            engine.tag(before.id, ref)  # the tag back where it was
-            engine.remove_image(info.id)  # and what the pull brought
-        return None, f"{ref} has another spec hash (built from another matrix or base)"
+        return None, f"pull {pinned}: the engine has no such image after pulling"
+    if info.id != image_id or info.claims.spec_hash != spec:
+        # The digest's reference; the image too unless a tag of the engine's still names it.
+        engine.remove_image(pinned)
+        return None, (f"{pinned} is image {info.id[:19]}, not the {image_id[:19]} its "
+                      "provenance records")  # fmt: skip
     engine.tag(info.id, keep_as)
-    if before is None:
-        engine.remove_image(ref)  # untags only: keep_as holds the image
+    update_record(PULLED_RECORD, {info.id: pinned})
     return info.id, ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpuenv.matrix.errors import GpuenvError
@@ -18,6 +19,13 @@ if TYPE_CHECKING:
     from gpuenv.building.project import Project
 
 REGISTRY_ENV = "GPUENV_REGISTRY"  # where `gpuenv build` looks for published images first
+
+# How pull before build vets a published image (issue 35, M1: its spec-hash label is only
+# what its author wrote): (REF, the plan's spec hash) -> (REPO@DIGEST to pull, the image ID
+# that digest's verified provenance records), or a GpuenvError saying why it is not adopted.
+# Given by the verb (gpuenv/publish/attest/verify.py: vetting_from_env), as publishing sits
+# above building.
+Vet = Callable[[str, str], tuple[str, str]]
 _REGISTRY = re.compile(r"[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*")
 
 

@@ -10,7 +10,7 @@ import typer
 
 from gpuenv.cli.common import CaOption, FileOption, fail, user_errors
 
-KEY_ENV = "GPUENV_VERIFY_KEY"
+KEY_ENV = "GPUENV_VERIFY_KEY"  # gpuenv/publish/attest/verify.py's (imported there lazily)
 
 
 def sbom_cmd(

@@ -103,9 +103,15 @@ def build_cmd(
         bundle = project.ca_bundle(ca_bundle)
         from gpuenv.building.registry import registry_from_env
 
-        registry_from_env()  # a malformed $GPUENV_REGISTRY is an error before the engine
+        # A malformed $GPUENV_REGISTRY is an error before the engine; with one, the key a
+        # pulled image must verify with is read now (a bad key is an error, not a build).
+        vet = None
+        if registry_from_env() and not offline:
+            from gpuenv.publish.attest.verify import vetting_from_env
+
+            vet = vetting_from_env()
         if dry_run:
-            the_plan = plan.dry_run(engine.connect(), project, cells, bundle, no_cache)
+            the_plan = plan.dry_run(engine.connect(), project, cells, bundle, no_cache, vet)
             if as_json:
                 print_json(the_plan.to_json())
             else:
@@ -119,7 +125,7 @@ def build_cmd(
             results = build.plan_and_build(
                 engine.connect(), project, cells, reporter, ca_bundle=bundle, jobs=jobs,
                 keep_going=keep_going, no_cache=no_cache, reproducible=reproducible,
-                offline=offline,
+                offline=offline, vet=vet,
             )  # fmt: skip
         finally:
             reporter.close()

@@ -93,6 +93,8 @@ def push_cmd(
         for a in attested:
             for predicate_type, artifact in a.artifacts:
                 print(f"attested {a.ref}  {predicate_type}  {artifact}")
+            if a.not_attested:
+                print(f"not attested {a.ref}: {a.not_attested}")
     bad = [r for r in results if r.status != "pushed"]
     if bad:
         raise fail(f"{len(bad)} of {len(results)} tag(s) not pushed")

@@ -418,8 +418,9 @@ class Engine:
             yield from self._api.push(repo, tag=tag, stream=True, decode=True)
 
     def pull(self, ref: str) -> Iterator[dict[str, Any]]:
-        """The decoded pull stream (errors may come inside it, as for push)."""
-        repo, _, tag = ref.rpartition(":")
+        """The decoded pull stream (errors may come inside it, as for push). REPO@DIGEST
+        pulls exactly that manifest (the API takes the digest as the tag)."""
+        repo, _, tag = ref.partition("@") if "@" in ref else ref.rpartition(":")
         with _translated():
             yield from self._api.pull(repo, tag=tag, stream=True, decode=True)
 

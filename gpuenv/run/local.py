@@ -601,7 +601,12 @@ def _build_for_run(engine: Engine, project: Project, cell: Cell) -> None:
     reporter = ConsoleReporter()
     try:
         ca_bundle = project.ca_bundle(None)
-        results = build.plan_and_build(engine, project, [cell], reporter, ca_bundle=ca_bundle)
+        from gpuenv.building.registry import registry_from_env
+        from gpuenv.publish.attest.verify import vetting_from_env
+
+        vet = vetting_from_env() if registry_from_env() else None  # pulls must verify
+        results = build.plan_and_build(engine, project, [cell], reporter, ca_bundle=ca_bundle,
+                                       vet=vet)  # fmt: skip
     finally:
         reporter.close()
     if results[0].status == "failed":

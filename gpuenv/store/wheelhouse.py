@@ -582,11 +582,8 @@ def export(store: Store, target: Path, engine: Engine | None, bases: list[str],
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise GpuenvError(f"cache export {target}: not a regular file (a directory, a device "
                           "or a symbolic link); give the name of a new file")  # fmt: skip
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    except OSError as exc:
-        raise GpuenvError(f"cache export {target}: {exc.strerror}") from None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     os.close(fd)
     count = 0
     try:
@@ -609,9 +606,8 @@ def export(store: Store, target: Path, engine: Engine | None, bases: list[str],
         os.replace(tmp, target)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):  # a full disk, an unreadable store file
-            where = exc.filename or target  # tarfile's writes do not say which file failed
-            raise GpuenvError(f"cache export {target}: {where}: {exc.strerror}") from None
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(target)  # tarfile's writes do not say which file failed
         raise
     return count, len(bases) if engine is not None else 0
 

@@ -22,6 +22,7 @@ from gpuenv.engine.client import EngineError, ImageInfo
 from gpuenv.matrix import schema as matrices
 from gpuenv.matrix.errors import GpuenvError, MatrixError
 from gpuenv.publish import push as publish
+from gpuenv.store.cache import read_record
 
 RECORDED = Path(__file__).parent / "recorded"
 
@@ -266,45 +267,63 @@ def test_check_pushable(write_matrix, minimal_matrix, tmp_path, monkeypatch):
 
 
 PULLED = "127.0.0.1:5000/x/tensorflow:tf2.21-py3.11-cpu"
+PINNED = "127.0.0.1:5000/x/tensorflow@sha256:" + "d" * 64  # the digest that verified
 CELL_IMAGE = "gpuenv/tensorflow:tf2.21-py3.11-cpu"
 
 
 @pytest.fixture
 def unreadable_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The registry's labels cannot be read here: pull_matching pulls to compare (the
-    fallback these tests exercise; the registry read itself: test_registry.py)."""
+    """The registry's labels cannot be read here: pull_matching goes on to vet and pull (the
+    path these tests exercise; the registry read itself: test_registry.py)."""
     monkeypatch.setattr(pull, "peek_spec_hash", lambda engine, ref: ("?", "test"))
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def vetted(image_id: str = "sha256:pulled"):
+    """A vet (gpuenv/publish/attest/verify.py: vetting_from_env) whose verified provenance
+    records `image_id` at PINNED; the real one: tests/unit/test_attest_binding.py."""
+    return lambda ref, spec: (PINNED, image_id)
+
+
+def refused(ref: str, spec: str) -> tuple[str, str]:
+    raise GpuenvError("no attestations")
 
 
 def _image(spec: str, image_id: str = "sha256:pulled") -> ImageInfo:
     return ImageInfo(id=image_id, labels={"io.gpuenv.spec-hash": spec})
 
 
-def test_a_pulled_image_with_the_spec_hash_becomes_the_cells(fake_engine, unreadable_registry):
-    eng = fake_engine(remote={PULLED: _image("h1")})
-    assert pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE) == ("sha256:pulled", "")
-    assert eng.local == {CELL_IMAGE: _image("h1")}  # the registry's tag is not left behind
+def test_a_vetted_image_with_the_spec_hash_becomes_the_cells(fake_engine, unreadable_registry):
+    eng = fake_engine(remote={PINNED: _image("h1")})
+    got = pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE, vet=vetted())
+    assert got == ("sha256:pulled", "")
+    assert eng.pulled == [PINNED]  # by the digest that verified, never the tag again
+    assert eng.local[CELL_IMAGE] == _image("h1")
+    assert read_record(pull.PULLED_RECORD) == {"sha256:pulled": PINNED}
 
 
-def test_a_pulled_image_with_another_spec_hash_is_removed(fake_engine, unreadable_registry):
-    eng = fake_engine(remote={PULLED: _image("h-old")})
-    image_id, why = pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)
-    assert image_id is None and "another spec hash" in why
-    assert eng.local == {} and eng.removed == [PULLED]
+def test_an_image_that_does_not_vet_is_not_pulled(fake_engine, unreadable_registry):
+    """Issue 35, M1: a self-declared spec-hash label is not enough."""
+    eng = fake_engine(remote={PINNED: _image("h1")})
+    image_id, why = pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE, vet=refused)
+    assert image_id is None and "not adopted: no attestations" in why
+    assert eng.pulled == [] and eng.local == {}
 
 
-def test_a_registry_tag_that_was_already_there_is_kept(fake_engine, unreadable_registry):
-    eng = fake_engine(remote={PULLED: _image("h1")}, local={PULLED: _image("h1")})
-    assert pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)[0] == "sha256:pulled"
-    assert set(eng.local) == {PULLED, CELL_IMAGE} and eng.removed == []
-    eng = fake_engine(remote={PULLED: _image("h-old")}, local={PULLED: _image("h-old")})
-    assert pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)[0] is None
-    assert set(eng.local) == {PULLED} and eng.removed == []
-    # The pull moved the tag to another image, not the one wanted: the tag goes back.
-    mine = _image("h-mine", "sha256:mine")
-    eng = fake_engine(remote={PULLED: _image("h-old")}, local={PULLED: mine})
-    assert pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)[0] is None
-    assert eng.local == {PULLED: mine} and set(eng.images) == {"sha256:mine"}
+def test_a_pulled_image_that_is_not_the_provenances_is_removed(fake_engine, unreadable_registry):
+    eng = fake_engine(remote={PINNED: _image("h1", "sha256:other")})
+    image_id, why = pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE, vet=vetted())
+    assert image_id is None and "not the sha256:pulled" in why
+    assert CELL_IMAGE not in eng.local and "sha256:other" not in eng.images
+    # One the engine already had stays.
+    mine = _image("h-mine", "sha256:other")
+    eng = fake_engine(remote={PINNED: mine}, local={"mine:x": mine})
+    assert pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE, vet=vetted())[0] is None
+    assert "sha256:other" in eng.images and eng.local["mine:x"] == mine
 
 
 @pytest.mark.parametrize(
@@ -329,8 +348,8 @@ def test_a_registry_tag_that_was_already_there_is_kept(fake_engine, unreadable_r
 def test_a_failed_pull_leaves_nothing_and_says_why(
     fake_engine, unreadable_registry, remote, needle
 ):
-    eng = fake_engine(remote={PULLED: remote})
-    image_id, why = pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE)
+    eng = fake_engine(remote={PINNED: remote})
+    image_id, why = pull.pull_matching(eng, PULLED, "h1", keep_as=CELL_IMAGE, vet=vetted())
     assert image_id is None
-    assert why.startswith(f"pull {PULLED}: ") and needle in why and "\n" not in why
+    assert why.startswith(f"pull {PINNED}: ") and needle in why and "\n" not in why
     assert eng.local == {}

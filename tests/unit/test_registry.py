@@ -16,6 +16,7 @@ import pytest
 
 from gpuenv.building import pull, registry
 from gpuenv.engine.client import ImageInfo
+from gpuenv.matrix.errors import GpuenvError
 
 MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 INDEX = "application/vnd.oci.image.index.v1+json"
@@ -169,12 +170,25 @@ def _image(spec: str) -> ImageInfo:
     return ImageInfo(id="sha256:pulled", labels={"io.gpuenv.spec-hash": spec})
 
 
+DIGEST = "sha256:" + "d" * 64
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the pulled record
+
+
+def pinned(ref: str):
+    """A vet whose verification passed at DIGEST (gpuenv/publish/attest/verify.py's does it)."""
+    return lambda r, spec: (f"{ref.rsplit(':', 1)[0]}@{DIGEST}", "sha256:pulled")
+
+
 def test_another_spec_hash_in_the_registry_is_not_pulled(served, fake_engine):
     store, host = served
     ref = f"{host}/x/tensorflow:c1"
     store.add_image("x/tensorflow", "c1", {"io.gpuenv.spec-hash": "h-old"})
     eng = fake_engine(remote={ref: _image("h-old")})
-    image_id, why = pull.pull_matching(eng, ref, "h1", keep_as="acme/tf:c1")
+    image_id, why = pull.pull_matching(eng, ref, "h1", keep_as="acme/tf:c1", vet=pinned(ref))
     assert image_id is None and "another spec hash" in why and "not pulled" in why
     assert eng.pulled == [] and eng.local == {}
 
@@ -183,24 +197,31 @@ def test_the_same_spec_hash_is_pulled(served, fake_engine):
     store, host = served
     ref = f"{host}/x/tensorflow:c1"
     store.add_image("x/tensorflow", "c1", {"io.gpuenv.spec-hash": "h1"})
-    eng = fake_engine(remote={ref: _image("h1")})
-    assert pull.pull_matching(eng, ref, "h1", keep_as="acme/tf:c1") == ("sha256:pulled", "")
-    assert eng.pulled == [ref]
+    at_digest = f"{host}/x/tensorflow@{DIGEST}"
+    eng = fake_engine(remote={at_digest: _image("h1")})
+    got = pull.pull_matching(eng, ref, "h1", keep_as="acme/tf:c1", vet=pinned(ref))
+    assert got == ("sha256:pulled", "")
+    assert eng.pulled == [at_digest]
 
 
 def test_a_missing_tag_or_a_registry_that_is_down_is_not_pulled(served, fake_engine):
     _, host = served
     eng = fake_engine(remote={})
-    image_id, why = pull.pull_matching(eng, f"{host}/x/tf:none", "h1", keep_as="a/b:c")
+    ref = f"{host}/x/tf:none"
+    image_id, why = pull.pull_matching(eng, ref, "h1", keep_as="a/b:c", vet=pinned(ref))
     assert image_id is None and "not found" in why and eng.pulled == []
 
 
-def test_a_remote_engine_pulls_to_compare(served, fake_engine):
+def test_a_remote_engine_pulls_only_what_verifies(served, fake_engine):
     store, host = served
     ref = f"{host}/x/tensorflow:c1"
     store.add_image("x/tensorflow", "c1", {"io.gpuenv.spec-hash": "h-old"})
-    eng = fake_engine(remote={ref: _image("h-old")})
-    eng.is_local = False  # its view of 127.0.0.1 is another host's
-    image_id, why = pull.pull_matching(eng, ref, "h1", keep_as="acme/tf:c1")
-    assert image_id is None and "another spec hash" in why
-    assert eng.pulled == [ref] and eng.local == {}
+    eng = fake_engine(remote={f"{host}/x/tensorflow@{DIGEST}": _image("h-old")})
+    eng.is_local = False  # its view of 127.0.0.1 is another host's: the label is not read
+
+    def vet(ref: str, spec: str) -> tuple[str, str]:  # as verify's, on another spec hash
+        raise GpuenvError("its provenance records spec hash h-old, not h1")
+
+    image_id, why = pull.pull_matching(eng, ref, "h1", keep_as="acme/tf:c1", vet=vet)
+    assert image_id is None and "not adopted" in why and "h-old" in why
+    assert eng.pulled == [] and eng.local == {}

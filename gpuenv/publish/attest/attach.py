@@ -26,12 +26,14 @@ class Attested:
     ref: str
     digest: str  # the image manifest's
     artifacts: list[tuple[str, str]]  # (predicate type, artifact manifest digest)
+    not_attested: str = ""  # why nothing was signed (an image pulled, not built here)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "ref": self.ref,
             "digest": self.digest,
             "artifacts": [{"predicate_type": t, "digest": d} for t, d in self.artifacts],
+            **({"not_attested": self.not_attested} if self.not_attested else {}),
         }
 
 
@@ -117,6 +119,17 @@ class Pushed(Protocol):
     platforms: list[str]
 
 
+def pushed_image_id(registry: Any, digest: str) -> str | None:
+    """The image ID (config digest) of the image manifest `digest`, as the registry holds it."""
+    found = registry.manifest(digest)
+    try:
+        config = json.loads(found[0]).get("config") if found else None
+    except (ValueError, AttributeError):
+        return None
+    value = config.get("digest") if isinstance(config, dict) else None
+    return value if isinstance(value, str) and value.startswith("sha256:") else None
+
+
 def attest_pushed(
     engine: Engine, project: Project, results: Sequence[Pushed], signer: Any,
     fmt: str = "cyclonedx",
@@ -124,6 +137,9 @@ def attest_pushed(
     """Attach the signed statements to every pushed manifest (once per digest)."""
     from gpuenv.publish.attest import dsse, oci
     from gpuenv.publish.attest.contents import read_contents
+    from gpuenv.store.cache import read_record
+
+    pulled = read_record("pulled")  # gpuenv/building/pull.py's PULLED_RECORD
 
     done: dict[tuple[str, str], Attested] = {}
     out = []
@@ -133,9 +149,27 @@ def attest_pushed(
         repo = r.ref.rsplit(":", 1)[0]
         if (repo, r.digest) in done:
             continue
-        info, contents = read_contents(engine, r.ref)
         registry = oci.Repository(f"{repo}@{r.digest}")
         subject = registry.subject()
+        # What was pushed, by content: the manifest's config digest is the image ID. The tag
+        # may name another image by now (a concurrent build of the cell), and its SBOM
+        # would be signed for this digest (issue 35, M4).
+        image_id = pushed_image_id(registry, r.digest)
+        if image_id is None:
+            raise GpuenvError(f"--attest: {r.ref}@{r.digest[:19]}: the registry has no image "
+                              "manifest there to attest")  # fmt: skip
+        if isinstance(pulled.get(image_id), str):
+            # Its provenance is its publisher's (verified when it was pulled); signing one
+            # here would say this machine built it (issue 35, M1).
+            done[(repo, r.digest)] = Attested(r.ref, r.digest, [], not_attested=(
+                f"pulled from {pulled[image_id]}, not built here: its publisher's "
+                "attestations are there"))  # fmt: skip
+            out.append(done[(repo, r.digest)])
+            continue
+        if engine.image(image_id) is None:
+            raise GpuenvError(f"--attest: {r.ref} was pushed as image {image_id[:19]}, which "
+                              "the engine no longer has (built again?); push again")  # fmt: skip
+        info, contents = read_contents(engine, image_id)
         attested = Attested(r.ref, r.digest, [])
         for predicate_type, body in statements(project, info, contents, repo, r.digest, fmt):
             envelope = dsse.sign(body, signer)

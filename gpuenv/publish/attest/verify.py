@@ -3,7 +3,9 @@ registry, check every signature with the key, and say what they state.
 
 It fails (one `error:` line, exit 1) when the image has no attestation, when none verifies
 with the key, or when any one does not: an envelope whose signature fails, whose blob no
-longer matches its digest, or whose statement names another image. `--rebuild` then builds
+longer matches its digest, or whose statement names another image; and when either of the
+two `push --attest` attaches (the SBOM, the provenance) is missing: whoever may write the
+registry could otherwise remove one and verify would still pass. `--rebuild` then builds
 the recorded cell again from the current project, whose matrix and lock must have the
 digests the provenance records, with --reproducible and without the cache, and compares
 the image ID with the pushed image's config digest.
@@ -20,6 +22,7 @@ from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
     from gpuenv.building.project import Project
+    from gpuenv.building.registry import Vet
     from gpuenv.building.results import CellResult
     from gpuenv.engine.client import Engine
     from gpuenv.publish.attest.provenance import Statement
@@ -93,6 +96,16 @@ def verify(ref: str, key_path: Path) -> Report:
         if recorded and f"sha256:{recorded}" != config:
             failures.append(f"the provenance records image sha256:{recorded[:12]}, the "
                             f"registry serves {config[:19]}")  # fmt: skip
+    from gpuenv.publish.attest.sbom import PREDICATE_TYPES
+
+    kinds = {v.statement.predicate_type for v in report.verified}
+    if report.verified and not kinds & set(PREDICATE_TYPES.values()):
+        failures.append(
+            "no SBOM attestation verifies (push --attest attaches one; was it removed?)"
+        )
+    if report.verified and provenance.SLSA_PROVENANCE not in kinds:
+        failures.append("no provenance attestation verifies (push --attest attaches one; was "
+                        "it removed?)")  # fmt: skip
     if failures and not report.verified:
         raise GpuenvError(f"{ref}: none of {len(ours)} attestation(s) verifies with "
                           f"{key_path} ({failures[0]})")  # fmt: skip
@@ -100,6 +113,40 @@ def verify(ref: str, key_path: Path) -> Report:
         raise GpuenvError(f"{ref}: {failures[0]}" + (f" (and {len(failures) - 1} more)"
                                                      if len(failures) > 1 else ""))  # fmt: skip
     return report
+
+
+KEY_ENV = "GPUENV_VERIFY_KEY"  # the public key `verify` and pull before build check with
+
+
+def vetting_from_env() -> Vet | None:
+    """Pull before build's check of a published image (gpuenv/building/pull.py), with the key
+    $GPUENV_VERIFY_KEY names; None when it is unset (then nothing is pulled). A key that
+    cannot be read is an error now, not a reason to build every cell."""
+    import os
+
+    from gpuenv.publish.attest import dsse
+
+    value = os.environ.get(KEY_ENV, "").strip()
+    if not value:
+        return None
+    key_path = Path(value)
+    dsse.load_public(key_path, f"${KEY_ENV}")
+
+    def vet(ref: str, spec: str) -> tuple[str, str]:
+        report = verify(ref, key_path)  # both attestations, each verified, for this digest
+        prov = report.provenance()
+        assert prov is not None, "verify requires a verified provenance"
+        build = prov.predicate.get("buildDefinition") or {}
+        recorded = str((build.get("internalParameters") or {}).get("specHash", ""))
+        if recorded != spec:
+            raise GpuenvError(f"its provenance records spec hash {recorded[:12] or 'none'}, "
+                              f"not {spec[:12]}")  # fmt: skip
+        image = _byproduct(prov.predicate, "image-config")
+        if not image or f"sha256:{image}" != report.config:
+            raise GpuenvError("its provenance records no image config, or another one")
+        return f"{ref.rsplit(':', 1)[0]}@{report.digest}", report.config
+
+    return vet
 
 
 def _byproduct(predicate: dict[str, Any], name: str) -> str:
