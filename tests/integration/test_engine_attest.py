@@ -272,6 +272,53 @@ def test_verify_rebuild_reproduces_the_image(pushed):
     assert f"reproduced: {pushed.image_id}" in proc.stdout
 
 
+def test_verify_fails_when_one_attestation_is_stripped(pushed):
+    """Issue 35, M4b: whoever may write the registry removes the SBOM (or the provenance)
+    from the image's fallback index; verify passed with the other one. Restored after."""
+    tag = pushed.digest.replace(":", "-")
+    _, raw_index, _ = http(f"{pushed.base}/manifests/{tag}", headers={"Accept": INDEX})
+    index = json.loads(raw_index)
+    sbom = [m for m in index["manifests"]
+            if m["digest"] in {a.digest for a in read_attestations(pushed.base, pushed.digest)
+                               if a.statement["predicateType"] == CDX}]  # fmt: skip
+    assert len(sbom) == 1
+    stripped = dict(index, manifests=[m for m in index["manifests"] if m not in sbom])
+
+    def put(doc: dict[str, Any]) -> None:
+        status, body, _ = http(f"{pushed.base}/manifests/{tag}", method="PUT",
+                               data=json.dumps(doc).encode(),
+                               headers={"Content-Type": INDEX})  # fmt: skip
+        assert status == 201, body
+
+    put(stripped)
+    try:
+        proc = pushed.gpuenv("verify", pushed.ref, "--key", str(pushed.key.with_suffix(".pub")))
+        assert "no SBOM attestation verifies" in one_error_line(proc)
+    finally:
+        put(index)
+
+
+def test_build_pulls_the_signed_image_and_push_attests_it_no_more(pushed, registry):
+    """Issue 35, M1: with $GPUENV_VERIFY_KEY, pull before build adopts the published image
+    whose provenance verifies and records the spec hash (pulled by that digest), and a later
+    `push --attest` signs no provenance of its own for it. The unsigned case:
+    tests/integration/test_engine_push.py."""
+    env = {**pushed.env, "GPUENV_REGISTRY": f"{registry.host}/team",
+           "GPUENV_VERIFY_KEY": str(pushed.key.with_suffix(".pub"))}  # fmt: skip
+    docker("rmi", IMAGE)
+    proc = gpuenv_cmd("build", CELL, "--json", cwd=pushed.root, env=env)
+    (result,) = json.loads(proc.stdout)["results"]
+    assert result["status"] == "pulled", output(proc)
+    assert result["image_id"] == pushed.image_id
+    assert "provenance verified" in proc.stderr
+    before = {a.digest for a in read_attestations(pushed.base, pushed.digest)}
+    proc = gpuenv_cmd("push", CELL, "--registry", f"{registry.host}/team", "--attest",
+                      "--key", str(pushed.key), "--json", cwd=pushed.root, env=env)  # fmt: skip
+    (attested,) = json.loads(proc.stdout)["attestations"]
+    assert attested["artifacts"] == [] and "pulled from" in attested["not_attested"]
+    assert {a.digest for a in read_attestations(pushed.base, pushed.digest)} == before
+
+
 def test_verify_fails_on_a_tampered_attestation(pushed):
     """Last: it adds a forged artifact to the image's fallback index (the provenance with
     another cell, the original signature kept)."""

@@ -160,7 +160,17 @@ def test_an_image_that_failed_validation_is_refused(cli, cpu_built, registry, tm
 # --------------------------------------------------------------------------- pull before build
 
 
-def test_build_pulls_a_published_image_with_the_same_spec_hash(cli, pushed, registry, tmp_path):
+def test_build_adopts_no_unsigned_image_with_the_same_spec_hash(cli, pushed, registry, tmp_path):
+    """Issue 35, M1: an image at the cell's tag labelled with the cell's spec hash (which
+    anyone with the public matrix and base can compute) is the attack; without a
+    provenance that verifies with $GPUENV_VERIFY_KEY it is not adopted, and without a key
+    nothing is pulled. A signed image is pulled: tests/integration/test_engine_attest.py."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    public = tmp_path / "trusted.pub"
+    public.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text(shipped_text(name=PUSHPULL))
     image = f"{PUSHPULL}:{CPU_CELL}"
@@ -178,24 +188,28 @@ def test_build_pulls_a_published_image_with_the_same_spec_hash(cli, pushed, regi
         assert inspect(original["Id"]) is None
 
         # The registry is down: the pull fails, gpuenv says so and builds (from the cache).
-        down = {"GPUENV_REGISTRY": f"127.0.0.1:{free_port()}/x"}
+        key = {"GPUENV_VERIFY_KEY": str(public)}
+        down = {"GPUENV_REGISTRY": f"127.0.0.1:{free_port()}/x", **key}
         proc = cli("build", CPU_CELL, "-f", str(matrix), "--json", env=down)
         assert json.loads(proc.stdout)["results"][0]["status"] == "built"
         assert "not pulled" in proc.stderr
         docker_cmd("rmi", image)
 
-        # Published with the same spec hash: pulled, not built.
-        env = {"GPUENV_REGISTRY": f"{registry.host}/x"}
+        # Published with the same spec hash, unsigned: not adopted; built.
+        env = {"GPUENV_REGISTRY": f"{registry.host}/x", **key}
         proc = cli("build", CPU_CELL, "-f", str(matrix), "--json", env=env)
         (result,) = json.loads(proc.stdout)["results"]
-        assert result["status"] == "pulled", proc.stderr
-        assert result["image_id"] == original["Id"]
+        assert result["status"] == "built", proc.stderr
+        assert "not adopted" in proc.stderr and "no attestations" in proc.stderr, proc.stderr
         got = inspect(image)
-        assert got is not None and got["Id"] == original["Id"]
-        assert got["Config"]["Labels"]["io.gpuenv.spec-hash"] == spec
-        assert inspect(published) is None  # only the cell's own tag stays
-        again = cli("build", CPU_CELL, "-f", str(matrix), "--json", env=env)
-        assert json.loads(again.stdout)["results"][0]["status"] == "cached"
+        assert got is not None and got["Config"]["Labels"]["io.gpuenv.spec-hash"] == spec
+        assert inspect(published) is None  # nothing of the registry's left tagged
+        docker_cmd("rmi", image)
+        # No key: nothing is pulled at all, and gpuenv says why.
+        proc = cli("build", CPU_CELL, "-f", str(matrix), "--json",
+                   env={"GPUENV_REGISTRY": f"{registry.host}/x"})  # fmt: skip
+        assert json.loads(proc.stdout)["results"][0]["status"] == "built"
+        assert "set $GPUENV_VERIFY_KEY" in proc.stderr
     finally:
         docker_cmd("rmi", image, check=False)
         docker_cmd("rmi", published, check=False)

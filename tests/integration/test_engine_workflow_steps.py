@@ -168,6 +168,7 @@ def test_the_image_workflow_steps_run_here(registry, pushed, cpu_built, loopback
         "github.workspace": str(REPO),
         "github.repository_owner": OWNER,
         "secrets.GPUENV_ATTEST_KEY": "",  # no signing key here: the push attests nothing
+        "vars.GPUENV_ATTEST_PUBLIC_KEY": "",  # nor a key to vet pulls with: the cell is built
     }
     log: list[str] = []
 
