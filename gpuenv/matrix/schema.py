@@ -410,8 +410,10 @@ def load(path: Path) -> LoadedMatrix:
 
 
 def _schema_error(exc: ValidationError, doc: yamlfile.YamlDocument) -> MatrixError:
-    """The first schema error as one line, with the YAML line it points at."""
-    err = exc.errors()[0]
+    """The first schema error as one line, with the YAML line it points at. An unknown key
+    comes before a missing one: `pyhton:` is the typo, `python` missing only its effect."""
+    errors = exc.errors()
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = tuple(p for p in err["loc"] if isinstance(p, (str, int)))
     # Union members show up in the loc as their class names; drop them.
     loc = tuple(p for p in loc if p not in ("DebianBase", "ImageBase"))

@@ -88,6 +88,8 @@ _matrix_contents: list[tuple[str, str | bytes, str]] = [
     ),
     ("tensorflow-is-a-float", sub('tensorflow: ["2.21"]', "tensorflow: [2.21]"), ":3:"),
     ("tensorflow-is-a-mapping", sub('tensorflow: ["2.21"]', "tensorflow: {a: 1}"), ":3:"),
+    # Issue 35, L11: the typo is named, not the key it leaves missing.
+    ("python-misspelt", sub('python: ["3.11"]', 'pyhton: ["3.11"]'), "unknown key 'matrix.pyhton'"),
     ("python-is-a-bool", sub('python: ["3.11"]', "python: [true]"), ":4:"),
     ("python-empty-list", sub('python: ["3.11"]', "python: []"), ":4:"),
     ("variant-unknown", sub("variant: [cpu, gpu]", "variant: [tpu]"), ":5:"),
