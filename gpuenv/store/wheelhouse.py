@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tarfile
 import tempfile
 import threading
