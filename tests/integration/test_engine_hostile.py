@@ -113,11 +113,18 @@ BAD_HOSTS = [
     ids=["build", "run", "doctor", "push"],
 )
 def test_docker_host_garbage(host, verb, code, shipped_matrix, gpuenv, tmp_path):
+    # Nothing written: the working directory, gpuenv's cache and HOME (issue 35: a failed
+    # build used to leave its resolved-matrix snapshot in the cache).
+    work, cache, home = tmp_path / "work", tmp_path / "cache", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    env = clean_env(DOCKER_HOST=host, XDG_CACHE_HOME=str(cache), HOME=str(home))
     proc = gpuenv(*verb[:1], "-f", str(shipped_matrix), *verb[1:], check=False, timeout=120,
-                  env=clean_env(DOCKER_HOST=host), cwd=tmp_path)  # fmt: skip
+                  env=env, cwd=work)  # fmt: skip
     if verb[0] == "doctor":  # doctor reports findings; an unreachable engine is one, exit 1
         assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr, output(proc)
         return
     line = one_error(proc, code)
     assert "engine" in line.lower() or "DOCKER_HOST" in line, line
-    assert list(tmp_path.iterdir()) == []
+    written = [p for d in (work, cache, home) for p in d.rglob("*") if not p.is_dir()]
+    assert written == [], written
