@@ -186,7 +186,7 @@ def forget_requires(store: Store) -> int:
     known = read_record(REQUIRES_RECORD)
     kept = {sha: lines for sha, lines in known.items() if store.has(sha)}
     if len(kept) < len(known):
-        write_record(REQUIRES_RECORD, kept)
+        write_record(REQUIRES_RECORD, kept, held=True)  # spares work: kept on success only
     return len(known) - len(kept)
 
 

@@ -61,7 +61,8 @@ def _remember_good(text: bytes, until: float) -> None:
     kept = {k: v for k, v in cache.read_record(CHECKED).items()
             if isinstance(v, (int, float)) and v >= now}  # fmt: skip
     kept[hashlib.sha256(text).hexdigest()] = until
-    cache.write_record(CHECKED, dict(sorted(kept.items(), key=lambda kv: -kv[1])[:32]))
+    # Spares work only: written when the command succeeds (cache.held_records).
+    cache.write_record(CHECKED, dict(sorted(kept.items(), key=lambda kv: -kv[1])[:32]), held=True)
 
 
 def check_bundle(path: Path, origin: str) -> None:
