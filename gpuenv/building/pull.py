@@ -2,7 +2,8 @@
 instead of built ($GPUENV_REGISTRY's repository, gpuenv/building/registry.py).
 
 The spec hash is read from the registry's manifest and config first (a few KB), so a
-mismatch costs no pull; where it cannot be read here the image is pulled and compared.
+mismatch costs no pull; where the engine's view of the registry may differ (a remote
+engine), the attestations decide alone.
 
 A label is only what the image's author wrote, and the spec hash is computable by anyone
 with the public matrix (issue 35, M1). So an image is adopted only when its signed
