@@ -56,6 +56,9 @@ class CellLock:
     inputs: str
     python_env: str  # requirements.txt text with hashes: the framework + matrix packages
     cuda: str  # the nvidia-* wheels, with hashes ("" for CPU cells)
+    # Requirements files' lines whose markers are false for the cell ("FILE:LINE: line"):
+    # the lock says what it left out, so a reader of the lock is not left guessing.
+    left_out: tuple[str, ...] = ()
 
 
 @dataclass
@@ -100,6 +103,11 @@ def inputs_digest(cell: Cell, exclude_newer: str | None) -> str:
         "cuda": cuda_requirements(cell),
         "exclude_newer": exclude_newer,
     }
+    # Only when present, so a lock written before these existed still matches.
+    if cell.constraints:
+        doc["constraints"] = list(cell.constraints)
+    if cell.left_out:
+        doc["left_out"] = list(cell.left_out)
     return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -125,6 +133,7 @@ def compile_requirements(
     credentials: Credentials | None = None,
     ca_bundle: Path | None = None,
     platform: str = PLATFORM,
+    constraints: list[str] | tuple[str, ...] = (),
 ) -> str:
     """`uv pip compile --generate-hashes` for the cell's interpreter and platform. Index
     credentials reach uv in its environment (never its command line, which every local user
@@ -141,6 +150,10 @@ def compile_requirements(
             "--no-annotate", "--quiet", "--no-build", "--python-version", python,
             "--python-platform", platform,
         ]  # fmt: skip
+        if constraints:
+            constraint_file = Path(tmp) / "constraints.txt"
+            constraint_file.write_text("\n".join(constraints) + "\n")
+            command += ["--constraint", str(constraint_file)]
         if exclude_newer:
             command += ["--exclude-newer", exclude_newer]
         env = {**os.environ, "UV_NO_PROGRESS": "1", "NETRC": os.devnull}
@@ -191,17 +204,37 @@ def lock_cell(
     indexes = (index_url, tuple(dict.fromkeys((*extra_index_urls, *cell.indexes))))
     platform = platform_of(cell)
 
-    def resolved(requirements: list[str]) -> str:
+    def resolved(requirements: list[str], constraints: tuple[str, ...] = ()) -> str:
         return compile_requirements(
             requirements, cell.python, exclude_newer, *indexes,
             credentials=credentials, ca_bundle=ca_bundle, platform=platform,
+            constraints=constraints,
         )  # fmt: skip
 
-    env = resolved(env_requirements(cell))
+    env = check_hashes(cell, resolved(env_requirements(cell), cell.constraints))
     cuda = ""
     if cell.is_gpu and not cell.cuda_with_framework:
         cuda = resolved(cuda_requirements(cell))
-    return CellLock(inputs_digest(cell, exclude_newer), env, cuda)
+    return CellLock(inputs_digest(cell, exclude_newer), env, cuda, cell.left_out)
+
+
+def check_hashes(cell: Cell, env: str) -> str:
+    """A requirements file's --hash values hold as pip holds them: the file the lock picked
+    for that package must be one of them. The resolution, unchanged, or the error."""
+    if not cell.hashes:
+        return env
+    from gpuenv.store.wheelhouse import locked_requirements
+
+    picked = {r.name: r for r in locked_requirements(env)}  # names PEP 503-normalised
+    for name, hashes, where in cell.hashes:
+        locked = picked.get(name)
+        if locked is not None and not locked.hashes & set(hashes):
+            raise GpuenvError(
+                f"{where}: {name}=={locked.version}'s files match none of the line's --hash "
+                "values; pip would refuse to install it: pin the version the hashes are of, "
+                "or update the hashes"
+            )
+    return env
 
 
 def today() -> str:
@@ -252,9 +285,13 @@ def load(path: Path) -> Lock | None:
             raise bad(f"cell {str(name)[:80]!r}: expected inputs, python_env, cuda as text")
         if not re.fullmatch(r"sha256:[0-9a-f]{64}", c.get("inputs", "")):
             raise bad(f"cell {str(name)[:80]!r}: inputs is not sha256:<64 hex digits>")
+        left_out = c.get("left_out") or []
+        if not isinstance(left_out, list) or not all(isinstance(x, str) for x in left_out):
+            raise bad(f"cell {str(name)[:80]!r}: left_out is not a list of lines")
         cells[str(name)] = CellLock(
-            c["inputs"], str(c.get("python_env") or ""), str(c.get("cuda") or "")
-        )
+            c["inputs"], str(c.get("python_env") or ""), str(c.get("cuda") or ""),
+            tuple(left_out),
+        )  # fmt: skip
     bases = {}
     for image, entry in bases_doc.items():
         if not isinstance(entry, dict):
@@ -287,6 +324,8 @@ def write(lock: Lock) -> None:
         entry: dict[str, Any] = {"inputs": c.inputs, "python_env": _Literal(c.python_env)}
         if c.cuda:
             entry["cuda"] = _Literal(c.cuda)
+        if c.left_out:
+            entry["left_out"] = list(c.left_out)
         cells[name] = entry
     doc = {
         "version": VERSION,

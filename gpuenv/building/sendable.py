@@ -237,11 +237,14 @@ class Sender:
         b = self.project.matrix.model.build
         indexes = (b.index_url, tuple(dict.fromkeys((*b.extra_index_urls, *cell.indexes))))
         platform = locks.platform_of(cell)
-        env = self._resolve(locks.env_requirements(cell), cell.python, indexes, platform)
+        env = self._resolve(
+            locks.env_requirements(cell), cell.python, indexes, platform, cell.constraints
+        )
+        locks.check_hashes(cell, env)
         cuda = ""
         if cell.is_gpu and not cell.cuda_with_framework:
             cuda = self._resolve(locks.cuda_requirements(cell), cell.python, indexes, platform)
-        return locks.CellLock(locks.inputs_digest(cell, None), env, cuda)
+        return locks.CellLock(locks.inputs_digest(cell, None), env, cuda, cell.left_out)
 
     def _resolve(
         self,
@@ -249,10 +252,11 @@ class Sender:
         python: str,
         indexes: tuple[str | None, tuple[str, ...]],
         platform: str,
+        constraints: tuple[str, ...] = (),
     ) -> str:
         from gpuenv.building import lock as locks
 
-        memo = json.dumps([python, requirements, indexes, platform])
+        memo = json.dumps([python, requirements, indexes, platform, constraints])
         with self._lock:
             if memo not in self._resolved:
                 # No exclude-newer date: what the indexes offer now, and an index that gives
@@ -260,6 +264,7 @@ class Sender:
                 self._resolved[memo] = locks.compile_requirements(
                     requirements, python, None, *indexes,
                     credentials=self.credentials, ca_bundle=self.ca_bundle, platform=platform,
+                    constraints=constraints,
                 )  # fmt: skip
             return self._resolved[memo]
 

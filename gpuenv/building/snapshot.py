@@ -9,7 +9,8 @@ made from, recomputed on every use:
 
 - the matrix file's bytes and absolute path (relative paths in it resolve from there),
 - the lock file's bytes (or its absence),
-- every other file the matrix made gpuenv read (requirements files), by path and bytes,
+- every other file the matrix made gpuenv read (requirements files and those they include),
+  by path and bytes, and the environment variables their lines expanded,
 - gpuenv's own sources and data (catalog), its version, and the templates under images/,
   by each file's signature (inode, size, mtime, ctime: see fingerprint.tree_signature).
 
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuenv.building.fingerprint import dependency_state, key
 from gpuenv.matrix.cell import Base, Cell
+from gpuenv.matrix.requirements import env_digest
 from gpuenv.store import cache as caches
 
 if TYPE_CHECKING:
@@ -106,14 +108,20 @@ def lock_to_json(lock: Lock) -> dict[str, Any]:
     return {
         "exclude_newer": lock.exclude_newer,
         "bases": lock.bases,
-        "cells": {name: [c.inputs, c.python_env, c.cuda] for name, c in sorted(lock.cells.items())},
+        "cells": {
+            name: [c.inputs, c.python_env, c.cuda, list(c.left_out)]
+            for name, c in sorted(lock.cells.items())
+        },
     }
 
 
 def lock_from_json(path: Path, data: dict[str, Any]) -> Lock:
     from gpuenv.building.lock import CellLock, Lock
 
-    cells = {name: CellLock(*entry) for name, entry in data["cells"].items()}
+    cells = {
+        name: CellLock(inputs, env, cuda, tuple(left_out))
+        for name, (inputs, env, cuda, left_out) in data["cells"].items()
+    }
     return Lock(path, data["exclude_newer"], cells, data["bases"])
 
 
@@ -181,7 +189,10 @@ def read(matrix: Path, lock: Path) -> Snapshot | None:
     except (KeyError, TypeError, ValueError, AttributeError):
         return None  # corrupt or written by a gpuenv that shaped it otherwise
     for path, state in snap.depends.items():
-        if dependency_state(Path(path)) != state:
+        if path.startswith("$"):  # an environment variable a requirements file expanded
+            if env_digest(os.environ.get(path[1:])) != state:
+                return None
+        elif dependency_state(Path(path)) != state:
             return None
     return snap
 
@@ -202,7 +213,8 @@ def depends_of(matrix: Any) -> dict[str, str]:
     (joined to the matrix's directory, not resolved) -> dependency_state of the bytes
     loading actually read and where the path led then (not read again: an edit since then
     must miss, not be recorded as what was loaded)."""
-    return {
-        os.path.abspath(matrix.dir / r.written): f"{r.digest}|{r.path}"
-        for r in matrix.requirements.values()
-    }
+    out: dict[str, str] = {}
+    for r in matrix.requirements.values():
+        out.update({named: f"{digest}|{path}" for named, path, digest in r.files})
+        out.update({f"${name}": value for name, value in r.environment})
+    return out

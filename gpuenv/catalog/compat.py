@@ -19,14 +19,18 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from gpuenv.matrix.cell import Base, Cell, cell_name
+from gpuenv.matrix.cell import MACHINE, Base, Cell, cell_name
+from gpuenv.matrix.errors import MatrixError
 from gpuenv.matrix.schema import AXES, Combination, DebianBase, LoadedMatrix, expand
+
+if TYPE_CHECKING:
+    from gpuenv.matrix.requirements import Line
 
 FRAMEWORKS = ("tensorflow", "torch", "jax")  # matrix keys, catalog files, package names
 
@@ -351,7 +355,7 @@ def _resolve_one(m: LoadedMatrix, cat: Catalog, combo: Combination) -> Cell:
     # Requirements files' lines join pip (so the lock, the build and drift see them); the
     # files' digests name an edit in `build --dry-run` (plan.input_digests).
     files = [*m.model.packages.requirements, *combo.get("requirements", ())]
-    requirement_lines = m.requirement_lines(files)
+    chosen = _requirements_for(m, files, cat, row.version, python, MACHINE[arch])
     return Cell(
         name=cell_name(cat.short, row.minor, python, variant, cuda, arch),
         repository=m.model.name,
@@ -365,13 +369,78 @@ def _resolve_one(m: LoadedMatrix, cat: Catalog, combo: Combination) -> Cell:
         cudnn=cudnn,
         cuda_release=release,
         wheels=wheels,
-        pip=tuple(m.model.packages.pip) + tuple(combo.get("pip", ())) + requirement_lines,
+        pip=tuple(m.model.packages.pip) + tuple(combo.get("pip", ())) + chosen.pip,
+        constraints=chosen.constraints,
+        left_out=chosen.left_out,
+        hashes=chosen.hashes,
         apt=tuple(m.model.packages.apt) + tuple(combo.get("apt", ())),
         install=install,
         indexes=indexes,
         cuda_with_framework=cat.cuda_with_framework and variant == "gpu",
         requirements={p: m.requirements[p].digest for p in files},
         arch=arch,
+    )
+
+
+@dataclass(frozen=True)
+class _Chosen:
+    pip: tuple[str, ...]
+    constraints: tuple[str, ...]
+    left_out: tuple[str, ...]
+    hashes: tuple[tuple[str, tuple[str, ...], str], ...]
+
+
+def _requirements_for(
+    m: LoadedMatrix, files: list[str], cat: Catalog, version: str, python: str, machine: str
+) -> _Chosen:
+    """What a cell takes from its requirements files: the lines whose markers hold for it,
+    less those that only restate its framework; one that asks for another release of the
+    framework than the cell's is an error naming both."""
+    from packaging.requirements import Requirement
+
+    from gpuenv.matrix.requirements import RequirementsProblem, for_cell
+
+    try:
+        chosen = for_cell(m.requirement_files(files), python, machine)
+    except RequirementsProblem as exc:
+        raise MatrixError(exc.path, exc.message, exc.line) from None
+    root = m.dir.resolve()
+
+    def where(line: Line) -> str:
+        return f"{line.path.relative_to(root)}:{line.number}"
+
+    pip: list[str] = []
+    for line in chosen.kept:
+        req = Requirement(line.requirement)
+        if line.name == cat.framework:
+            if not req.specifier.contains(Version(version), prereleases=True):
+                raise MatrixError(
+                    line.path,
+                    f"{line.requirement} asks for another {cat.display} than the cell's "
+                    f"{cat.display} {version} (Python {python}); pip would install the "
+                    f"version the line asks for: change the line or the matrix's "
+                    f"{cat.framework} versions",
+                    line.number,
+                )
+            if not req.extras:
+                continue  # the cell installs its framework already
+        pip.append(line.requirement)
+    for line in chosen.constraints:
+        req = Requirement(line.requirement)
+        if line.name == cat.framework and not req.specifier.contains(
+            Version(version), prereleases=True
+        ):
+            raise MatrixError(
+                line.path,
+                f"constraint {line.requirement} excludes the cell's {cat.display} {version}; "
+                "change the line or the matrix's versions",
+                line.number,
+            )
+    return _Chosen(
+        tuple(pip),
+        tuple(c.requirement for c in chosen.constraints if c.name != cat.framework),
+        tuple(f"{where(x)}: {x.text}" for x in chosen.left_out),
+        tuple((x.name, x.hashes, where(x)) for x in chosen.kept if x.hashes),
     )
 
 

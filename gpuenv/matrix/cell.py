@@ -99,6 +99,12 @@ class Cell:
     # Requirements files (as the matrix writes them) -> sha256 of their bytes; their lines
     # are already in `pip`.
     requirements: dict[str, str] = field(default_factory=dict)
+    # From the requirements files too: -c constraints (name and specifiers), the lines whose
+    # markers are false for this cell ("FILE:LINE: line", recorded in the lock), and
+    # --hash values (name, sha256 digests, "FILE:LINE") the lock's pick must be among.
+    constraints: tuple[str, ...] = ()
+    left_out: tuple[str, ...] = ()
+    hashes: tuple[tuple[str, tuple[str, ...], str], ...] = ()
 
     @property
     def image(self) -> str:

@@ -1,12 +1,30 @@
-"""Users' requirements files (`packages: {requirements: [path]}` in matrix.yaml).
+"""Users' requirements files (`packages: {requirements: [path]}` in matrix.yaml), read as
+pip reads them.
 
-A requirements file's lines join the cell's Python packages exactly as `packages.pip`
-entries do, so the lock resolves them, the build installs them and `lock --check` sees an
-edit. gpuenv passes on only what it can vouch for: plain requirements (name, extras,
-version specifiers). Options (`-e`, `-r`, `--index-url`, `--hash`, ...), URLs and `git+`
-references, local paths, markers, environment variables and credentials are refused with
-the file and line, because each would either reach outside the matrix's control (another
-index, a VCS checkout) or put a secret into a layer.
+pip's line rules are followed (its `req_file.py`): a `\\` at a line's end joins the next
+line, `#` after whitespace starts a comment, `${VAR}` is replaced from the environment,
+`-r`/`-c` include other files (relative to the including file), `--index-url` and
+`--extra-index-url` name indexes, and a requirement carries PEP 508 markers and `--hash`
+options. Requirements and markers are parsed by `packaging` (pip's own parser).
+
+What differs, and why:
+- Markers are evaluated per cell (its Python, Linux, its machine), when the cell is made
+  (`for_cell`): a line that does not apply is left out of that cell, and its lock says so.
+  What reaches a cell is the requirement without its marker: name, extras, specifiers,
+  nothing that could be shell syntax.
+- Included files must lie inside the matrix's directory once symlinks are resolved, like
+  the files the matrix names.
+- Index options join the matrix's `build.index_url`/`build.extra_index_urls`, under the
+  same rules: no credentials in a URL (netrc/keyring/$GPUENV_* give them, per host), the
+  CA from `build.ca_bundle`; an `--index-url` other than the matrix's is an error.
+- What gpuenv cannot yet do as pip would (direct references, local paths, editable
+  installs, --find-links, --no-binary, --trusted-host, --pre) is one `error: FILE:LINE`
+  saying what pip would have done and what to write instead.
+
+The `pip-requirements-parser` package (pip's req_file vendored) was considered and not
+used: it opens included files itself, so the checks below (inside the directory, a regular
+file, a size limit, no FIFO that blocks) could not be applied to them, and its last release
+is from 2022. The line rules are a few dozen lines; the grammar is `packaging`'s.
 """
 
 from __future__ import annotations
@@ -15,13 +33,20 @@ import hashlib
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuenv.matrix.files import read_regular
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    _Bad = Callable[[str], "RequirementsProblem"]
+
 MAX_BYTES = 1_000_000
 MAX_LINES = 5_000
+MAX_FILES = 50  # -r/-c nesting, all files together
 
 # Name, extras and version specifiers: nothing that could be a URL, a marker, a quote or
 # shell syntax (the value reaches a Dockerfile's RUN line when there is no lock).
@@ -30,7 +55,8 @@ _PIP_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-\[\],<>=!~ ]*")
 
 def pip_requirement(value: str) -> str:
     """A plain pip requirement, normalised (packaging's form), or ValueError saying why not.
-    The one check for `packages.pip`, `include` pip entries and requirements files' lines."""
+    The one check for `packages.pip`, `include` pip entries and requirements files' lines
+    (once their markers are evaluated)."""
     from packaging.requirements import InvalidRequirement, Requirement
 
     if not _PIP_CHARS.fullmatch(value):
@@ -47,17 +73,55 @@ def pip_requirement(value: str) -> str:
 
 
 @dataclass(frozen=True)
+class Line:
+    """One requirement of a file, where it was written."""
+
+    path: Path  # the file it is in (absolute, symlinks resolved)
+    number: int  # its first physical line
+    name: str  # canonical (PEP 503) name
+    requirement: str  # name, extras, specifiers: what reaches the cell
+    marker: str = ""  # the PEP 508 marker as written (normalised), "" when none
+    hashes: tuple[str, ...] = ()  # sha256 hex digests from --hash options
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.number}"
+
+    @property
+    def text(self) -> str:
+        return f"{self.requirement}; {self.marker}" if self.marker else self.requirement
+
+
+@dataclass(frozen=True)
 class RequirementsFile:
     written: str  # the path as the matrix writes it
     path: Path  # absolute, symlinks resolved
-    lines: tuple[str, ...]  # normalised requirements, in file order
-    digest: str  # sha256 of the file's bytes
+    lines: tuple[Line, ...]  # requirements, in file order, includes (-r) in place
+    constraints: tuple[Line, ...]  # from -c files
+    digest: str  # sha256 over the bytes of this file and every file it includes
+    index_url: tuple[str, Line] | None = None  # --index-url, with where it was written
+    extra_index_urls: tuple[tuple[str, Line], ...] = ()
+    # Every file read (this one first), as named (joined, unresolved) -> (resolved, sha256),
+    # and the environment variables its lines took values from: what a cached resolution
+    # of the matrix must see unchanged (gpuenv/building/snapshot.py).
+    files: tuple[tuple[str, Path, str], ...] = ()
+    environment: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What of a requirements file applies to one cell."""
+
+    kept: tuple[Line, ...]
+    constraints: tuple[Line, ...]
+    left_out: tuple[Line, ...]  # markers false for the cell
 
 
 class RequirementsProblem(Exception):
-    """Why a requirements path or line is refused; `line` is the file's line, if any."""
+    """Why a requirements path or line is refused; `line` is the file's line, if any, and
+    `path` the file (an included one when the problem is there)."""
 
-    def __init__(self, message: str, path: str, line: int | None = None) -> None:
+    def __init__(self, message: str, path: str | Path, line: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.path = path
@@ -82,97 +146,370 @@ def check_written_path(value: str) -> str:
 
 
 def read(written: str, matrix_dir: Path) -> RequirementsFile:
-    """Read and check one requirements file; RequirementsProblem names what is wrong."""
-    root = matrix_dir.resolve()
-    path = (matrix_dir / written).resolve()
-    if not path.is_relative_to(root):
+    """Read and check one requirements file and the files it includes; RequirementsProblem
+    names what is wrong (with the including line, for an unusable included file)."""
+    reader = _Reader(matrix_dir.resolve())
+    path, raw = reader.open(written, matrix_dir)
+    reader.parse(path, raw, constraint=False)
+    if len(reader.files) == 1:
+        digest = reader.files[0][2]  # one file: its own sha256, as before includes
+    else:
+        combined = hashlib.sha256()
+        for _, p, d in reader.files:
+            combined.update(f"{p.relative_to(reader.root)}\0{d}\0".encode())
+        digest = combined.hexdigest()
+    return RequirementsFile(
+        written, path, tuple(reader.lines), tuple(reader.constraints), digest,
+        reader.index_url, tuple(reader.extra_index_urls), tuple(reader.files),
+        tuple(sorted(reader.environment.items())),
+    )  # fmt: skip
+
+
+def env_digest(value: str | None) -> str:
+    """What a cache keeps of an expanded variable's value (its digest, not the value)."""
+    return "unset" if value is None else hashlib.sha256(value.encode()).hexdigest()
+
+
+def for_cell(files: list[RequirementsFile], python: str, machine: str) -> Selection:
+    """The lines of `files` whose markers hold in a cell of Python `python` on Linux
+    `machine`; a marker whose answer depends on what is not known until the image exists
+    (the Python's patch release) was refused when the file was read, unless both ends of
+    the minor release agree."""
+    kept: list[Line] = []
+    constraints: list[Line] = []
+    left: list[Line] = []
+    for f in files:
+        for line in f.lines:
+            (kept if applies(line, python, machine) else left).append(line)
+        constraints += [c for c in f.constraints if applies(c, python, machine)]
+    return Selection(tuple(kept), tuple(constraints), tuple(left))
+
+
+def applies(line: Line, python: str, machine: str) -> bool:
+    if not line.marker:
+        return True
+    from packaging.markers import Marker
+
+    marker = Marker(line.marker)
+    answers = {marker.evaluate(_environment(python, machine, p)) for p in ("0", "99")}
+    if len(answers) > 1:
         raise RequirementsProblem(
-            f"requirements file {written!r} is outside the matrix's directory {root}; "
-            "keep it beside matrix.yaml (or below it)",
-            written,
+            f"marker {line.marker!r} holds for some Python {python} patch releases and not "
+            f"others; gpuenv decides markers when the cell is made, before its Python's patch "
+            "release is known; compare python_version instead",
+            line.path,
+            line.number,
         )
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise RequirementsProblem(
-            f"requirements file {written!r} does not exist ({path})", written
-        ) from None
-    except OSError as exc:
-        raise RequirementsProblem(
-            f"requirements file {written!r} cannot be read: {exc.strerror}", written
-        ) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise RequirementsProblem(f"requirements file {written!r} is not a regular file", written)
-    if st.st_size > MAX_BYTES:
-        raise RequirementsProblem(
-            f"requirements file {written!r} is larger than {MAX_BYTES} bytes", written
-        )
-    try:
-        raw = read_regular(path, MAX_BYTES)
-    except IsADirectoryError:  # replaced by something else since the stat
-        raise RequirementsProblem(
-            f"requirements file {written!r} is not a regular file", written
-        ) from None
-    except OSError as exc:
-        raise RequirementsProblem(
-            f"requirements file {written!r} cannot be read: {exc.strerror}", written
-        ) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RequirementsProblem(
-            f"requirements file {written!r} is not UTF-8 text (byte {exc.start})", written
-        ) from None
-    lines = parse(text, written)
-    return RequirementsFile(written, path, lines, hashlib.sha256(raw).hexdigest())
+    return answers.pop()
 
 
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://|^git\+|@\s*[A-Za-z][A-Za-z0-9+.-]*:")
-_CREDENTIAL = re.compile(r"[^\s/@]+:[^\s/@]*@|\$\{?[A-Za-z_]")
+def _environment(python: str, machine: str, patch: str) -> dict[str, str]:
+    """PEP 508's marker variables as the cell's interpreter will report them."""
+    return {
+        "implementation_name": "cpython",
+        "implementation_version": f"{python}.{patch}",
+        "os_name": "posix",
+        "platform_machine": machine,
+        "platform_python_implementation": "CPython",
+        "platform_system": "Linux",
+        "python_full_version": f"{python}.{patch}",
+        "python_version": python,
+        "sys_platform": "linux",
+        "extra": "",
+    }
 
 
-def parse(text: str, written: str) -> tuple[str, ...]:
-    """The requirements in a file's text, each checked and normalised (packaging's form)."""
-    out: list[str] = []
-    physical = text.splitlines()
-    if len(physical) > MAX_LINES:
-        raise RequirementsProblem(f"more than {MAX_LINES} lines", written)
-    for number, raw in enumerate(physical, start=1):
-        line = _strip_comment(raw).strip()
-        if not line:
-            continue
+# Marker variables that name the machine gpuenv locks on, not the image (the kernel's
+# release and build string): no answer is right for every host the image runs on.
+_HOST_MARKERS = re.compile(r"\bplatform_(release|version)\b")
 
-        def bad(why: str, line_no: int = number) -> RequirementsProblem:
-            return RequirementsProblem(why, written, line_no)
+# pip's: ${NAME} only, upper case, digits and '_' (req_file.py, ENV_VAR_RE).
+_ENV_VAR = re.compile(r"\$\{([A-Z0-9_]+)\}")
+_COMMENT = re.compile(r"(^|\s+)#.*$")
+_USERINFO = re.compile(r"://[^/\s@]*@")
+_HASH = re.compile(r"sha256:([0-9a-fA-F]{64})")
 
-        if line.endswith("\\"):
-            raise bad("line continuations are not passed on; write the requirement on one line")
-        if _CREDENTIAL.search(line):
-            raise bad(
-                "credentials or environment variables do not belong in a requirements file "
-                "gpuenv builds from; use pip's netrc or keyring for a private index"
+# Whole-line options gpuenv refuses: what pip would have done, and what to write instead.
+_REFUSED = {
+    "-e": "pip would install that project in development mode (editable); gpuenv run mounts "
+    "the project's directory at the working directory, so its code is importable without "
+    "installing it: remove the line",
+    "-f": "pip would look for packages in that directory or page (--find-links); gpuenv "
+    "fetches from indexes only: publish the wheels to an index and name it with "
+    "--extra-index-url or build.extra_index_urls",
+    "--no-index": "pip would use only --find-links locations; gpuenv fetches from indexes: "
+    "remove the line and set build.index_url to the index to use",
+    "--no-binary": "pip would build those packages from source; gpuenv installs wheels: "
+    "remove the option",
+    "--trusted-host": "pip would skip TLS verification for that host; gpuenv always "
+    "verifies: give the host's CA in build.ca_bundle and remove the line",
+    "--pre": "pip would consider pre-releases for every requirement; pin the pre-release "
+    "you want exactly (name==1.0rc1), which needs no --pre",
+}
+# Whole-line options with no effect on what gpuenv installs (it always installs wheels,
+# checked by hash).
+_IGNORED = {"--prefer-binary", "--only-binary", "--require-hashes", "--use-feature"}
+_SPELLINGS = {
+    "--requirement": "-r", "--constraint": "-c", "--index-url": "-i", "--editable": "-e",
+    "--find-links": "-f",
+}  # fmt: skip
+_TAKES_VALUE = {"-r", "-c", "-i", "--extra-index-url", "-e", "-f", "--no-binary",
+                "--only-binary", "--trusted-host", "--use-feature"}  # fmt: skip
+
+
+@dataclass
+class _Reader:
+    root: Path
+    lines: list[Line] = field(default_factory=list)
+    constraints: list[Line] = field(default_factory=list)
+    files: list[tuple[str, Path, str]] = field(default_factory=list)
+    environment: dict[str, str] = field(default_factory=dict)
+    index_url: tuple[str, Line] | None = None
+    extra_index_urls: list[tuple[str, Line]] = field(default_factory=list)
+    stack: list[Path] = field(default_factory=list)
+    named: str = ""  # the path of the file being opened, joined but not resolved
+
+    def open(self, written: str, relative_to: Path) -> tuple[Path, bytes]:
+        """A file named by the matrix or an -r/-c line, checked (the problem names it as
+        written; the caller adds the line that named it)."""
+        self.named = os.path.abspath(relative_to / written)
+        path = (relative_to / written).resolve()
+        if not path.is_relative_to(self.root):
+            raise RequirementsProblem(
+                f"requirements file {written!r} is outside the matrix's directory "
+                f"{self.root}; keep it beside matrix.yaml (or below it)",
+                written,
             )
-        if line.startswith("-") or re.search(r"\s-{1,2}[A-Za-z]", line):
-            option = line.split()[0] if line.startswith("-") else "an inline option"
-            raise bad(
-                f"{option}: pip options (-e, -r, -c, --index-url, --hash, ...) are not passed "
-                "on; indexes belong in the matrix's build.index_url, hashes in matrix.lock"
-            )
-        if _URL.search(line):
-            raise bad(
-                "URLs and VCS references (git+..., name @ url) are not passed on; publish "
-                "the package to an index and require it by name and version"
-            )
-        if line.startswith((".", "/", "~")) or line.endswith((".whl", ".tar.gz", ".zip")):
-            raise bad("local paths and archives are not passed on; require packages by name")
         try:
-            out.append(pip_requirement(line))
+            st = path.stat()
+        except FileNotFoundError:
+            raise RequirementsProblem(
+                f"requirements file {written!r} does not exist ({path})", written
+            ) from None
+        except OSError as exc:
+            raise RequirementsProblem(
+                f"requirements file {written!r} cannot be read: {exc.strerror}", written
+            ) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise RequirementsProblem(
+                f"requirements file {written!r} is not a regular file", written
+            )
+        if st.st_size > MAX_BYTES:
+            raise RequirementsProblem(
+                f"requirements file {written!r} is larger than {MAX_BYTES} bytes", written
+            )
+        try:
+            raw = read_regular(path, MAX_BYTES)
+        except IsADirectoryError:  # replaced by something else since the stat
+            raise RequirementsProblem(
+                f"requirements file {written!r} is not a regular file", written
+            ) from None
+        except OSError as exc:
+            raise RequirementsProblem(
+                f"requirements file {written!r} cannot be read: {exc.strerror}", written
+            ) from None
+        return path, raw
+
+    def parse(self, path: Path, raw: bytes, *, constraint: bool) -> None:
+        if path in self.stack:
+            return  # pip would recurse forever; the file's lines are already being read
+        if len(self.files) >= MAX_FILES:
+            raise RequirementsProblem(f"more than {MAX_FILES} files included with -r/-c", path)
+        self.files.append((self.named, path, hashlib.sha256(raw).hexdigest()))
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RequirementsProblem(
+                f"requirements file {path.name!r} is not UTF-8 text (byte {exc.start})", path
+            ) from None
+        physical = text.splitlines()
+        if len(physical) > MAX_LINES:
+            raise RequirementsProblem(f"more than {MAX_LINES} lines", path)
+        self.stack.append(path)
+        try:
+            for number, logical in _logical_lines(physical):
+                line = _COMMENT.sub("", logical).strip()
+                if line:
+                    self._line(path, number, line, constraint=constraint)
+        finally:
+            self.stack.pop()
+
+    def _line(self, path: Path, number: int, line: str, *, constraint: bool) -> None:
+        def bad(why: str) -> RequirementsProblem:
+            return RequirementsProblem(why, path, number)
+
+        for var in _ENV_VAR.findall(line):
+            if var not in os.environ:
+                raise bad(
+                    f"${{{var}}} is not set; pip would pass it on literally and fail: set "
+                    f"{var} in the environment gpuenv runs in"
+                )
+        for var in _ENV_VAR.findall(line):
+            self.environment[var] = env_digest(os.environ[var])
+        line = _ENV_VAR.sub(lambda m: os.environ[m.group(1)], line)
+        if _USERINFO.search(line):
+            # Not echoed: the credential may have come from the environment.
+            raise bad(
+                "a URL with credentials; gpuenv gives an index's credentials only to its "
+                "exact host, from netrc, keyring or $GPUENV_INDEX_* (docs/wheelhouse.md): "
+                "remove user:password@ from the URL"
+            )
+        if line.startswith("-"):
+            self._option(path, number, line, constraint=constraint)
+            return
+        self._requirement(path, number, line, constraint=constraint, bad=bad)
+
+    def _option(self, path: Path, number: int, line: str, *, constraint: bool) -> None:
+        def bad(why: str) -> RequirementsProblem:
+            return RequirementsProblem(why, path, number)
+
+        option, value = _split_option(line)
+        if option in _IGNORED:
+            return
+        if option in _REFUSED:
+            raise bad(f"{option}: {_REFUSED[option]}")
+        if option not in _TAKES_VALUE:
+            raise bad(f"{option}: not an option pip reads in a requirements file; remove the line")
+        if not value:
+            raise bad(f"{option} needs a value")
+        here = Line(path, number, "", option)
+        if option in ("-r", "-c"):
+            try:
+                included, raw = self.open(value, path.parent)
+            except RequirementsProblem as exc:
+                raise bad(exc.message) from None
+            self.parse(included, raw, constraint=constraint or option == "-c")
+        elif option == "-i":
+            url = _index_url(value, bad)
+            if self.index_url and self.index_url[0] != url:
+                raise bad(
+                    f"--index-url {url} after --index-url {self.index_url[0]} "
+                    f"({self.index_url[1].where}); pip would use the last one: keep one"
+                )
+            self.index_url = (url, here)
+        else:
+            self.extra_index_urls.append((_index_url(value, bad), here))
+
+    def _requirement(
+        self, path: Path, number: int, line: str, *, constraint: bool, bad: _Bad
+    ) -> None:
+        from packaging.requirements import InvalidRequirement, Requirement
+        from packaging.utils import canonicalize_name
+
+        spec, hashes = _split_hashes(line, bad)
+        target = spec.split(";")[0].strip()
+        local = "://" not in target and "@" not in target
+        if spec.startswith((".", "/", "~")) or (
+            local and re.search(r"\.(whl|tar\.gz|tgz|zip|tar\.bz2)$", target)
+        ):
+            raise bad(
+                f"{target!r}: pip would install that local path or "
+                "archive; gpuenv does not build from local sources yet: publish its wheel "
+                "to an index and require it by name and version"
+            )
+        if re.match(r"[A-Za-z][A-Za-z0-9+.-]*\+|[A-Za-z][A-Za-z0-9+.-]*://", spec):
+            raise bad(
+                "pip would install from that URL or VCS checkout; gpuenv does not build "
+                "direct references yet: publish the package to an index and require it by "
+                "name and version"
+            )
+        try:
+            req = Requirement(spec)
+        except InvalidRequirement as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else "invalid"
+            raise bad(f"{spec!r} is not a valid pip requirement: {reason}") from None
+        if req.url:
+            raise bad(
+                f"{req.name} @ ...: pip would install {req.name} from that URL; gpuenv does "
+                "not build direct references yet: publish the package to an index and "
+                "require it by name and version"
+            )
+        marker = str(req.marker) if req.marker else ""
+        if _HOST_MARKERS.search(marker):
+            raise bad(
+                f"marker {marker!r} names the kernel of the machine pip runs on; an image "
+                "runs on many: use sys_platform, platform_machine or python_version"
+            )
+        req.marker = None
+        try:
+            plain = pip_requirement(str(req))
         except ValueError as exc:
             raise bad(str(exc)) from None
-    return tuple(out)
+        entry = Line(path, number, canonicalize_name(req.name), plain, marker, hashes)
+        if marker:
+            # A marker packaging parses but cannot evaluate (an unknown variable) fails here,
+            # at its line, rather than for the first cell.
+            try:
+                applies(entry, "3.12", "x86_64")
+            except RequirementsProblem:
+                pass
+            except Exception as exc:  # packaging's UndefinedEnvironmentName and kin
+                raise bad(f"marker {marker!r} cannot be evaluated: {exc}") from None
+        (self.constraints if constraint else self.lines).append(entry)
 
 
-def _strip_comment(line: str) -> str:
-    """pip's rule: '#' starts a comment at the line's start or after whitespace."""
-    match = re.search(r"(^|\s)#", line)
-    return line[: match.start()] if match else line
+def _logical_lines(physical: list[str]) -> list[tuple[int, str]]:
+    """pip's join_lines: a line ending in a backslash continues on the next one (unless it
+    is a comment), numbered by its first physical line."""
+    out: list[tuple[int, str]] = []
+    pending: list[str] = []
+    first = 0
+    for number, line in enumerate(physical, start=1):
+        if not line.endswith("\\") or _COMMENT.match(line):
+            if _COMMENT.match(line):
+                line = " " + line
+            if pending:
+                out.append((first, "".join([*pending, line])))
+                pending = []
+            else:
+                out.append((number, line))
+        else:
+            if not pending:
+                first = number
+            pending.append(line.rstrip("\\"))
+    if pending:
+        out.append((first, "".join(pending)))
+    return out
+
+
+def _split_option(line: str) -> tuple[str, str]:
+    """`-r file`, `-rfile`, `--requirement=file`, `--requirement file` -> ("-r", "file")."""
+    if line.startswith("--"):
+        name, sep, value = line.partition("=")
+        if not sep:
+            name, _, value = line.partition(" ")
+        name = name.strip()
+    else:
+        name, value = line[:2], line[2:]
+    name = _SPELLINGS.get(name, name)
+    return name, value.strip()
+
+
+def _split_hashes(line: str, bad: _Bad) -> tuple[str, tuple[str, ...]]:
+    """The requirement and its --hash values; any other per-requirement option is refused."""
+    tokens = re.split(r"\s+(?=--?[A-Za-z])", line)
+    spec, options = tokens[0].strip(), tokens[1:]
+    hashes: list[str] = []
+    for option in options:
+        name, value = _split_option(option.strip())
+        if name not in ("--hash", "--config-settings", "--global-option", "--install-option"):
+            raise bad(f"{name[:40]}: not an option pip takes on a requirement's line; remove it")
+        if name != "--hash":
+            raise bad(
+                f"{name}: pip would pass it to the package's build; gpuenv installs "
+                "wheels and passes no build options: remove it"
+            )
+        match = _HASH.fullmatch(value)
+        if not match:
+            raise bad(f"--hash {value[:80]!r}: expected sha256:<64 hex digits>")
+        hashes.append(match.group(1).lower())
+    return spec, tuple(hashes)
+
+
+def _index_url(value: str, bad: _Bad) -> str:
+    from gpuenv.matrix.schema import check_index_url
+
+    try:
+        return check_index_url(value)
+    except ValueError as exc:
+        raise bad(str(exc)) from None

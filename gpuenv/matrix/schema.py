@@ -117,7 +117,8 @@ def _suite(value: str) -> str:
     return value
 
 
-def _url(value: str) -> str:
+def check_index_url(value: str) -> str:
+    """An index URL as build.* takes it (requirements files' index options too)."""
     if "@" in value:
         raise ValueError("credentials do not belong in the matrix; use pip's netrc or keyring")
     if not _URL.fullmatch(value):
@@ -156,7 +157,7 @@ AptPackage = Annotated[StrictStr, AfterValidator(_apt)]
 ImageRef = Annotated[StrictStr, AfterValidator(_image)]
 Repository = Annotated[StrictStr, AfterValidator(_repository)]
 Suite = Annotated[StrictStr, AfterValidator(_suite)]
-IndexUrl = Annotated[StrictStr, AfterValidator(_url)]
+IndexUrl = Annotated[StrictStr, AfterValidator(check_index_url)]
 Variant = Literal["cpu", "gpu"]
 # Architectures as Docker and Kubernetes name them (linux/amd64, kubernetes.io/arch=arm64).
 Arch = Literal["amd64", "arm64"]
@@ -318,8 +319,9 @@ class Packages(_Strict):
     apt: list[AptPackage] = Field(default_factory=list)
     requirements: list[RequirementsPath] = Field(
         default_factory=list,
-        description="requirements files (relative to this file, inside its directory); "
-        "plain requirements only: no options, URLs, paths or credentials",
+        description="requirements files (relative to this file, inside its directory), "
+        "read as pip reads them: markers per cell, -r/-c inside the directory, index "
+        "options joining build.*; no direct references, local paths or credentials",
     )
 
 
@@ -386,10 +388,38 @@ class LoadedMatrix:
             except RequirementsProblem as exc:
                 if exc.line is None:
                     raise self.error(exc.message, loc) from None
-                raise MatrixError(self.dir / written, exc.message, exc.line) from None
+                where = exc.path if isinstance(exc.path, Path) else self.dir / exc.path
+                raise MatrixError(where, exc.message, exc.line) from None
+        self._take_indexes()
 
-    def requirement_lines(self, paths: list[str] | tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(line for p in paths for line in self.requirements[p].lines)
+    def _take_indexes(self) -> None:
+        """Requirements files' --index-url/--extra-index-url join build.* (and so the same
+        credential and CA rules); an --index-url other than the matrix's is an error."""
+        build = self.model.build
+        index_url, extra = build.index_url, list(build.extra_index_urls)
+        for f in self.requirements.values():
+            if f.index_url is not None:
+                url, line = f.index_url
+                if index_url is not None and index_url != url:
+                    mine = (
+                        f"the matrix's build.index_url {index_url}"
+                        if build.index_url
+                        else f"--index-url {index_url} of another requirements file"
+                    )
+                    raise MatrixError(
+                        line.path,
+                        f"--index-url {url} conflicts with {mine}; pip would take all "
+                        "packages from one index: keep one (build.index_url, or this line)",
+                        line.number,
+                    )
+                index_url = url
+            extra += [url for url, _ in f.extra_index_urls if url not in extra]
+        if (index_url, extra) != (build.index_url, list(build.extra_index_urls)):
+            new_build = build.model_copy(update={"index_url": index_url, "extra_index_urls": extra})
+            self.model = self.model.model_copy(update={"build": new_build})
+
+    def requirement_files(self, paths: list[str] | tuple[str, ...]) -> list[RequirementsFile]:
+        return [self.requirements[p] for p in paths]
 
     def error(self, message: str, loc: tuple[str | int, ...] = ()) -> MatrixError:
         return MatrixError(self.path, message, self.doc.line_of(loc) if loc else None)

@@ -2,8 +2,9 @@
 
 One CPU cell (TF 2.21, Python 3.11, as the shipped default: the base and apt layers come
 from the cache) with a requirements file naming a small pure-Python package outside
-TensorFlow's resolution, so the install step is a real one (~1-2 minutes here). The package
-must be importable in the image at the pinned version; `build --dry-run` must leave the cell
+TensorFlow's resolution, so the install step is a real one (~1-2 minutes here), behind a
+marker that holds for the cell, beside an included file whose line's marker does not. The
+package must be importable in the image at the pinned version, the other absent; `build --dry-run` must leave the cell
 up to date after a comment-only edit and name the file after a real one; a requirements
 path outside the matrix's directory is one error line and builds nothing.
 """
@@ -43,7 +44,11 @@ def test_a_requirements_file_is_installed_and_its_edits_rebuild(
 ):
     (tmp_path / "requirements").mkdir()
     reqs = tmp_path / "requirements" / "extra.txt"
-    reqs.write_text(f"# a small package of our own\n{PACKAGE}=={VERSION}\n", encoding="utf-8")
+    # As pip reads it: a marker decided for the cell (true: installed; false: left out)
+    # and an included file, relative to the including one.
+    lines = f'{PACKAGE}=={VERSION}; sys_platform == "linux"\n-r win.txt\n'
+    reqs.write_text(f"# a small package of our own\n{lines}", encoding="utf-8")
+    (tmp_path / "requirements" / "win.txt").write_text('pywin32==308; sys_platform == "win32"\n')
     matrix = write_matrix(tmp_path, "requirements/extra.txt")
     assert dry_run(gpuenv, matrix)["action"] == "build"
 
@@ -51,11 +56,13 @@ def test_a_requirements_file_is_installed_and_its_edits_rebuild(
     assert result[CELL]["status"] == "built", result
     code = f"import importlib.metadata as m, {PACKAGE}; print(m.version({PACKAGE!r}))"
     assert in_image(IMAGE, "python", "-c", code).strip() == VERSION
+    absent = "import importlib.util as u; print(u.find_spec('win32api') is None)"
+    assert in_image(IMAGE, "python", "-c", absent).strip() == "True"
     # The requirement is part of what the image says it was built from.
     inputs = json.loads(inspect(IMAGE)["Config"]["Labels"]["io.gpuenv.inputs"])
     assert inputs["requirements"].startswith("requirements/extra.txt=")
 
-    reqs.write_text(f"{PACKAGE}=={VERSION}  # comments change nothing installed\n")
+    reqs.write_text(f"{lines}# comments change nothing installed\n")
     assert dry_run(gpuenv, matrix)["action"] == "up-to-date"
     reqs.write_text(f"{PACKAGE}==2.0.0\n")
     plan = dry_run(gpuenv, matrix)

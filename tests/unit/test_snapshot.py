@@ -174,7 +174,7 @@ def test_bad_inputs_still_fail_as_before(project_dir):
     (project_dir / "reqs.txt").write_text("-e .\n")
     from gpuenv.matrix.errors import MatrixError
 
-    with pytest.raises(MatrixError, match="pip options"):
+    with pytest.raises(MatrixError, match="development mode"):
         open_project(path, cached=True)
     (project_dir / "matrix.lock").write_text("version: 7\n")
     (project_dir / "reqs.txt").write_text("six\n")
@@ -271,3 +271,16 @@ def test_a_requirements_edit_after_loading_is_not_recorded_as_loaded(project_dir
     again = open_project(path, cached=True)
     assert again._matrix is not None, "the snapshot recorded the old bytes: must miss"
     assert again.cells[0].pip == ("six==1.16.0",)
+
+
+def test_an_included_file_or_an_expanded_variable_changed_misses(project_dir, monkeypatch):
+    path = project_dir / "matrix.yaml"
+    monkeypatch.setenv("ATTRS_PIN", "25.1.0")
+    (project_dir / "reqs.txt").write_text("six==1.17.0\n-r more.txt\nattrs==${ATTRS_PIN}\n")
+    (project_dir / "more.txt").write_text("tomli==2.2.1\n")
+    open_project(path, cached=True)
+    assert open_project(path, cached=True)._matrix is None  # the snapshot stood in
+    (project_dir / "more.txt").write_text("tomli==2.2.0\n")
+    assert "tomli==2.2.0" in open_project(path, cached=True).cells[0].pip
+    monkeypatch.setenv("ATTRS_PIN", "24.3.0")
+    assert "attrs==24.3.0" in open_project(path, cached=True).cells[0].pip
