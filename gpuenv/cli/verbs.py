@@ -10,6 +10,7 @@ from gpuenv.cli import (
     catalog,
     diff,
     doctor,
+    init,
     lock,
     matrix,
     monitor,
@@ -20,7 +21,7 @@ from gpuenv.cli import (
 from gpuenv.cli.common import app, normalise_argv
 
 VERB_MODULES = (
-    matrix, build, run, bench, monitor, validate, lock, diff, push, attest, doctor, cache,
+    init, matrix, build, run, bench, monitor, validate, lock, diff, push, attest, doctor, cache,
     catalog,
 )  # fmt: skip
 for _verbs in VERB_MODULES:

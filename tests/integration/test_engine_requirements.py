@@ -4,9 +4,10 @@ One CPU cell (TF 2.21, Python 3.11, as the shipped default: the base and apt lay
 from the cache) with a requirements file naming a small pure-Python package outside
 TensorFlow's resolution, so the install step is a real one (~1-2 minutes here), behind a
 marker that holds for the cell, beside an included file whose line's marker does not. The
-package must be importable in the image at the pinned version, the other absent; `build --dry-run` must leave the cell
-up to date after a comment-only edit and name the file after a real one; a requirements
-path outside the matrix's directory is one error line and builds nothing.
+package must be importable in the image at the pinned version, the other absent;
+`build --dry-run` must leave the cell up to date after a comment-only edit and name the file
+after a real one; a requirements path outside the matrix's directory is one error line
+and builds nothing.
 """
 
 from __future__ import annotations
