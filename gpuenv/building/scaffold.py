@@ -180,9 +180,7 @@ def render(directory: Path, c: Choice) -> str:
         f"  # its {cat.framework} line is checked against each cell's {cat.display}.\n"
         f"  requirements: [{c.source}]\n"
         if c.source
-        else "  # pyproject.toml's dependencies are not wired in yet: list them here, or in a\n"
-        "  # requirements.txt named under requirements:\n"
-        "  pip: []\n"
+        else _pyproject_source(directory)
     )
     python_why = f", and {c.python_why} allows it" if c.python_why else ""
     gpu_line = (
@@ -216,6 +214,24 @@ def render(directory: Path, c: Choice) -> str:
         f'  "{c.python}": {{debian: {c.suite}}}   # bootstrapped locally from Debian {c.suite}\n'
         "packages:\n"
         f"{source}"
+    )
+
+
+def _pyproject_source(directory: Path) -> str:
+    doc = _pyproject(directory)
+    extras = sorted((doc.get("project") or {}).get("optional-dependencies") or {})
+    groups = sorted(doc.get("dependency-groups") or {})
+    offer = []
+    if extras:
+        offer.append(f"extras: [{', '.join(extras)}]")
+    if groups:
+        offer.append(f"groups: [{', '.join(groups)}]")
+    more = f"  # Add {' and '.join(offer)} to take those too.\n" if offer else ""
+    return (
+        f"  # {PYPROJECT}'s [project] dependencies, read per cell as requirements files are\n"
+        "  # (docs/bring-a-project.md); its framework line is checked against each cell's.\n"
+        f"{more}"
+        f"  pyproject: {{file: {PYPROJECT}}}\n"
     )
 
 

@@ -354,7 +354,9 @@ def _resolve_one(m: LoadedMatrix, cat: Catalog, combo: Combination) -> Cell:
     base = _base(m, cat, python, arch)
     # Requirements files' lines join pip (so the lock, the build and drift see them); the
     # files' digests name an edit in `build --dry-run` (plan.input_digests).
-    files = [*m.model.packages.requirements, *combo.get("requirements", ())]
+    source = m.model.packages.pyproject
+    files = [*([source.file] if source else []), *m.model.packages.requirements,
+             *combo.get("requirements", ())]  # fmt: skip
     chosen = _requirements_for(m, files, cat, row.version, python, MACHINE[arch])
     return Cell(
         name=cell_name(cat.short, row.minor, python, variant, cuda, arch),

@@ -30,6 +30,7 @@ is from 2022. The line rules are a few dozen lines; the grammar is `packaging`'s
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import stat
@@ -163,6 +164,91 @@ def read(written: str, matrix_dir: Path) -> RequirementsFile:
         reader.index_url, tuple(reader.extra_index_urls), tuple(reader.files),
         tuple(sorted(reader.environment.items())),
     )  # fmt: skip
+
+
+def read_pyproject(
+    written: str, matrix_dir: Path, extras: tuple[str, ...], groups: tuple[str, ...]
+) -> RequirementsFile:
+    """A pyproject.toml's `[project] dependencies`, the `optional-dependencies` of `extras`
+    and the PEP 735 `[dependency-groups]` `groups` (with their include-group entries), as
+    requirement lines: each is what a requirements file's line would be, at the line of the
+    file it is written on."""
+    import tomllib
+
+    from packaging.dependency_groups import resolve_dependency_groups
+
+    reader = _Reader(matrix_dir.resolve())
+    path, raw = reader.open(written, matrix_dir)
+    reader.files.append((reader.named, path, hashlib.sha256(raw).hexdigest()))
+    try:
+        text = raw.decode("utf-8")
+        doc = tomllib.loads(text)
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise RequirementsProblem(f"{written!r} is not TOML: {exc}", written) from None
+    project = doc.get("project")
+    if not isinstance(project, dict):
+        raise RequirementsProblem(f"{written!r} has no [project] table", written)
+    if "dependencies" in (project.get("dynamic") or []):
+        raise RequirementsProblem(
+            f"{written!r} declares its dependencies dynamic (the build backend computes "
+            "them); gpuenv reads them only as written: list them in [project] dependencies "
+            "or a requirements file",
+            written,
+        )
+    wanted: list[str] = list(_strings(project.get("dependencies"), written, "dependencies"))
+    optional = project.get("optional-dependencies") or {}
+    for extra in extras:
+        if extra not in optional:
+            have = ", ".join(sorted(optional)) or "none"
+            raise RequirementsProblem(
+                f"extra {extra!r} is not in {written}'s [project.optional-dependencies] "
+                f"(it has: {have})",
+                written,
+            )
+        wanted += _strings(optional[extra], written, f"optional-dependencies.{extra}")
+    table = doc.get("dependency-groups") or {}
+    for group in groups:
+        if group not in table:
+            have = ", ".join(sorted(table)) or "none"
+            raise RequirementsProblem(
+                f"group {group!r} is not in {written}'s [dependency-groups] (it has: {have})",
+                written,
+            )
+        try:
+            wanted += resolve_dependency_groups(table, group)
+        except (ValueError, TypeError, ExceptionGroup) as exc:
+            causes = getattr(exc, "exceptions", [exc])
+            raise RequirementsProblem(
+                f"[dependency-groups] {group}: {causes[0]}", written
+            ) from None
+    physical = text.splitlines()
+    for requirement in dict.fromkeys(wanted):
+        number = _line_of(physical, requirement)
+        if requirement.lstrip().startswith("-"):
+            raise RequirementsProblem(
+                f"{requirement!r} is a pip option, not a requirement", path, number
+            )
+        reader._line(path, number, requirement, constraint=False)
+    chosen = json.dumps([line.text for line in reader.lines]).encode()
+    return RequirementsFile(
+        written, path, tuple(reader.lines), (), hashlib.sha256(chosen).hexdigest(),
+        files=tuple(reader.files),
+    )  # fmt: skip
+
+
+def _strings(value: object, written: str, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RequirementsProblem(f"{written}: {where} is not a list of strings", written)
+    return list(value)
+
+
+def _line_of(physical: list[str], requirement: str) -> int:
+    """The line a requirement string is written on (its first occurrence, quoted)."""
+    for quoted in (f'"{requirement}"', f"'{requirement}'"):
+        for number, line in enumerate(physical, start=1):
+            if quoted in line:
+                return number
+    return 1
 
 
 def env_digest(value: str | None) -> str:

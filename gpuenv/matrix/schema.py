@@ -314,7 +314,34 @@ BaseSpec = Annotated[
 ]
 
 
+def _group_name(value: str) -> str:
+    # PEP 685 extra names and PEP 735 group names: letters, digits, '.', '_', '-'.
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?", value):
+        raise ValueError(f"{value[:80]!r} is not an extra or dependency group name")
+    return value
+
+
+GroupName = Annotated[StrictStr, AfterValidator(_group_name)]
+
+
+class Pyproject(_Strict):
+    file: RequirementsPath = Field(
+        "pyproject.toml", description="the project's pyproject.toml (relative to this file)"
+    )
+    extras: list[GroupName] = Field(
+        default_factory=list, description="[project.optional-dependencies] to add"
+    )
+    groups: list[GroupName] = Field(
+        default_factory=list, description="PEP 735 [dependency-groups] to add"
+    )
+
+
 class Packages(_Strict):
+    pyproject: Pyproject | None = Field(
+        None,
+        description="take the cells' packages from a pyproject.toml: [project] dependencies, "
+        "and the extras and dependency groups named",
+    )
     pip: list[PipRequirement] = Field(default_factory=list)
     apt: list[AptPackage] = Field(default_factory=list)
     requirements: list[RequirementsPath] = Field(
@@ -371,7 +398,7 @@ class LoadedMatrix:
     def read_requirements(self) -> None:
         """Read every requirements file the matrix names; an unusable one is an error
         naming its line in the matrix, or the file's own line for a refused requirement."""
-        from gpuenv.matrix.requirements import RequirementsProblem, read
+        from gpuenv.matrix.requirements import RequirementsProblem, read, read_pyproject
 
         places: list[tuple[str, tuple[str | int, ...]]] = [
             (p, ("packages", "requirements", i))
@@ -380,6 +407,16 @@ class LoadedMatrix:
         for n, inc in enumerate(self.model.matrix.include):
             places += [(p, ("matrix", "include", n, "requirements", i))
                        for i, p in enumerate(inc.requirements)]  # fmt: skip
+        source = self.model.packages.pyproject
+        if source is not None:
+            try:
+                self.requirements[source.file] = read_pyproject(
+                    source.file, self.dir, tuple(source.extras), tuple(source.groups)
+                )
+            except RequirementsProblem as exc:
+                if exc.line is None:
+                    raise self.error(exc.message, ("packages", "pyproject")) from None
+                raise MatrixError(exc.path, exc.message, exc.line) from None
         for written, loc in places:
             if written in self.requirements:
                 continue

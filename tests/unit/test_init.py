@@ -74,6 +74,10 @@ def test_a_pyproject_project_takes_python_from_python_version(tmp_path):
     assert 'python: ["3.11"]' in text and ".python-version (3.11)" in text
     assert f'jax: ["{newest("jax", "3.11")}"]' in text
     assert "pyproject.toml [project] dependencies asks for jax>=0.4.30" in text
+    assert "  pyproject: {file: pyproject.toml}\n" in text
+    assert "Add extras: [plots] and groups: [dev, test]" in text
+    cells = open_project(root / "matrix.yaml").cells
+    assert all(c.pip == ("flax>=0.10", "optax", "tensorflow-datasets") for c in cells)
 
 
 @pytest.mark.parametrize(

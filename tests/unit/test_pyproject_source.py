@@ -1,0 +1,123 @@
+"""`packages: {pyproject: {file, extras, groups}}` (issue 34, part 3): a project's
+pyproject.toml as the cells' packages, each entry read as a requirements file's line is
+(markers per cell, the framework checked, direct references refused) at its own line."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from gpuenv.building.project import open_project
+from gpuenv.cli import app
+
+PROJECTS = Path(__file__).resolve().parents[1] / "projects"
+
+MATRIX = """\
+name: acme/flax
+matrix:
+  jax: ["0.9"]
+  python: ["3.11"]
+  variant: [cpu]
+  arch: [amd64, arm64]
+bases:
+  "3.11": {{debian: bookworm}}
+packages:
+  pyproject: {source}
+"""
+
+
+def write(root: Path, source: str) -> Path:
+    path = root / "matrix.yaml"
+    path.write_text(MATRIX.format(source=source), encoding="utf-8")
+    return path
+
+
+def flax(tmp_path: Path) -> Path:
+    root = tmp_path / "flax_mnist"
+    shutil.copytree(PROJECTS / "flax_mnist", root)
+    return root
+
+
+def refused(path: Path) -> str:
+    result = CliRunner().invoke(app, ["matrix", "-f", str(path)])
+    assert result.exit_code == 1, result.output
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
+    assert "Traceback" not in result.stderr
+    return result.stderr.rstrip("\n")
+
+
+def test_dependencies_extras_and_groups_join_the_cells_packages(tmp_path):
+    root = flax(tmp_path)
+    cells = open_project(write(root, "{extras: [plots], groups: [dev]}")).cells
+    # jax>=0.4.30 only restates the cell's framework; dev includes test (include-group).
+    expected = ("flax>=0.10", "optax", "tensorflow-datasets", "matplotlib>=3.8", "pytest>=8",
+                "ruff")  # fmt: skip
+    assert [c.pip for c in cells] == [expected, expected]
+    assert all(set(c.requirements) == {"pyproject.toml"} for c in cells)
+
+
+def test_only_the_dependencies_when_no_extra_or_group_is_named(tmp_path):
+    cells = open_project(write(flax(tmp_path), "{}")).cells
+    assert cells[0].pip == ("flax>=0.10", "optax", "tensorflow-datasets")
+
+
+def test_a_marker_in_pyproject_is_decided_per_cell_and_recorded_at_its_line(tmp_path):
+    root = flax(tmp_path)
+    text = (root / "pyproject.toml").read_text()
+    (root / "pyproject.toml").write_text(
+        text.replace('"optax",', "\"optax; platform_machine == 'aarch64'\",")
+    )
+    cells = {c.arch: c for c in open_project(write(root, "{}")).cells}
+    assert "optax" in cells["arm64"].pip and "optax" not in cells["amd64"].pip
+    number = text.splitlines().index('    "optax",') + 1
+    assert cells["amd64"].left_out == (
+        f'pyproject.toml:{number}: optax; platform_machine == "aarch64"',
+    )
+
+
+def test_an_edit_outside_the_dependencies_changes_nothing_a_cell_installs(tmp_path):
+    root = flax(tmp_path)
+    path = write(root, "{}")
+    before = open_project(path).cells[0]
+    text = (root / "pyproject.toml").read_text()
+    (root / "pyproject.toml").write_text(text.replace('version = "0.1.0"', 'version = "0.2.0"'))
+    assert open_project(path).cells[0] == before
+
+
+def test_a_direct_reference_is_refused_at_its_line_in_pyproject(tmp_path):
+    root = flax(tmp_path)
+    text = (root / "pyproject.toml").read_text()
+    (root / "pyproject.toml").write_text(
+        text.replace('"optax",', '"optax @ git+https://github.com/google-deepmind/optax",')
+    )
+    message = refused(write(root, "{}"))
+    number = text.splitlines().index('    "optax",') + 1
+    assert message.startswith(f"error: {(root / 'pyproject.toml').resolve()}:{number}: ")
+    assert "pip would install optax from that URL" in message
+
+
+def test_a_framework_pin_other_than_the_cells_is_one_error_naming_both(tmp_path):
+    root = flax(tmp_path)
+    text = (root / "pyproject.toml").read_text()
+    (root / "pyproject.toml").write_text(text.replace('"jax>=0.4.30"', '"jax==0.4.30"'))
+    message = refused(write(root, "{}"))
+    assert "jax==0.4.30 asks for another JAX than the cell's JAX 0.9" in message
+
+
+def test_an_unknown_extra_or_group_or_dynamic_dependencies_are_refused(tmp_path):
+    root = flax(tmp_path)
+    path = write(root, "{groups: [docs]}")
+    message = refused(path)
+    line = path.read_text().splitlines().index("  pyproject: {groups: [docs]}") + 1
+    assert message.startswith(f"error: {path}:{line}: ")
+    assert "group 'docs' is not in pyproject.toml's [dependency-groups] (it has: dev, test)" in (
+        message
+    )
+    assert "extra 'gui' is not in" in refused(write(root, "{extras: [gui]}"))
+    text = (root / "pyproject.toml").read_text()
+    (root / "pyproject.toml").write_text(
+        text.replace('version = "0.1.0"', 'version = "0.1.0"\ndynamic = ["dependencies"]')
+    )
+    assert "declares its dependencies dynamic" in refused(write(root, "{}"))
