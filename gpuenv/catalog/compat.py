@@ -355,8 +355,9 @@ def _resolve_one(m: LoadedMatrix, cat: Catalog, combo: Combination) -> Cell:
     # Requirements files' lines join pip (so the lock, the build and drift see them); the
     # files' digests name an edit in `build --dry-run` (plan.input_digests).
     source = m.model.packages.pyproject
+    pinned = m.model.packages.lock
     files = [*([source.file] if source else []), *m.model.packages.requirements,
-             *combo.get("requirements", ())]  # fmt: skip
+             *combo.get("requirements", ()), *([pinned] if pinned else [])]  # fmt: skip
     chosen = _requirements_for(m, files, cat, row.version, python, MACHINE[arch])
     return Cell(
         name=cell_name(cat.short, row.minor, python, variant, cuda, arch),
@@ -438,11 +439,12 @@ def _requirements_for(
                 "change the line or the matrix's versions",
                 line.number,
             )
+    hashed = [x for x in (*chosen.kept, *chosen.constraints) if x.hashes]
     return _Chosen(
         tuple(pip),
         tuple(c.requirement for c in chosen.constraints if c.name != cat.framework),
         tuple(f"{where(x)}: {x.text}" for x in chosen.left_out),
-        tuple((x.name, x.hashes, where(x)) for x in chosen.kept if x.hashes),
+        tuple((x.name, x.hashes, where(x)) for x in hashed),
     )
 
 

@@ -107,6 +107,10 @@ class RequirementsFile:
     # of the matrix must see unchanged (gpuenv/building/snapshot.py).
     files: tuple[tuple[str, Path, str], ...] = ()
     environment: tuple[tuple[str, str], ...] = ()
+    # A lock's own bounds (uv.lock, pylock.toml): requires-python, and pylock's
+    # environments (markers, any of which must hold for a cell).
+    requires_python: str = ""
+    environments: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -265,10 +269,41 @@ def for_cell(files: list[RequirementsFile], python: str, machine: str) -> Select
     constraints: list[Line] = []
     left: list[Line] = []
     for f in files:
+        _check_bounds(f, python, machine)
         for line in f.lines:
             (kept if applies(line, python, machine) else left).append(line)
         constraints += [c for c in f.constraints if applies(c, python, machine)]
     return Selection(tuple(kept), tuple(constraints), tuple(left))
+
+
+def _check_bounds(f: RequirementsFile, python: str, machine: str) -> None:
+    from packaging.markers import Marker
+    from packaging.specifiers import SpecifierSet
+
+    if f.requires_python:
+        allowed = SpecifierSet(f.requires_python)
+        if not any(allowed.contains(f"{python}.{p}", prereleases=True) for p in ("0", "99")):
+            raise RequirementsProblem(
+                f"{f.written} was resolved for Python {f.requires_python}; a cell of Python "
+                f"{python} cannot take its pins: drop Python {python} from the matrix, or "
+                "re-lock the project for it",
+                f.path,
+            )
+    envs = [Marker(m) for m in f.environments]
+    if envs and not any(m.evaluate(_environment(python, machine, "0")) for m in envs):
+        raise RequirementsProblem(
+            f"{f.written} was locked for the environments {list(f.environments)}; none is "
+            f"Linux {machine} with Python {python}: re-lock the project for it",
+            f.path,
+        )
+
+
+def inside(written: str, matrix_dir: Path) -> tuple[str, Path, bytes]:
+    """A file the matrix names, checked as requirements files are: (the path as named,
+    joined; resolved; its bytes)."""
+    reader = _Reader(matrix_dir.resolve())
+    path, raw = reader.open(written, matrix_dir)
+    return reader.named, path, raw
 
 
 def applies(line: Line, python: str, machine: str) -> bool:

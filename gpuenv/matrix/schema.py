@@ -342,6 +342,11 @@ class Packages(_Strict):
         description="take the cells' packages from a pyproject.toml: [project] dependencies, "
         "and the extras and dependency groups named",
     )
+    lock: RequirementsPath | None = Field(
+        None,
+        description="uv.lock or a PEP 751 pylock.toml whose versions and hashes constrain "
+        "every cell's resolution (relative to this file, inside its directory)",
+    )
     pip: list[PipRequirement] = Field(default_factory=list)
     apt: list[AptPackage] = Field(default_factory=list)
     requirements: list[RequirementsPath] = Field(
@@ -416,6 +421,16 @@ class LoadedMatrix:
             except RequirementsProblem as exc:
                 if exc.line is None:
                     raise self.error(exc.message, ("packages", "pyproject")) from None
+                raise MatrixError(exc.path, exc.message, exc.line) from None
+        if self.model.packages.lock is not None:
+            from gpuenv.matrix import userlock
+
+            written = self.model.packages.lock
+            try:
+                self.requirements[written] = userlock.read(written, self.dir)
+            except RequirementsProblem as exc:
+                if exc.line is None:
+                    raise self.error(exc.message, ("packages", "lock")) from None
                 raise MatrixError(exc.path, exc.message, exc.line) from None
         for written, loc in places:
             if written in self.requirements:
