@@ -134,6 +134,7 @@ def compile_requirements(
     ca_bundle: Path | None = None,
     platform: str = PLATFORM,
     constraints: list[str] | tuple[str, ...] = (),
+    output_format: str = "requirements.txt",
 ) -> str:
     """`uv pip compile --generate-hashes` for the cell's interpreter and platform. Index
     credentials reach uv in its environment (never its command line, which every local user
@@ -156,6 +157,8 @@ def compile_requirements(
             command += ["--constraint", str(constraint_file)]
         if exclude_newer:
             command += ["--exclude-newer", exclude_newer]
+        if output_format != "requirements.txt":
+            command += ["--format", output_format]
         env = {**os.environ, "UV_NO_PROGRESS": "1", "NETRC": os.devnull}
         if index_url:
             env["UV_INDEX_URL"] = _with_credential(index_url, credentials)
@@ -235,6 +238,48 @@ def check_hashes(cell: Cell, env: str) -> str:
                 "or update the hashes"
             )
     return env
+
+
+def pylock_path(lock_file: Path, cell: Cell) -> Path:
+    """PEP 751's pylock.<name>.toml beside matrix.lock; a name holds no dots."""
+    return lock_file.parent / f"pylock.{cell.name.replace('.', '_')}.toml"
+
+
+def pylock_text(
+    cell: Cell,
+    entry: CellLock,
+    exclude_newer: str | None,
+    index_url: str | None,
+    extra_index_urls: tuple[str, ...] = (),
+    *,
+    credentials: Credentials | None = None,
+    ca_bundle: Path | None = None,
+) -> str:
+    """The cell's resolution as a standard PEP 751 lock: `uv pip compile --format
+    pylock.toml` of the same inputs (its environment and CUDA wheels together), which must
+    pin exactly what matrix.lock pins; a difference is an error, never two locks that
+    disagree."""
+    import tomllib
+
+    from gpuenv.store.wheelhouse import locked_requirements, normalize
+
+    indexes = (index_url, tuple(dict.fromkeys((*extra_index_urls, *cell.indexes))))
+    text = compile_requirements(
+        [*env_requirements(cell), *cuda_requirements(cell)], cell.python, exclude_newer,
+        *indexes, credentials=credentials, ca_bundle=ca_bundle, platform=platform_of(cell),
+        constraints=cell.constraints, output_format="pylock.toml",
+    )  # fmt: skip
+    doc = tomllib.loads(text)
+    got = {(normalize(p["name"]), p.get("version")) for p in doc.get("packages", [])}
+    want = {(r.name, r.version) for t in (entry.python_env, entry.cuda)
+            for r in locked_requirements(t)}  # fmt: skip
+    if got != want:
+        differ = sorted(f"{n}=={v}" for n, v in got ^ want)[:5]
+        raise GpuenvError(
+            f"{cell.name}: the pylock.toml resolution differs from matrix.lock's "
+            f"({', '.join(differ)}); re-lock both: gpuenv lock {cell.name} --pylock"
+        )
+    return text
 
 
 def today() -> str:
@@ -338,13 +383,17 @@ def write(lock: Lock) -> None:
         "# packages (--require-hashes --no-deps). Re-lock after editing the matrix.\n"
     )
     text = yaml.dump(doc, Dumper=LockDumper, sort_keys=False, width=120)
-    # Atomically: an interrupted or concurrent `gpuenv lock` leaves one whole lock.
-    fd, tmp = tempfile.mkstemp(dir=lock.path.parent, prefix=f".{lock.path.name}.")
+    _write_atomically(lock.path, header + text)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """An interrupted or concurrent `gpuenv lock` leaves one whole file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(header + text)
+            fh.write(text)
         os.chmod(tmp, 0o666 & ~current_umask())  # a committed file: not mkstemp's 0600
-        os.replace(tmp, lock.path)
+        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -434,6 +483,7 @@ def relock(
     say: Callable[[str], None],
     credentials: Credentials | None = None,
     ca_bundle: Path | None = None,
+    pylock: bool = False,
 ) -> Path:
     """Resolve the cells again (the others keep their entries when the date is the same),
     record their bases, drop cells and bases the matrix no longer has (`every_cell` is
@@ -465,4 +515,12 @@ def relock(
     locked_bases = {k: v for k, v in locked_bases.items() if k in used}
     path = lock_path(matrix.path)
     write(Lock(path, date, entries, locked_bases))
+    if pylock:
+        for cell in cells:
+            text = pylock_text(
+                cell, entries[cell.name], date, build.index_url, tuple(build.extra_index_urls),
+                credentials=credentials, ca_bundle=ca_bundle,
+            )  # fmt: skip
+            _write_atomically(pylock_path(path, cell), text)
+            say(f"wrote {pylock_path(path, cell).name}")
     return path

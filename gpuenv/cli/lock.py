@@ -24,6 +24,13 @@ def lock_cmd(
         ),
     ] = None,
     ca_bundle: CaOption = None,
+    pylock: Annotated[
+        bool,
+        typer.Option(
+            "--pylock",
+            help="Also write each cell's resolution as a PEP 751 pylock.<cell>.toml beside it",
+        ),
+    ] = False,
 ) -> None:
     """Write (or --check) matrix.lock: every cell's complete pip resolution, with hashes."""
     from gpuenv.building import lock as locks
@@ -50,7 +57,7 @@ def lock_cmd(
         path = locks.relock(
             engine.connect(), project.matrix, cells, every_cell=project.cells,
             current=project.lock, exclude_newer=exclude_newer, say=say,
-            credentials=creds, ca_bundle=bundle,
+            credentials=creds, ca_bundle=bundle, pylock=pylock,
         )  # fmt: skip
         print(path)
 

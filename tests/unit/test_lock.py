@@ -384,3 +384,58 @@ def test_a_size_under_the_reports_resolution_is_not_a_difference():
         a.size,
         a.size + 2_000_000,
     ]
+
+
+# ------------------------------------------------------------------ pylock.toml (PEP 751)
+
+
+def _pylock(packages: dict[str, str]) -> str:
+    rows = "".join(
+        f'\n[[packages]]\nname = "{n}"\nversion = "{v}"\nindex = "https://pypi.org/simple"\n'
+        f'wheels = [{{ url = "https://files.example/{n.replace("-", "_")}-{v}-py3-none-any.whl", '
+        f'hashes = {{ sha256 = "{"a" * 64}" }} }}]\n'
+        for n, v in packages.items()
+    )
+    return f'lock-version = "1.0"\ncreated-by = "uv"\nrequires-python = ">=3.11"\n{rows}'
+
+
+LOCKED = {"absl-py": "2.3.1", "six": "1.17.0", "tensorflow": "2.21.0",
+          "typing-extensions": "4.15.0", "nvidia-cudnn-cu12": "9.3.0.75"}  # fmt: skip
+
+
+def test_pylock_is_the_same_resolution_as_the_lock_in_pep_751_form(monkeypatch, cells, tmp_path):
+    from packaging.pylock import Pylock, is_valid_pylock_path
+
+    seen = {}
+
+    def run(command, **kw):
+        seen["command"] = command
+        seen["requirements"] = Path(command[3]).read_text().split()
+        return locks.subprocess.CompletedProcess(command, 0, _pylock(LOCKED), "")
+
+    monkeypatch.setattr(locks, "_uv", lambda: "uv")
+    monkeypatch.setattr(locks.subprocess, "run", run)
+    gpu = cells["gpu"]
+    text = locks.pylock_text(gpu, cell_lock(gpu), DATE, None)
+    assert seen["command"][-2:] == ["--format", "pylock.toml"]
+    # The environment and the CUDA layer's pins, resolved together: one environment.
+    assert seen["requirements"] == [*locks.env_requirements(gpu), *locks.cuda_requirements(gpu)]
+    import tomllib
+
+    assert {p.name for p in Pylock.from_dict(tomllib.loads(text)).packages} == set(LOCKED)
+    path = locks.pylock_path(tmp_path / "matrix.lock", gpu)
+    assert is_valid_pylock_path(path) and path.parent == tmp_path
+
+
+def test_a_pylock_resolution_that_differs_from_the_lock_is_an_error(monkeypatch, cells):
+    other = {**LOCKED, "six": "1.16.0"}
+
+    def run(command, **kw):
+        return locks.subprocess.CompletedProcess(command, 0, _pylock(other), "")
+
+    monkeypatch.setattr(locks, "_uv", lambda: "uv")
+    monkeypatch.setattr(locks.subprocess, "run", run)
+    gpu = cells["gpu"]
+    with pytest.raises(GpuenvError, match=r"differs from matrix\.lock's") as exc:
+        locks.pylock_text(gpu, cell_lock(gpu), DATE, None)
+    assert "six==1.16.0" in exc.value.message and "six==1.17.0" in exc.value.message
