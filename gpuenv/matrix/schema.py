@@ -117,8 +117,7 @@ def _suite(value: str) -> str:
     return value
 
 
-def check_index_url(value: str) -> str:
-    """An index URL as build.* takes it (requirements files' index options too)."""
+def _url(value: str) -> str:
     if "@" in value:
         raise ValueError("credentials do not belong in the matrix; use pip's netrc or keyring")
     if not _URL.fullmatch(value):
@@ -157,7 +156,9 @@ AptPackage = Annotated[StrictStr, AfterValidator(_apt)]
 ImageRef = Annotated[StrictStr, AfterValidator(_image)]
 Repository = Annotated[StrictStr, AfterValidator(_repository)]
 Suite = Annotated[StrictStr, AfterValidator(_suite)]
-IndexUrl = Annotated[StrictStr, AfterValidator(check_index_url)]
+IndexUrl = Annotated[StrictStr, AfterValidator(_url)]
+# An index URL as build.* takes it: requirements files' index options are held to it too.
+check_index_url = _url
 Variant = Literal["cpu", "gpu"]
 # Architectures as Docker and Kubernetes name them (linux/amd64, kubernetes.io/arch=arm64).
 Arch = Literal["amd64", "arm64"]

@@ -243,3 +243,13 @@ def test_hash_values_hold_against_the_lock_pick(tmp_path):
     with pytest.raises(GpuenvError) as exc:
         locks.check_hashes(cell, "six==1.17.0 \\\n    --hash=sha256:" + "c" * 64 + "\n")  # type: ignore[arg-type]
     assert exc.value.message.startswith("requirements.txt:1: six==1.17.0's files match none")
+
+
+def test_an_index_option_is_held_to_build_index_urls_rules(tmp_path):
+    # Plain http off loopback is refused there (pages alterable on the way): here too.
+    (tmp_path / "requirements.txt").write_text(
+        "six\n--extra-index-url http://pypi.example/simple\n"
+    )
+    message = refused(torch_matrix(tmp_path))
+    assert message.startswith(f"error: {(tmp_path / 'requirements.txt').resolve()}:2: ")
+    assert "a plain-http index can be read and altered on the way" in message
