@@ -108,6 +108,8 @@ def inputs_digest(cell: Cell, exclude_newer: str | None) -> str:
         doc["constraints"] = list(cell.constraints)
     if cell.left_out:
         doc["left_out"] = list(cell.left_out)
+    if cell.hashes:  # a user's lock re-hashed (same versions) is re-checked at the next lock
+        doc["hashes"] = [[name, list(digests), where] for name, digests, where in cell.hashes]
     return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 

@@ -117,3 +117,15 @@ def test_the_resolution_must_pick_a_file_the_users_lock_lists(tmp_path):
     assert locks.check_hashes(cell, good) == good
     with pytest.raises(GpuenvError, match=r"optax==0\.2\.8's files match none"):
         locks.check_hashes(cell, "optax==0.2.8 \\\n    --hash=sha256:" + "0" * 64 + "\n")
+
+
+def test_the_users_lock_rehashed_drifts_matrix_lock(tmp_path):
+    path = write(tmp_path)
+    (before,) = open_project(path).cells
+    lock = path.parent / "uv.lock"
+    text = lock.read_text()
+    digest = next(d for n, d, _ in before.hashes if n == "absl-py")[0]
+    lock.write_text(text.replace(digest, "f" * 64))
+    (after,) = open_project(path).cells
+    assert after.constraints == before.constraints  # the same versions
+    assert locks.inputs_digest(after, "x") != locks.inputs_digest(before, "x")
