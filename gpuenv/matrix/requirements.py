@@ -316,8 +316,9 @@ def applies(line: Line, python: str, machine: str) -> bool:
     if len(answers) > 1:
         raise RequirementsProblem(
             f"marker {line.marker!r} holds for some Python {python} patch releases and not "
-            f"others; gpuenv decides markers when the cell is made, before its Python's patch "
-            "release is known; compare python_version instead",
+            f"others; pip would decide it on the installed interpreter, gpuenv decides it "
+            "when the cell is made, before its Python's patch release is known: compare "
+            "python_version instead",
             line.path,
             line.number,
         )
@@ -471,9 +472,10 @@ class _Reader:
         if _USERINFO.search(line):
             # Not echoed: the credential may have come from the environment.
             raise bad(
-                "a URL with credentials; gpuenv gives an index's credentials only to its "
-                "exact host, from netrc, keyring or $GPUENV_INDEX_* (docs/wheelhouse.md): "
-                "remove user:password@ from the URL"
+                "a URL with credentials; pip would send them to that host; gpuenv reads an "
+                "index's credentials only from $GPUENV_INDEX_* or netrc, for that exact "
+                "origin (docs/wheelhouse.md#private-indexes): remove user:password@ from "
+                "the URL and give them there"
             )
         if line.startswith("-"):
             self._option(path, number, line, constraint=constraint)
@@ -490,9 +492,12 @@ class _Reader:
         if option in _REFUSED:
             raise bad(f"{option}: {_REFUSED[option]}")
         if option not in _TAKES_VALUE:
-            raise bad(f"{option}: not an option pip reads in a requirements file; remove the line")
+            raise bad(
+                f"{option}: not an option pip reads in a requirements file (pip would stop "
+                "with an error too); remove the line"
+            )
         if not value:
-            raise bad(f"{option} needs a value")
+            raise bad(f"{option} needs a value (pip would stop with an error too)")
         here = Line(path, number, "", option)
         if option in ("-r", "-c"):
             try:
@@ -538,7 +543,9 @@ class _Reader:
             req = Requirement(spec)
         except InvalidRequirement as exc:
             reason = str(exc).splitlines()[0] if str(exc) else "invalid"
-            raise bad(f"{spec!r} is not a valid pip requirement: {reason}") from None
+            raise bad(
+                f"{spec!r} is not a valid pip requirement (pip would stop here too): {reason}"
+            ) from None
         if req.url:
             raise bad(
                 f"{req.name} @ ...: pip would install {req.name} from that URL; gpuenv does "
@@ -548,7 +555,8 @@ class _Reader:
         marker = str(req.marker) if req.marker else ""
         if _HOST_MARKERS.search(marker):
             raise bad(
-                f"marker {marker!r} names the kernel of the machine pip runs on; an image "
+                f"marker {marker!r} names the kernel of the machine pip runs on (pip would "
+                "decide it there); an image "
                 "runs on many: use sys_platform, platform_machine or python_version"
             )
         req.marker = None
