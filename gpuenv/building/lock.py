@@ -96,7 +96,7 @@ def _pins(cell: Cell) -> list[str]:
 
 
 def inputs_digest(cell: Cell, exclude_newer: str | None) -> str:
-    doc = {
+    doc: dict[str, Any] = {
         "python": cell.python,
         "platform": platform_of(cell),
         "env": env_requirements(cell),
