@@ -262,9 +262,9 @@ def env_digest(value: str | None) -> str:
 
 def for_cell(files: list[RequirementsFile], python: str, machine: str) -> Selection:
     """The lines of `files` whose markers hold in a cell of Python `python` on Linux
-    `machine`; a marker whose answer depends on what is not known until the image exists
-    (the Python's patch release) was refused when the file was read, unless both ends of
-    the minor release agree."""
+    `machine` (a marker whose answer depends on the Python's patch release, not known
+    until the image exists, is refused here unless both ends of the minor release agree),
+    after checking the files' own bounds (a lock's requires-python and environments)."""
     kept: list[Line] = []
     constraints: list[Line] = []
     left: list[Line] = []
