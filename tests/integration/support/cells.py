@@ -64,6 +64,7 @@ TEST_REPOSITORIES = frozenset(
         "private",  # test_engine_private_index.py: a basic-auth index
         "creds",  # test_engine_index_credentials.py: the credential attack (never built)
         "reqs",  # test_engine_requirements.py: a cell with a requirements file
+        "init",  # test_engine_init.py: the cell `gpuenv init` chose for a project
         "iteration",  # test_engine_iteration.py: a package added to a locked cell
         "peek",  # test_engine_push.py: a candidate with another spec hash
         "anywhere",  # test_engine_anywhere.py: the locked JAX cell on every engine
