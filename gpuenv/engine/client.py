@@ -1,8 +1,12 @@
 """The Docker Engine, through the Docker SDK for Python. The only module that imports docker.
 
 The SDK (requests, urllib3, ssl) is imported on first use, so commands that never reach
-the engine (`--help`, `matrix`, `render`) do not pay for it. Every engine (a local socket,
-tcp, ssh, TLS, contexts) is reached the same way: through the SDK.
+the engine (`--help`, `matrix`, `render`) do not pay for it. Every engine is reached through
+the SDK, at the address the docker CLI would use: DOCKER_HOST (unix://, tcp:// with TLS from
+DOCKER_TLS_VERIFY / DOCKER_CERT_PATH, ssh://), else the current Docker context (DOCKER_CONTEXT,
+else config.json's currentContext, in $DOCKER_CONFIG or ~/.docker), else the local socket.
+`ssh://` runs the user's own `ssh` (its config, keys, agent, known hosts) with `docker system
+dial-stdio` on the remote host, as the docker CLI does (_SshTarget below).
 
 The rest of gpuenv sees typed operations (image info, build, tag/remove, a container spec
 → create/start/attach/wait/stop/remove, logs, push/pull, save/load, history) and gpuenv's
@@ -159,7 +163,7 @@ class GpuEngineFacts:
 def engine_error(exc: Exception) -> EngineError:
     text = str(exc)
     status = getattr(exc, "status_code", None)
-    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    host = _conn.engine.url if _conn.engine is not None else named_address()
     if "Permission denied" in text or "PermissionError" in text:
         message = (
             f"permission denied on the Docker socket ({host}); add your user to the docker "
@@ -182,6 +186,11 @@ def engine_error(exc: Exception) -> EngineError:
             f"cannot reach the Docker Engine at {host}: is dockerd running? "
             "(on Debian: sudo scripts/engine.sh starts one)"
         )
+        if host.startswith(("ssh://", "tcp://", "https://", "http://")):
+            message = (
+                f"cannot reach the Docker Engine at {host}: the connection failed or ended "
+                "(is the host up, and dockerd running there?)"
+            )
     elif "no space left on device" in text:
         message = "the engine's disk is full; free space (docker image prune) and retry"
     else:
@@ -227,20 +236,68 @@ def _translated() -> Iterator[None]:
         raise
 
 
-def _base_url() -> tuple[str | None, dict[str, Any]]:
-    """DOCKER_HOST if set, else the current Docker context's endpoint (as the CLI does)."""
-    if os.environ.get("DOCKER_HOST"):
-        return None, {}
-    from docker.context import ContextAPI
-
+def named_address() -> str:
+    """The engine's address as the user named it (for messages): DOCKER_HOST, the current
+    context's endpoint, or the local socket."""
     try:
-        ctx = ContextAPI.get_current_context()
-    except Exception:  # a broken ~/.docker/config.json must not stop a local engine
-        return None, {}
-    if ctx is None or ctx.name == "default":
-        return None, {}
-    endpoint = ctx.endpoints.get("docker", {})
-    return endpoint.get("Host"), {"tls": ctx.TLSConfig} if ctx.TLSConfig else {}
+        address = os.environ.get("DOCKER_HOST") or _endpoint()[0]
+    except GpuenvError:  # a context that does not resolve
+        return "the current Docker context"
+    return address or "unix:///var/run/docker.sock"
+
+
+def _docker_config_dir() -> Path:
+    return Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
+
+
+def _endpoint() -> tuple[str | None, Any]:
+    """(address, TLS) as the docker CLI picks them: DOCKER_HOST (None here: the SDK reads it
+    and its TLS variables itself), else the current context's endpoint, else (None, None)
+    for the local socket.
+
+    Contexts are read here, not through the SDK's ContextAPI: it ignores DOCKER_CONTEXT when
+    picking the current context, and looks for contexts beside ~/.docker/config.json when
+    $DOCKER_CONFIG holds no config.json; the CLI does neither. The format is the CLI's:
+    contexts/meta/<sha256(name)>/meta.json, TLS files in contexts/tls/<sha256(name)>/docker/."""
+    import hashlib
+    import json
+
+    if os.environ.get("DOCKER_HOST"):
+        return None, None
+    config_dir = _docker_config_dir()
+    name, source = os.environ.get("DOCKER_CONTEXT", ""), "DOCKER_CONTEXT"
+    if not name:
+        try:
+            config = json.loads((config_dir / "config.json").read_text())
+            name = str(config.get("currentContext") or "") if isinstance(config, dict) else ""
+        except (OSError, ValueError):  # a broken config.json must not stop a local engine
+            name = ""
+        source = f"currentContext in {config_dir / 'config.json'}"
+    if name in ("", "default"):
+        return None, None
+    digest = hashlib.sha256(name.encode()).hexdigest()
+    meta = config_dir / "contexts" / "meta" / digest / "meta.json"
+    try:
+        endpoint = json.loads(meta.read_text())["Endpoints"]["docker"]
+        host = str(endpoint["Host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise EngineError(
+            f"Docker context {name!r} ({source}) not found or unreadable ({meta}); "
+            "`docker context ls` lists the contexts, `docker context use default` the local "
+            "engine"
+        ) from None
+    tls_dir = config_dir / "contexts" / "tls" / digest / "docker"
+    if not host.startswith("tcp://") or not tls_dir.is_dir():
+        return host, None
+    from docker.tls import TLSConfig
+
+    def present(file: str) -> str | None:
+        return str(tls_dir / file) if (tls_dir / file).exists() else None
+
+    cert, key = present("cert.pem"), present("key.pem")
+    verify = not endpoint.get("SkipTLSVerify", False)
+    return host, TLSConfig(client_cert=(cert, key) if cert and key else None,
+                           ca_cert=present("ca.pem"), verify=verify)  # fmt: skip
 
 
 class Engine:
@@ -254,12 +311,14 @@ class Engine:
     @property
     def _api(self) -> Any:
         if self._client is None:
-            self._client = _sdk_client(None, {})
+            self._client = _sdk_client(*_endpoint())
         return self._client.api
 
     @property
     def url(self) -> str:
-        return str(self._api.base_url)
+        """Where the engine is: ssh://USER@HOST as named, else the SDK's base URL."""
+        ssh = getattr(self._api, "_custom_adapter", None)
+        return ssh.address if isinstance(ssh, _SshAddress) else str(self._api.base_url)
 
     @property
     def is_local(self) -> bool:
@@ -1008,27 +1067,188 @@ def connect() -> Engine:
     the engine its API version, which proves it answers."""
     if _conn.engine is not None:
         return _conn.engine
-    _conn.engine = Engine(_sdk_client(*_base_url()))
+    _conn.engine = Engine(_sdk_client(*_endpoint()))
     return _conn.engine
 
 
-def _sdk_client(base_url: str | None, extra: dict[str, Any]) -> Any:
+def _sdk_client(base_url: str | None, tls: Any) -> Any:
     import docker
 
+    address = base_url or os.environ.get("DOCKER_HOST") or ""
+    if address.startswith("ssh://"):
+        return _ssh_client(_SshTarget.parse(address))
     # With the default version="auto" the client asks the engine for its API version
     # first, which already proves the engine answers: no separate ping.
     try:
         with _translated(), _without_ca_overrides():
             client = (
-                docker.DockerClient(base_url=base_url, **extra) if base_url else docker.from_env()
+                docker.DockerClient(base_url=base_url, **({"tls": tls} if tls else {}))
+                if base_url
+                else docker.from_env()
             )
     except (ValueError, TypeError) as exc:  # the SDK's parse errors of a malformed address
-        where = os.environ.get("DOCKER_HOST") or base_url or ""
         raise EngineError(
-            f"DOCKER_HOST={where[:200]!r} is not a Docker Engine address ({exc}); "
+            f"DOCKER_HOST={address[:200]!r} is not a Docker Engine address ({exc}); "
             "expected unix:///PATH, tcp://HOST:PORT or ssh://USER@HOST"
         ) from None
     _pin_engine_ca(client.api)
+    return client
+
+
+# ---------------------------------------------------------------------- ssh://
+
+_DIAL = ("docker", "system", "dial-stdio")  # what the docker CLI runs on the remote host
+
+
+@dataclass(frozen=True)
+class _SshTarget:
+    """ssh://[USER@]HOST[:PORT], reached as the docker CLI reaches it: the user's `ssh`
+    (first on PATH, so their config, keys, agent and known hosts apply) running
+    `docker system dial-stdio` there, which joins its stdin and stdout to the engine that
+    the remote docker CLI would use (its DOCKER_HOST, context, or socket)."""
+
+    address: str
+    host: str
+    user: str | None
+    port: int | None
+
+    @classmethod
+    def parse(cls, address: str) -> _SshTarget:
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(address)
+            port = parts.port
+        except ValueError:
+            parts, port = None, None
+        if (parts is None or not parts.hostname or parts.path not in ("", "/")
+                or parts.query or parts.password):  # fmt: skip
+            raise EngineError(
+                f"{address[:200]!r} is not an ssh:// engine address: expected "
+                "ssh://[USER@]HOST[:PORT] (the docker CLI's form; no path or password)"
+            )
+        return cls(address, parts.hostname, parts.username, port)
+
+    def argv(self, *command: str) -> list[str]:
+        user = ["-l", self.user] if self.user else []
+        port = ["-p", str(self.port)] if self.port else []
+        # The docker CLI's own options: no TTY, a bounded connect.
+        return ["ssh", "-o", "ConnectTimeout=30", "-T", *user, *port, "--", self.host, *command]
+
+    def failure(self, code: int | None, stderr: str) -> EngineError:
+        """What a failed `ssh ... docker system dial-stdio` means, as one line with the fix."""
+        said = " ".join(line.strip() for line in stderr.splitlines() if line.strip())[-300:]
+        who = f"{self.user}@{self.host}" if self.user else self.host
+        if "Host key verification failed" in stderr or "REMOTE HOST IDENTIFICATION" in stderr:
+            fix = (
+                f"the host key of {self.host} is not known or has changed ({said}); "
+                f"check it and accept it once with `ssh {who}` (it goes to known_hosts)"
+            )
+        elif "Permission denied" in stderr or "Too many authentication failures" in stderr:
+            fix = (f"{self.host} refused the login as {self.user or 'your user'} ({said}); "
+                   "load the key into your agent (ssh-add) or name it in ~/.ssh/config "
+                   f"(IdentityFile), and check that `ssh {who}` logs in")  # fmt: skip
+        elif code == 127 or "command not found" in stderr or "docker: not found" in stderr:
+            fix = (f"`ssh {who}` works but the remote host has no `docker` command on the PATH "
+                   f"of a non-interactive session ({said}); install the docker CLI there "
+                   "(Docker 18.09 or later), or put it on that PATH")  # fmt: skip
+        elif code == 255:
+            fix = f"ssh to {who} failed ({said or 'exit 255'}); check that `ssh {who}` logs in"
+        else:
+            fix = (f"`docker system dial-stdio` on {self.host} could not reach its engine "
+                   f"({said or f'exit {code}'}); check `ssh {who} docker version`")  # fmt: skip
+        return EngineError(f"cannot reach the Docker Engine at {self.address}: {fix}",
+                           detail=stderr)  # fmt: skip
+
+
+class _SshAddress:
+    """What the ssh transport is known by (Engine.url)."""
+
+    address = ""
+
+
+def _ssh_client(target: _SshTarget) -> Any:
+    """An SDK client whose every connection is one `ssh ... docker system dial-stdio`, its
+    stdin and stdout one end of a socket pair and the connection's socket the other end: to
+    the SDK it is a Unix socket (select, timeouts and partial reads behave as on one, which
+    the TTY relay and the heartbeat of a remote run rely on). The SDK's own ssh transport
+    needs paramiko even to shell out, and reads a pipe where a socket is expected. ssh runs
+    in its own process group (Ctrl-C at the terminal is gpuenv's to handle: it still
+    removes the container over this connection); its stderr is kept for the error."""
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+
+    import docker
+    from docker.transport.unixconn import (
+        UnixHTTPAdapter,
+        UnixHTTPConnection,
+        UnixHTTPConnectionPool,
+    )
+
+    if shutil.which("ssh") is None:
+        raise EngineError(
+            f"DOCKER_HOST={target.address} needs the ssh client, and there is no `ssh` on "
+            "PATH; install OpenSSH's client (Debian, Ubuntu: openssh-client)"
+        )
+    dialled: list[tuple[Any, Any]] = []  # (ssh process, its stderr file), the latest last
+
+    class Connection(UnixHTTPConnection):
+        def connect(self) -> None:
+            ours, theirs = socket.socketpair()
+            # Kept with the process (the last few), read when a dial fails.
+            stderr = tempfile.TemporaryFile()  # noqa: SIM115
+            try:
+                end = theirs.fileno()
+                proc = subprocess.Popen(target.argv(*_DIAL), stdin=end, stdout=end,
+                                        stderr=stderr, process_group=0)  # fmt: skip
+            except OSError:
+                ours.close()
+                stderr.close()
+                raise
+            finally:
+                theirs.close()
+            dialled[:] = [*dialled[-4:], (proc, stderr)]
+            ours.settimeout(self.timeout)
+            self.sock = ours
+
+    class Pool(UnixHTTPConnectionPool):
+        def _new_conn(self) -> Any:
+            timeout: Any = self.timeout  # the SDK's own pool passes it so
+            return Connection(self.base_url, self.socket_path, timeout)
+
+    class Adapter(UnixHTTPAdapter, _SshAddress):
+        address = target.address
+
+        def get_connection(self, url: Any, proxies: Any = None) -> Pool:
+            with self.pools.lock:
+                pool = self.pools.get(url)
+                if not pool:
+                    pool = Pool(url, self.socket_path, self.timeout, maxsize=self.max_pool_size)
+                    self.pools[url] = pool
+            return pool
+
+    # A Unix-socket client (its version given, so it asks nothing yet) whose transport is
+    # then swapped for ssh's; the first request, for the API version, dials.
+    client = docker.DockerClient(base_url="unix:///gpuenv-ssh", version="1.24")
+    api: Any = client.api
+    api._custom_adapter = Adapter("http+unix:///gpuenv-ssh", timeout=api.timeout)
+    api.mount("http+docker://", api._custom_adapter)
+    try:
+        api._version = api._retrieve_server_version()
+    except Exception as exc:
+        if not _connection_error(exc) and not isinstance(exc, OSError):
+            raise
+        if not dialled:
+            raise engine_error(exc) from None
+        proc, stderr = dialled[-1]
+        try:
+            code = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # ssh still up: the engine's side failed
+            code = None
+        stderr.seek(0)
+        raise target.failure(code, stderr.read().decode(errors="replace")) from None
     return client
 
 

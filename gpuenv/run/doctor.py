@@ -37,6 +37,7 @@ class Facts:
     engine_error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
     local: bool = True
+    address: str = ""  # where the engine is, as named (DOCKER_HOST, a context, the socket)
     hook_on_host: bool | None = None  # None: unknown (remote engine)
     cdi_specs: list[str] = field(default_factory=list)  # CDI spec files naming nvidia.com/gpu
     gpus: list[GpuInfo] = field(default_factory=list)
@@ -225,20 +226,17 @@ def driver_finding(facts: Facts) -> Finding:
 def evaluate(facts: Facts) -> list[Finding]:
     if facts.engine_error:
         # No engine (a bare GPU host, dockerd down): the host's driver and GPUs still say
-        # what an engine there would get.
-        return [
-            Finding(
-                "engine", "error", facts.engine_error, "start dockerd (sudo scripts/engine.sh)"
-            ),
-            driver_finding(facts),
-        ]
+        # what an engine there would get. A remote engine's error (ssh, TLS, a context)
+        # says its own fix: starting dockerd here is not it.
+        fix = "start dockerd (sudo scripts/engine.sh)" if facts.local else None
+        return [Finding("engine", "error", facts.engine_error, fix), driver_finding(facts)]
     info = facts.info
     findings = [
         Finding(
             "engine",
             "ok",
             f"Docker Engine {info.get('ServerVersion', '?')} on {info.get('OperatingSystem', '?')}"
-            + ("" if facts.local else " (remote)"),
+            + ("" if facts.local else f" (remote: {facts.address})"),
         )
     ]
     findings.append(build_finding(facts))
@@ -332,7 +330,7 @@ def gather() -> Facts:
     try:
         eng = engines.connect()
         facts.info = eng.info()
-        facts.local = eng.is_local
+        facts.local, facts.address = eng.is_local, eng.url
         facts.images = eng.gpuenv_images()
         facts.podman = eng.is_podman
         facts.gpu_path = path_for(eng)
@@ -342,6 +340,8 @@ def gather() -> Facts:
             facts.build_error = exc.message
     except GpuenvError as exc:
         facts.engine_error = exc.message
+        facts.address = engines.named_address()
+        facts.local = facts.address.startswith("unix://")
         facts.gpus, facts.driver_source = _host_gpus()
         return facts
     _gather_workdir(eng, facts)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support.cells import BASE_IMAGE, test_repository
+from support.cells import BASE_IMAGE, JAX_CPU_CELL, JAX_LOCK_DATE, jax_cpu_matrix, test_repository
 from support.cli import clean_env, gpuenv_cmd, output, run
 from support.netns_engine import remote_engine
 from support.podman_engine import load_into_podman, podman_engine
@@ -36,18 +36,9 @@ from support.rootless_engine import rootless_engine
 pytestmark = pytest.mark.engine
 
 NAME = test_repository("anywhere")
-CELL = "jax0.7-py3.11-cpu"
+CELL = JAX_CPU_CELL
 IMAGE = f"{NAME}:{CELL}"
-MATRIX = f"""\
-name: {NAME}
-matrix:
-  jax: ["0.7"]
-  python: ["3.11"]
-  variant: [cpu]
-default: {{jax: "0.7", python: "3.11"}}
-bases:
-  "3.11": {{debian: bookworm}}
-"""
+MATRIX = jax_cpu_matrix(NAME)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +46,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The matrix and its lock (a fixed date, so the resolution does not move)."""
     root = tmp_path_factory.mktemp("anywhere")
     (root / "matrix.yaml").write_text(MATRIX)
-    lock = gpuenv_cmd("lock", "--exclude-newer", "2026-11-20", cwd=root,
+    lock = gpuenv_cmd("lock", "--exclude-newer", JAX_LOCK_DATE, cwd=root,
                       env=_env(root))  # fmt: skip
     assert (root / "matrix.lock").exists(), output(lock)
     return root

@@ -68,6 +68,7 @@ TEST_REPOSITORIES = frozenset(
         "iteration",  # test_engine_iteration.py: a package added to a locked cell
         "peek",  # test_engine_push.py: a candidate with another spec hash
         "anywhere",  # test_engine_anywhere.py: the locked JAX cell on every engine
+        "another-host",  # test_engine_another_host.py: the locked JAX cell on another host
         "other-user",  # test_engine_other_user.py: a second local user
         "slurm",  # test_engine_slurm.py: the base plus a probe file and ENV
         "attest",  # test_engine_attest.py: the locked JAX cell pushed with attestations
@@ -121,3 +122,23 @@ def matrix_text(
     if include:
         doc["matrix"]["include"] = include
     return json.dumps(doc, indent=2) + "\n"
+
+
+# The smallest framework cell (~120 MB of wheels): JAX 0.7 on CPU, for the engine labs
+# (test_engine_anywhere.py, test_engine_another_host.py). Locked with a fixed date.
+JAX_CPU_CELL = "jax0.7-py3.11-cpu"
+JAX_LOCK_DATE = "2026-11-20"
+
+
+def jax_cpu_matrix(name: str) -> str:
+    assert name in TEST_REPOSITORIES, f"{name}: add it to TEST_REPOSITORIES (the janitor)"
+    return f"""\
+name: {name}
+matrix:
+  jax: ["0.7"]
+  python: ["3.11"]
+  variant: [cpu]
+default: {{jax: "0.7", python: "3.11"}}
+bases:
+  "3.11": {{debian: bookworm}}
+"""
