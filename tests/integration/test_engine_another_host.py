@@ -14,6 +14,9 @@ part (run/local.py) and is tested there, with this lab.
 from __future__ import annotations
 
 import json
+import os
+import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -139,3 +142,45 @@ def test_an_ssh_failure_is_one_error_line_with_its_fix(lab, dirs, problem):
         "no-docker": "no `docker` command",
     }[problem]
     assert expected in lines[0], lines[0]
+
+
+def _probe_wheel(directory: Path) -> Path:
+    """A wheel of one module, made here (the mirror serves whatever wheels it is given)."""
+    name = "gpuenv_lab_probe-1.0-py3-none-any.whl"
+    files = {
+        "gpuenv_lab_probe.py": "ANSWER = 42\n",
+        "gpuenv_lab_probe-1.0.dist-info/METADATA":
+            "Metadata-Version: 2.1\nName: gpuenv-lab-probe\nVersion: 1.0\n",
+        "gpuenv_lab_probe-1.0.dist-info/WHEEL":
+            "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }  # fmt: skip
+    record = "".join(f"{path},,\n" for path in files) + "gpuenv_lab_probe-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(directory / name, "w") as wheel:
+        for path, text in {**files, "gpuenv_lab_probe-1.0.dist-info/RECORD": record}.items():
+            wheel.writestr(path, text)
+    return directory / name
+
+
+def test_the_mirror_near_the_engine_serves_its_containers(lab, tmp_path):
+    """The PEP 503 index on the lab's own loopback: a container on the engine's host network
+    reads the project's page and gets the wheel whose sha256 the link names (what a build
+    that fetches near the engine does); pip takes it as an index."""
+    wheel = _probe_wheel(tmp_path)
+    lab.publish(tmp_path)
+    fetch = (
+        "import hashlib, re, sys, urllib.request as u\n"
+        f"base = {lab.mirror_url!r}\n"
+        "page = u.urlopen(base + 'gpuenv-lab-probe/').read().decode()\n"
+        'href = re.search(r\'href="([^"]+)"\', page).group(1)\n'
+        "url, digest = u.urljoin(base + 'gpuenv-lab-probe/', href).split('#sha256=')\n"
+        "assert hashlib.sha256(u.urlopen(url).read()).hexdigest() == digest\n"
+        "print(url.rsplit('/', 1)[1])\n"
+    )
+    seen = lab.docker("run", "--rm", "--network", "host", "gpuenv/debian:bookworm", "python3",
+                      "-c", fetch).stdout  # fmt: skip
+    assert seen.strip() == wheel.name
+    pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--index-url", lab.mirror_url,
+           "--dest", str(lab.root / "got"), "gpuenv-lab-probe"]  # fmt: skip
+    # No proxy: the mirror is on the lab's loopback, which only its own side reaches.
+    got = lab.inside(*pip, env={k: v for k, v in os.environ.items() if "proxy" not in k.lower()})
+    assert (lab.root / "got" / wheel.name).read_bytes() == wheel.read_bytes(), got.stdout

@@ -74,8 +74,11 @@ SSH_PROBLEMS = ("unknown-host-key", "refused-key", "no-docker")
 Kind = Literal["tls", "ssh"]
 
 
-def _run(*argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+def _run(
+    *argv: str, check: bool = True, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
+                          env=env)  # fmt: skip
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()[:500]}")
     return proc
@@ -133,10 +136,12 @@ class AnotherHost:
         """The docker CLI on the lab's unix socket (fast, not the user's path)."""
         return docker(*args, host=self.sock, check=check, timeout=timeout)
 
-    def inside(self, *argv: str, check: bool = True, timeout: float = 60) -> Proc:
+    def inside(
+        self, *argv: str, check: bool = True, timeout: float = 60, env: dict[str, str] | None = None
+    ) -> Proc:
         """A command in the lab's network and mount namespaces (what its host sees)."""
         enter = ("nsenter", f"--target={self.dockerd.pid}", "--net", "--mount")
-        return _run(*enter, *argv, check=check, timeout=timeout)
+        return _run(*enter, *argv, check=check, timeout=timeout, env=env)
 
     # ------------------------------------------------------------------ the mirror
 
