@@ -164,7 +164,7 @@ def _probe_wheel(directory: Path) -> Path:
 def test_the_mirror_near_the_engine_serves_its_containers(lab, tmp_path):
     """The PEP 503 index on the lab's own loopback: a container on the engine's host network
     reads the project's page and gets the wheel whose sha256 the link names (what a build
-    that fetches near the engine does); pip takes it as an index."""
+    that fetches near the engine does); uv installs from it."""
     wheel = _probe_wheel(tmp_path)
     lab.publish(tmp_path)
     fetch = (
@@ -179,8 +179,13 @@ def test_the_mirror_near_the_engine_serves_its_containers(lab, tmp_path):
     seen = lab.docker("run", "--rm", "--network", "host", "gpuenv/debian:bookworm", "python3",
                       "-c", fetch).stdout  # fmt: skip
     assert seen.strip() == wheel.name
-    pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--index-url", lab.mirror_url,
-           "--dest", str(lab.root / "got"), "gpuenv-lab-probe"]  # fmt: skip
+    # uv (gpuenv's installer; a binary the lab's host can run) installs from it there.
+    uv = str(Path(sys.executable).parent / "uv")
+    target = lab.root / "got"
+    install = [uv, "pip", "install", "--no-cache", "--python", "/usr/bin/python3",
+               "--no-deps", "--target", str(target), "--index-url", lab.mirror_url,
+               "gpuenv-lab-probe"]  # fmt: skip
     # No proxy: the mirror is on the lab's loopback, which only its own side reaches.
-    got = lab.inside(*pip, env={k: v for k, v in os.environ.items() if "proxy" not in k.lower()})
-    assert (lab.root / "got" / wheel.name).read_bytes() == wheel.read_bytes(), got.stdout
+    direct = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    got = lab.inside(*install, env=direct)
+    assert (target / "gpuenv_lab_probe.py").read_text() == "ANSWER = 42\n", got.stderr
