@@ -287,7 +287,8 @@ def _endpoint() -> tuple[str | None, Any]:
             "engine"
         ) from None
     tls_dir = config_dir / "contexts" / "tls" / digest / "docker"
-    if not host.startswith("tcp://") or not tls_dir.is_dir():
+    skip_verify = bool(endpoint.get("SkipTLSVerify", False))  # TLS, the server unchecked
+    if not host.startswith("tcp://") or not (tls_dir.is_dir() or skip_verify):
         return host, None
     from docker.tls import TLSConfig
 
@@ -295,9 +296,8 @@ def _endpoint() -> tuple[str | None, Any]:
         return str(tls_dir / file) if (tls_dir / file).exists() else None
 
     cert, key = present("cert.pem"), present("key.pem")
-    verify = not endpoint.get("SkipTLSVerify", False)
     return host, TLSConfig(client_cert=(cert, key) if cert and key else None,
-                           ca_cert=present("ca.pem"), verify=verify)  # fmt: skip
+                           ca_cert=present("ca.pem"), verify=not skip_verify)  # fmt: skip
 
 
 class Engine:
