@@ -260,13 +260,11 @@ def _build(
         contract.SPEC_HASH: str(p.spec_hash),
         contract.INPUTS: json.dumps(p.inputs, sort_keys=True, separators=(",", ":")),
     }
-    # apt steps reach Debian's archive; every other step has what it needs in the context.
-    network = "host" if cell.apt else "none"
     try:
         with sender.context(p) as directory:
             return engine.build_directory(
-                directory, labels=labels, nocache=no_cache, network=network, on_log=on_log,
-                platform=sender.platform_for(cell),
+                directory, labels=labels, nocache=no_cache, network=sender.network(cell),
+                on_log=on_log, platform=sender.platform_for(cell), secrets=sender.secrets(),
             )  # fmt: skip
     except EngineError:
         raise  # the engine or its CLI failed: the run stops (gpuenv/cli/build.py says why)

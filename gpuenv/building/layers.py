@@ -44,7 +44,7 @@ COMPILE = "compile.py"
 COMPILE_SCRIPT = """\
 import compileall, importlib.metadata, re, sys
 
-text = open(sys.argv[1], encoding="utf-8").read()
+text = "".join(open(path, encoding="utf-8").read() for path in sys.argv[1:])
 for name in re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", text, re.M):
     for file in importlib.metadata.files(name) or ():
         if file.suffix == ".py":
@@ -140,7 +140,11 @@ def closure(
 
 
 def requires_dist(wheel: Path) -> list[str]:
-    """The Requires-Dist lines of a wheel's METADATA (read from the zip, not installed)."""
+    """The Requires-Dist lines of a wheel's METADATA (read from the zip, not installed), or
+    of a METADATA file itself (an index's PEP 658 copy of it)."""
+    if not zipfile.is_zipfile(wheel):
+        text = wheel.read_bytes().decode("utf-8", errors="replace")
+        return list(HeaderParser().parsestr(text).get_all("Requires-Dist") or [])
     with zipfile.ZipFile(wheel) as zf:
         name = next(
             (n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")),

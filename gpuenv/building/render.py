@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 UV_VERSION = "0.13.9"
 # Where an install step's part of the context is mounted (partials/macros.j2).
 MOUNT = "/mnt"
+# The files of a part (gpuenv/building/sendable.py): what the step's engine fetches from an
+# index itself (`--index-url` and one hash per line; `--no-index` and nothing when the
+# wheels come from the client), what was sent (wheels beside it), and the CA's mount point
+# (an empty file: a BuildKit secret is mounted over it only on an engine of this machine).
+FETCHED, SENT, CA_FILE = "index.txt", "requirements.txt", "ca.pem"
 
 
 @dataclass(frozen=True)
@@ -125,10 +130,18 @@ def render(
         index_key=f"{wheelhouse_key(options, cell)} (uv {UV_VERSION})",
         mount=MOUNT,
         uv=uv,
-        install=(
-            f"{uv} pip install --quiet --no-cache --offline --no-index --find-links {MOUNT} "
-            f"--require-hashes --no-deps --python {venv}/bin/python -r {MOUNT}/requirements.txt"
+        # Both installs run on either path, so the line (and the image) is the same whether
+        # the engine's host fetched the public wheels or they came in the context: only the
+        # mounted files differ, which BuildKit keys its cache by and no image records.
+        install_fetched=(
+            f"{uv} pip install --quiet --no-cache --require-hashes --no-deps "
+            f"--python {venv}/bin/python -r {MOUNT}/{FETCHED}"
         ),
+        install_sent=(
+            f"{uv} pip install --quiet --no-cache --offline --no-index --find-links {MOUNT} "
+            f"--require-hashes --no-deps --python {venv}/bin/python -r {MOUNT}/{SENT}"
+        ),
+        ca_file=f"{MOUNT}/{CA_FILE}",
         venv=venv,
         user=contract.USER,
         uid=contract.UID,

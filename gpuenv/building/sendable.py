@@ -32,19 +32,21 @@ from typing import TYPE_CHECKING
 
 from gpuenv.building import layers
 from gpuenv.building.lock import framework_requirements
+from gpuenv.building.render import CA_FILE, FETCHED, SENT
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.store.cache import read_record, update_record, write_record
 from gpuenv.store.wheelhouse import locked_requirements
 
 if TYPE_CHECKING:
     from gpuenv.building.lock import CellLock
+    from gpuenv.building.near import Near
     from gpuenv.building.plan import CellPlan
     from gpuenv.building.project import Project
     from gpuenv.building.render import BuildContext
     from gpuenv.engine.client import Engine
     from gpuenv.matrix.cell import Cell
     from gpuenv.store.fetch import Fetcher
-    from gpuenv.store.wheelhouse import Store
+    from gpuenv.store.wheelhouse import IndexFile, Requirement, Store
 
 # Requires-Dist of the wheels the store holds, by sha256 (a gpuenv cache record).
 REQUIRES_RECORD = "requires-dist.json"
@@ -98,9 +100,13 @@ def assembled(
     key: str,
     uv: Path,
     target: Target,
+    near: Near | None = None,
+    primary: str = "",
 ) -> Iterator[Path]:
     """The cell's build context as a directory under `root`, held (a lock per cell) while
-    the build reads it: the rendered files, then each part's requirements, wheels and uv."""
+    the build reads it: the rendered files, then each part's requirements, wheels and uv.
+    With `near` deciding that the engine's host fetches the primary index's wheels, those
+    are named in the part's index.txt (one hash each) instead of sent."""
     root.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # contexts/: no one else's
     root.mkdir(exist_ok=True, mode=0o700)
     here = root / ctx.cell.name
@@ -109,51 +115,88 @@ def assembled(
         shutil.rmtree(here, ignore_errors=True)
         here.mkdir(mode=0o700)
         ctx.write(root)
+        index = near.index if near is not None else None
         for part, text in parts(ctx.cell, resolution).items():
-            fetched = fetcher.wheels(key, text, target.python, target.machine, target.glibc)
-            # One wheel per requirement, in the resolution's order.
-            wheels = {r.name: w for r, w in zip(locked_requirements(text), fetched, strict=True)}
+            picked = fetcher.picks(key, text, target.python, target.machine, target.glibc)
+            chosen = {r.name: w for r, w, _ in picked}
+            fetched = {r.name for r, _, up in picked if near is not None
+                       and near.fetches(up, primary)}  # fmt: skip
+            sent = [(r, w) for r, w, _ in picked if r.name not in fetched]
+            stored = {r.name: f for (r, _), f in zip(sent, fetcher.fetch_all(key, sent),
+                                                      strict=True)}  # fmt: skip
             if part == layers.FRAMEWORK and ctx.cell.pip:
                 known = read_record(REQUIRES_RECORD)
-                requires = _RequiresDist(wheels, known)
+                requires = _RequiresDist(chosen, stored, fetcher, key, known)
                 roots = framework_requirements(ctx.cell)
                 split = layers.split(text, roots, requires, target.python, target.machine)
                 if requires.read:
                     update_record(REQUIRES_RECORD, requires.read)
-                _write_part(here / layers.FRAMEWORK, split.framework, wheels, uv)
-                _write_part(here / layers.PACKAGES, split.packages, wheels, uv)
+                for name, piece in ((layers.FRAMEWORK, split.framework),
+                                    (layers.PACKAGES, split.packages)):  # fmt: skip
+                    _write_part(here / name, piece, chosen, stored, uv, index)
                 (here / layers.PACKAGES / layers.COMPILE).write_text(layers.COMPILE_SCRIPT)
             else:
-                _write_part(here / part, text, wheels, uv)
+                _write_part(here / part, text, chosen, stored, uv, index)
         yield here
 
 
 class _RequiresDist:
-    """Requires-Dist of a resolution's wheels by name, remembered per stored wheel: its file
-    is named by the sha256 of its bytes, so the answer never changes, and reading it costs a
-    pass over the zip's directory (27,000 entries in TensorFlow's: 0.1-0.3 s a wheel)."""
+    """Requires-Dist of a resolution's wheels by name, remembered per wheel by its sha256
+    (the answer never changes), read from the stored wheel, or for a wheel the engine's
+    host fetches, from the index's PEP 658 metadata file (the wheel itself when the index
+    offers none). Reading a wheel costs a pass over the zip's directory (27,000 entries in
+    TensorFlow's: 0.1-0.3 s a wheel)."""
 
-    def __init__(self, wheels: dict[str, tuple[str, Path]], known: dict[str, object]) -> None:
-        self.wheels, self.known = wheels, known
+    def __init__(
+        self, chosen: dict[str, IndexFile], stored: dict[str, tuple[str, Path]],
+        fetcher: Fetcher, key: str, known: dict[str, object],
+    ) -> None:  # fmt: skip
+        self.chosen, self.stored, self.fetcher, self.key = chosen, stored, fetcher, key
+        self.known = known
         self.read: dict[str, list[str]] = {}  # what was read from wheels this time
 
     def __call__(self, name: str) -> list[str]:
-        stored = self.wheels[name][1]
-        remembered = self.known.get(stored.name)
+        wheel = self.chosen[name]
+        remembered = self.known.get(wheel.sha256)
         if isinstance(remembered, list) and all(isinstance(x, str) for x in remembered):
             return remembered
-        self.read[stored.name] = self.known[stored.name] = layers.requires_dist(stored)
-        return self.read[stored.name]
+        if name in self.stored:
+            path: Path | None = self.stored[name][1]
+        else:
+            path = self.fetcher.file(self.key, name, wheel.sha256, wheel.filename + ".metadata")
+            if path is None:
+                path = self.fetcher.fetch_all(self.key, [(_requirement(name, wheel), wheel)])[0][1]
+        assert path is not None
+        self.read[wheel.sha256] = self.known[wheel.sha256] = layers.requires_dist(path)
+        return self.read[wheel.sha256]
 
 
-def _write_part(directory: Path, text: str, wheels: dict[str, tuple[str, Path]], uv: Path) -> None:
-    """A part: its requirements, the wheel of each (fetched and checked), and uv."""
+def _requirement(name: str, wheel: IndexFile) -> Requirement:
+    from gpuenv.store.wheelhouse import Requirement
+
+    return Requirement(name, "", frozenset({wheel.sha256}))
+
+
+def _write_part(
+    directory: Path, text: str, chosen: dict[str, IndexFile],
+    stored: dict[str, tuple[str, Path]], uv: Path, index: str | None,
+) -> None:  # fmt: skip
+    """A part: what was sent (requirements.txt, the resolution's lines of those wheels, and
+    the wheels), what the engine's host fetches (index.txt: the index, then each of its
+    requirements with the one hash of the wheel the client-side path would send), the CA's
+    empty mount point, and uv."""
     directory.mkdir(mode=0o700)
-    (directory / "requirements.txt").write_text(text, encoding="utf-8")
+    sent = "".join(block for name, block in layers.blocks(text) if name in stored)
+    (directory / SENT).write_text(sent, encoding="utf-8")
+    fetched = [r for r in locked_requirements(text) if r.name not in stored]
+    lines = [f"--index-url {index}"] if index is not None and fetched else ["--no-index"]
+    lines += [f"{r.name}=={r.version} --hash=sha256:{chosen[r.name].sha256}" for r in fetched]
+    (directory / FETCHED).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (directory / CA_FILE).write_bytes(b"")
     _link(uv, directory / "uv")
-    for req in locked_requirements(text):
-        filename, stored = wheels[req.name]
-        _link(stored, directory / filename)
+    for req in locked_requirements(sent):
+        filename, path = stored[req.name]
+        _link(path, directory / filename)
 
 
 def contexts_root(wheelhouse_root: Path) -> Path:
@@ -207,7 +250,7 @@ class Sender:
         self, engine: Engine, project: Project, cells: list[Cell], ca_bundle: Path | None,
         offline: bool,
     ) -> None:  # fmt: skip
-        from gpuenv.building import plan
+        from gpuenv.building import near, plan
         from gpuenv.store import credentials, fetch, wheelhouse
 
         self.project, self.ca_bundle = project, ca_bundle
@@ -222,6 +265,13 @@ class Sender:
             self.store, credentials=self.credentials, ca_bundle=ca_bundle, offline=offline
         )
         self.architecture = engine.architecture()
+        # The primary index (the last upstream): the only one whose wheels may be fetched
+        # by the engine's host (gpuenv/building/near.py).
+        self.primary = wheelhouse.upstreams(b.index_url)[-1]
+        self.near = near.decide(
+            engine, self.primary, image=cells[0].base.image, ca_bundle=ca_bundle,
+            credentials=self.credentials, offline=offline,
+        )  # fmt: skip
         self._resolved: dict[str, str] = {}  # requirements, Python, indexes -> resolution
         self._lock = threading.Lock()
 
@@ -287,7 +337,18 @@ class Sender:
         # neither wait for each other nor undo each other's incremental transfers.
         project = hashlib.sha256(str(self.project.path.resolve()).encode()).hexdigest()[:16]
         root = contexts_root(self.store.root) / project
-        return assembled(root, p.context, self.resolution(p), self.fetcher, key, uv, target)
+        return assembled(root, p.context, self.resolution(p), self.fetcher, key, uv, target,
+                         self.near, self.primary)  # fmt: skip
+
+    def network(self, cell: Cell) -> str:
+        """The build's network: host when a step reaches an index (the engine's host
+        fetching wheels, or apt reaching Debian's archive), else none."""
+        return "host" if cell.apt or self.near.index is not None else "none"
+
+    def secrets(self) -> dict[str, Path]:
+        """The CA bundle as the install steps' secret `ca`, only when the engine's host
+        fetches and the engine is this machine's (gpuenv/building/near.py)."""
+        return {"ca": self.near.ca} if self.near.index is not None and self.near.ca else {}
 
 
 OFFLINE_SHOWN = 8  # missing distributions named in the error

@@ -566,9 +566,11 @@ class Engine:
         network: str,
         on_log: LogSink,
         platform: str | None = None,
+        secrets: dict[str, Path] | None = None,
     ) -> str:
         """Build a context directory whose Dockerfile mounts parts of it (RUN --mount), without
-        tagging; returns the image ID. `platform` (linux/arm64) builds for another
+        tagging; returns the image ID. `secrets` (id -> file, BuildKit only) reach the steps
+        that mount them and nothing the engine keeps. `platform` (linux/arm64) builds for another
         architecture: its steps run under the engine's QEMU emulation (binfmt_misc).
         Docker engines build it with BuildKit through the
         docker CLI (the SDK cannot drive BuildKit: docker/docker-py#2230), which sends the
@@ -577,7 +579,8 @@ class Engine:
         mounts), from an uploaded tar."""
         if self.is_podman:
             return self._build_uploaded(directory, labels, nocache, network, on_log, platform)
-        return self._build_buildkit(directory, labels, nocache, network, on_log, platform)
+        return self._build_buildkit(directory, labels, nocache, network, on_log, platform,
+                                    secrets or {})  # fmt: skip
 
     def _build_uploaded(
         self, directory: Path, labels: dict[str, str], nocache: bool, network: str,
@@ -597,7 +600,7 @@ class Engine:
 
     def _build_buildkit(
         self, directory: Path, labels: dict[str, str], nocache: bool, network: str,
-        on_log: LogSink, platform: str | None = None,
+        on_log: LogSink, platform: str | None = None, secrets: dict[str, Path] | None = None,
     ) -> str:  # fmt: skip
         import subprocess
         import tempfile
@@ -613,6 +616,8 @@ class Engine:
                 command.append("--no-cache")
             if platform:
                 command += ["--platform", platform]
+            for name, path in sorted((secrets or {}).items()):
+                command += ["--secret", f"id={name},src={path}"]
             command.append(str(directory))
             tail: list[str] = []
             proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
@@ -867,19 +872,43 @@ class Engine:
             self.remove_container(cid)
 
     def run_capture(
-        self, image: str, command: list[str], platform: str | None = None
+        self,
+        image: str,
+        command: list[str],
+        platform: str | None = None,
+        *,
+        network: str = "none",
+        files: dict[str, bytes] | None = None,
     ) -> tuple[int, str]:
-        """Run a short command in a throwaway container (no network); (exit code, stdout)."""
-        spec = ContainerSpec(image, command, network="none", init=False, platform=platform,
+        """Run a short command in a throwaway container (no network unless asked); (exit
+        code, stdout). `files` (absolute path -> bytes) are put in before it starts."""
+        spec = ContainerSpec(image, command, network=network, init=False, platform=platform,
                              labels=contract.container_labels("probe"))  # fmt: skip
         cid = self.create(spec)
         try:
+            if files:
+                with _translated():
+                    self._api.put_archive(cid, "/", _tar_of(files))
             self.start(cid)
             code = self.wait(cid, timeout=120)
             out = self.logs(cid)
         finally:
             self.remove_container(cid)
         return code, out
+
+
+def _tar_of(files: dict[str, bytes]) -> bytes:
+    """A tar of absolute paths -> contents (mode 0644, owned by root), for put_archive."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, data in sorted(files.items()):
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
 def _translated_stream(stream: Iterator[Any]) -> Iterator[Any]:

@@ -111,15 +111,21 @@ class Fetcher:
 
     def page(self, key: str, project: str) -> list[IndexFile] | None:
         """The project's files through the upstreams `key` names; None: no index knows it."""
+        answered = self.page_from(key, project)
+        return None if answered is None else answered[0]
+
+    def page_from(self, key: str, project: str) -> tuple[list[IndexFile], str] | None:
+        """The project's files and the upstream index that answered for it (the first of
+        `key`'s that knows it); None: no index knows it."""
         project = normalize(project)
         if self.offline:
-            files = self.store.page(key, project)
-            if files is None:
+            answered = self.store.page_from(key, project)
+            if answered is None:
                 self.problem(
                     f"--offline: the wheelhouse has no index page of {project}; build once "
                     "online (or gpuenv cache import FILE) first"
                 )
-            return files
+            return answered
         urls = self.store.index(key)
         if urls is None:
             return None
@@ -146,7 +152,7 @@ class Fetcher:
                 raise _Upstream(502) from None
             files = parse_page(body, ctype, final)
             self.store.save_page(key, project, files, base)
-            return files
+            return files, base
         return None
 
     def _refused(self, base: str, code: int) -> str:
@@ -241,40 +247,71 @@ class Fetcher:
             )
         return self.store.put(sha, io.BytesIO(executable), member, mode=0o755)
 
+    def pick(
+        self, key: str, req: Requirement, python: str, machine: str, glibc: tuple[int, int]
+    ) -> tuple[IndexFile, str]:
+        """The one wheel a locked requirement installs on the target, and the upstream index
+        that offers it, from the project's page (nothing downloaded). A requirement with no
+        wheel for the target is an error naming it."""
+        answered = self.page_from(key, req.name)
+        if answered is None:
+            raise GpuenvError(
+                self.problems[-1]
+                if self.problems
+                else f"{req.name}=={req.version}: not on any index of this build"
+            )
+        files, upstream = answered
+        wheel = pick_wheel(files, req, python, machine, glibc)
+        if wheel is None and not any(f.sha256 in req.hashes for f in files):
+            # A release minutes old may be missing from one CDN node's copy of the page
+            # while the resolver saw it on another's: ask once more before refusing.
+            files, upstream = self.page_from(key, req.name) or answered
+            wheel = pick_wheel(files, req, python, machine, glibc)
+        if wheel is None and not any(f.sha256 in req.hashes for f in files):
+            raise GpuenvError(
+                f"hash mismatch for {req.name}=={req.version}: the index offers no file "
+                "with a hash the resolution lists; if the lock is right, the index serves "
+                "other files (else re-lock: gpuenv lock)"
+            )
+        if wheel is None:
+            raise GpuenvError(
+                f"{req.name}=={req.version} has no wheel for CPython {python} on "
+                f"linux/{machine} (glibc {glibc[0]}.{glibc[1]}) among its locked hashes; "
+                "gpuenv installs wheels only: pin a release that ships one"
+            )
+        return wheel, upstream
+
     def wheels(
         self, key: str, text: str, python: str, machine: str, glibc: tuple[int, int]
     ) -> list[tuple[str, Path]]:
         """(filename, stored path) of the wheel each requirement of a resolution installs
         on the target: fetched in parallel, each checked. A requirement with no wheel for
         the target, or one that cannot be fetched, is an error naming it."""
-        requirements = locked_requirements(text)
+        picked = self.picks(key, text, python, machine, glibc)
+        return self.fetch_all(key, [(r, wheel) for r, wheel, _ in picked])
 
-        def one(req: Requirement) -> tuple[str, Path]:
-            files = self.page(key, req.name)
-            if files is None:
-                raise GpuenvError(
-                    self.problems[-1]
-                    if self.problems
-                    else f"{req.name}=={req.version}: not on any index of this build"
-                )
-            wheel = pick_wheel(files, req, python, machine, glibc)
-            if wheel is None and not any(f.sha256 in req.hashes for f in files):
-                # A release minutes old may be missing from one CDN node's copy of the page
-                # while the resolver saw it on another's: ask once more before refusing.
-                files = self.page(key, req.name) or files
-                wheel = pick_wheel(files, req, python, machine, glibc)
-            if wheel is None and not any(f.sha256 in req.hashes for f in files):
-                raise GpuenvError(
-                    f"hash mismatch for {req.name}=={req.version}: the index offers no file "
-                    "with a hash the resolution lists; if the lock is right, the index serves "
-                    "other files (else re-lock: gpuenv lock)"
-                )
-            if wheel is None:
-                raise GpuenvError(
-                    f"{req.name}=={req.version} has no wheel for CPython {python} on "
-                    f"linux/{machine} (glibc {glibc[0]}.{glibc[1]}) among its locked hashes; "
-                    "gpuenv installs wheels only: pin a release that ships one"
-                )
+    def picks(
+        self, key: str, text: str, python: str, machine: str, glibc: tuple[int, int]
+    ) -> list[tuple[Requirement, IndexFile, str]]:
+        """Each requirement of a resolution with its wheel for the target and the upstream
+        that offers it (`pick`), the pages asked in parallel."""
+
+        def one(req: Requirement) -> tuple[Requirement, IndexFile, str]:
+            return (req, *self.pick(key, req, python, machine, glibc))
+
+        try:
+            with ThreadPoolExecutor(PARALLEL) as pool:
+                return list(pool.map(one, locked_requirements(text)))
+        except _Upstream:
+            raise GpuenvError(self.problems[0] if self.problems else "upstream failed") from None
+
+    def fetch_all(
+        self, key: str, wanted: list[tuple[Requirement, IndexFile]]
+    ) -> list[tuple[str, Path]]:
+        """(filename, stored path) of each picked wheel: fetched in parallel, each checked."""
+
+        def one(item: tuple[Requirement, IndexFile]) -> tuple[str, Path]:
+            req, wheel = item
             stored = self.file(key, req.name, wheel.sha256, wheel.filename)
             if stored is None:
                 raise GpuenvError(
@@ -284,7 +321,7 @@ class Fetcher:
 
         try:
             with ThreadPoolExecutor(PARALLEL) as pool:
-                return list(pool.map(one, requirements))
+                return list(pool.map(one, wanted))
         except _Upstream:
             raise GpuenvError(self.problems[0] if self.problems else "upstream failed") from None
 

@@ -358,9 +358,14 @@ class Store:
         return self.root / "pages" / key / f"{normalize(project)}.json"
 
     def page(self, key: str, project: str) -> list[IndexFile] | None:
+        answered = self.page_from(key, project)
+        return None if answered is None else answered[0]
+
+    def page_from(self, key: str, project: str) -> tuple[list[IndexFile], str] | None:
+        """The stored page and the upstream that gave it."""
         try:
             doc = json.loads(self._page_path(key, project).read_text(encoding="utf-8"))
-            return [IndexFile(**f) for f in doc["files"]]
+            return [IndexFile(**f) for f in doc["files"]], str(doc.get("upstream") or "")
         except (OSError, ValueError, KeyError, TypeError):
             return None
 

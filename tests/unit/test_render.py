@@ -130,7 +130,7 @@ def install_parts(dockerfile: str) -> list[str]:
     return [m.group(1) for r in runs(dockerfile) if (m := MOUNT.match(r))]
 
 
-def test_install_steps_mount_their_part_and_need_no_index_or_ca():
+def test_install_steps_mount_their_part_and_name_no_index_or_ca():
     for cell, _options, dockerfile in every_rendering():
         installing = [r for r in runs(dockerfile) if "pip install" in r]
         parts = ["python-env"] + ([] if not cell.is_gpu or cell.cuda_with_framework else ["cuda"])
@@ -138,11 +138,19 @@ def test_install_steps_mount_their_part_and_need_no_index_or_ca():
         assert len(installing) == len(parts)
         for run in installing:
             w = words(run)
+            # Two installs, the same on either path: what the engine's host fetches (the
+            # index is in the mounted index.txt), then what was sent, offline.
+            fetched, sent = [c for c in run.split(";") if "pip install" in c]
+            assert {"--require-hashes", "--no-deps"} <= set(fetched.split()), run
+            assert "-r /mnt/index.txt" in fetched and "--find-links" not in fetched, run
             assert {"--offline", "--no-index", "--require-hashes", "--no-deps"} <= set(w), run
-            assert w[w.index("--find-links") + 1] == "/mnt" and "/mnt/requirements.txt" in w
+            assert w[w.index("--find-links") + 1] == "/mnt" and "/mnt/requirements.txt" in sent
+            # The CA only ever as the secret mounted over the part's empty ca.pem.
+            assert "--mount=type=secret,id=ca,target=/mnt/ca.pem" in w, run
             # No index address, credential, CA or proxy variable is on the line.
             assert "http" not in run and "INDEX_URL" not in run, run
         lowered = dockerfile.lower()
+        lowered = lowered.replace("/mnt/ca.pem", "").replace("export ssl_cert_file=", "")
         for gone in (".pem", "ssl_cert_file", "pip_cert", "127.0.0.1", "urlretrieve"):
             assert gone not in lowered, (cell.name, gone)
         # Only the RUN steps mount anything: no ARG, no COPY of a wheel or of uv.

@@ -105,15 +105,33 @@ def test_the_parts_sent_are_the_parts_the_dockerfile_mounts(cells):
 # ---------------------------------------------------------------------------- assembled
 
 
+PYPI = "https://pypi.org/simple/"
+PRIVATE = "https://pkgs.example.com/simple/"
+
+
 class StandInFetcher:
-    """Gives, for each requirements text, the stored wheels a real fetcher would."""
+    """Gives, for each requirements text, the wheels a real fetcher would pick and store
+    (filename, stored path, and the upstream that offers it: PyPI unless said)."""
 
-    def __init__(self, wheels: dict[str, list[tuple[str, Path]]]) -> None:
-        self.by_text, self.asked = wheels, []
+    def __init__(self, wheels: dict[str, list[tuple[str, Path] | tuple[str, Path, str]]]) -> None:
+        self.by_text, self.asked, self.downloaded = wheels, [], []
+        self.paths: dict[str, tuple[str, Path]] = {}
 
-    def wheels(self, key, text, python, machine, glibc):
+    def picks(self, key, text, python, machine, glibc):
+        from gpuenv.store.wheelhouse import IndexFile, locked_requirements
+
         self.asked.append((key, text, python, machine, glibc))
-        return self.by_text[text]
+        out = []
+        for req, given in zip(locked_requirements(text), self.by_text[text], strict=True):
+            filename, path, upstream = (*given, PYPI)[:3]
+            sha = min(req.hashes)
+            self.paths[sha] = (filename, path)
+            out.append((req, IndexFile(filename, upstream + filename, sha), upstream))
+        return out
+
+    def fetch_all(self, key, wanted):
+        self.downloaded += [wheel.filename for _, wheel in wanted]
+        return [self.paths[wheel.sha256] for _, wheel in wanted]
 
 
 def _stored(tmp_path: Path, name: str, body: bytes, mode: int = 0o644) -> Path:
@@ -145,14 +163,17 @@ def test_the_context_holds_the_rendered_files_and_each_parts_wheels_and_uv(cells
         files = sorted(str(p.relative_to(here)) for p in here.rglob("*") if p.is_file())
         assert files == sorted([
             *ctx.files,
-            "python-env/requirements.txt", "python-env/uv",
-            "python-env/six-1.17.0-py2.py3-none-any.whl",
-            "cuda/requirements.txt", "cuda/uv",
+            "python-env/requirements.txt", "python-env/index.txt", "python-env/ca.pem",
+            "python-env/uv", "python-env/six-1.17.0-py2.py3-none-any.whl",
+            "cuda/requirements.txt", "cuda/index.txt", "cuda/ca.pem", "cuda/uv",
             "cuda/nvidia_cudnn_cu12-9.3.0.75-py3-none-manylinux_2_27_x86_64.whl",
         ])  # fmt: skip
         assert (here / "Dockerfile").read_text() == ctx.dockerfile
         assert (here / "python-env" / "requirements.txt").read_text() == RESOLUTION.python_env
         assert (here / "cuda" / "requirements.txt").read_text() == RESOLUTION.cuda
+        # Nothing for the engine's host to fetch, and the CA's mount point empty.
+        assert (here / "python-env" / "index.txt").read_text() == "--no-index\n"
+        assert (here / "cuda" / "ca.pem").read_bytes() == b""
         uv_there = here / "cuda" / "uv"
         assert uv_there.read_bytes() == b"\x7fELF uv" and uv_there.stat().st_mode & stat.S_IXUSR
         # The wheels are the stored files themselves (no copy of a 600 MB wheel).
@@ -163,9 +184,49 @@ def test_the_context_holds_the_rendered_files_and_each_parts_wheels_and_uv(cells
     ]
 
 
+MIXED_RESOLUTION = CellLock(
+    "inputs",
+    "acme-model==1.0 \\\n    --hash=sha256:" + "3" * 64 + "\n"
+    "numpy==2.4.6 \\\n    --hash=sha256:" + "4" * 64 + " \\\n    --hash=sha256:" + "5" * 64 + "\n"
+    "six==1.17.0 --hash=sha256:" + "1" * 64 + "\n",
+    "",
+)
+
+
+@pytest.mark.parametrize("index", [PYPI, "http://10.0.0.2:3141/root/pypi/+simple/"])
+def test_near_the_engine_public_wheels_are_named_and_private_ones_sent(cells, tmp_path, index):
+    from gpuenv.building.near import Near
+
+    cell = cells["tf2.21-py3.11-cpu"]
+    stored = {n: _stored(tmp_path, n, n.encode()) for n in ("acme", "numpy", "six", "uv")}
+    fetcher = StandInFetcher({MIXED_RESOLUTION.python_env: [
+        ("acme_model-1.0-py3-none-any.whl", stored["acme"], PRIVATE),
+        ("numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl", stored["numpy"]),
+        ("six-1.17.0-py2.py3-none-any.whl", stored["six"]),
+    ]})  # fmt: skip
+    near = Near(index, None, "probe: HTTP 200")
+    with sendable.assembled(tmp_path / "c", render(cell), MIXED_RESOLUTION, fetcher,
+                            "0" * 16, stored["uv"], sendable.target_of(cell, "x86_64"),
+                            near, PYPI) as here:  # type: ignore[arg-type]  # fmt: skip
+        part = here / "python-env"
+        # Only the private wheel crosses; the public ones are named with the one hash of
+        # the wheel the client-side path would have sent (numpy's first, not its second).
+        assert fetcher.downloaded == ["acme_model-1.0-py3-none-any.whl"]
+        assert sorted(p.name for p in part.iterdir() if p.suffix == ".whl") == [
+            "acme_model-1.0-py3-none-any.whl"
+        ]
+        assert (part / "index.txt").read_text() == (
+            f"--index-url {index}\n"
+            f"numpy==2.4.6 --hash=sha256:{'4' * 64}\nsix==1.17.0 --hash=sha256:{'1' * 64}\n"
+        )
+        assert (part / "requirements.txt").read_text() == (
+            "acme-model==1.0 \\\n    --hash=sha256:" + "3" * 64 + "\n"
+        )
+
+
 def test_a_wheel_that_cannot_be_had_stops_the_assembly(cells, tmp_path):
     class Failing:
-        def wheels(self, *args):
+        def picks(self, *args):
             raise GpuenvError("six==1.17.0 has no wheel for CPython 3.11 on linux/x86_64")
 
     cell = cells["tf2.21-py3.11-cpu"]
