@@ -22,6 +22,15 @@ Prints side-by-side ratios:
    step instead (host networking), trusting the CA bundle ($PIP_CERT or --ca-bundle)
    through a BuildKit secret mount (in no layer). The gpuenv cold builds use a copy of the
    matrix renamed gpuenv-bench/..., so the matrix's own images are not replaced.
+   gpuenv's cold builds are as users get them: on this machine the probe finds PyPI (through
+   the site's proxy, the CA bundle given to the install step as a BuildKit secret), so the
+   engine's host fetches the wheels in the install step (gpuenv/building/near.py).
+2b. Where the time goes (--breakdown): the same cold build with the wheels sent from the
+   client (GPUENV_NEAR_FETCH=client, as every build was before) and fetched by the engine's
+   host (the default here), alternating, each timed in parts through a docker CLI wrapper
+   that keeps BuildKit's plain log: gpuenv before the engine (resolution, page and wheel
+   fetches into the empty wheelhouse, the context assembled), the context's transfer, the
+   install step, the export of the image, and gpuenv after it.
 3. Image size against the sum of its parts: the base image plus the install layers (the
    Python environment, and the CUDA wheels for GPU cells) from `docker history`. Anything
    else in the image (a stray `chown -R` copying the environment) shows as excess.
@@ -316,6 +325,88 @@ def cold(shipped: Path, cell_name: str, repeat: int, ca: Path | None, tmp: Path)
     return [f"{BENCH_REPOSITORY}:{cell_name}"]
 
 
+WRAPPER = """\
+#!/bin/bash
+if [ "$1" = build ] || [ "$1 $2" = "buildx build" ]; then
+  date +%s.%N > {log}.start
+  set -o pipefail
+  {real} "$@" 2>&1 | tee {log}
+  code=$?
+  date +%s.%N > {log}.end
+  exit $code
+fi
+exec {real} "$@"
+"""
+
+
+def parts_of(log: str) -> dict[str, float]:
+    """BuildKit's plain log in parts: the context's transfer, the RUN steps, the export."""
+    import re
+
+    names: dict[str, str] = {}
+    out: dict[str, float] = {}
+    for line in log.splitlines():
+        m = re.match(
+            r"#(\d+) (\[internal\] load build context|exporting to image|\[.*?\] RUN)", line
+        )
+        if m:
+            what = m.group(2)
+            names[m.group(1)] = (
+                "context transfer" if "build context" in what
+                else "export" if "exporting" in what else "install step"
+            )  # fmt: skip
+        m = re.match(r"#(\d+) DONE ([\d.]+)s", line)
+        if m and m.group(1) in names:
+            key = names[m.group(1)]
+            out[key] = out.get(key, 0.0) + float(m.group(2))
+        m = re.match(r"#\d+ transferring context: ([\d.]+)([kMG]?B)", line)
+        if m:
+            scale = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}[m.group(2)]
+            out["context MB"] = float(m.group(1)) * scale / 1e6
+    return out
+
+
+def breakdown(shipped: Path, cell_name: str, repeat: int, ca: Path | None, tmp: Path) -> None:
+    import yaml
+
+    doc = yaml.safe_load(shipped.read_text())
+    doc["name"] = BENCH_REPOSITORY
+    matrix = tmp / "breakdown-matrix.yaml"
+    matrix.write_text(json.dumps(doc))
+    log = tmp / "buildkit.log"
+    wrapper = tmp / "docker-wrapper"
+    wrapper.write_text(WRAPPER.format(log=log, real=buildkit_command()[0]))
+    wrapper.chmod(0o755)
+    ca_args = ["--ca-bundle", str(ca)] if ca else []
+    rows: dict[str, list[dict[str, float]]] = {"client": [], "engine": []}
+    for i in range(repeat):
+        for mode in ("client", "engine"):
+            env = {**DOCKER_ENV, "XDG_CACHE_HOME": str(tmp / f"breakdown-{mode}-{i}"),
+                   "GPUENV_DOCKER_CLI": str(wrapper)}  # fmt: skip
+            if mode == "client":
+                env["GPUENV_NEAR_FETCH"] = "client"
+            start = time.time()
+            proc = sh(gpuenv("build", "-f", str(matrix), cell_name, "--no-cache", "--json",
+                             *ca_args), env=env)  # fmt: skip
+            end = time.time()
+            assert build_results(proc)[cell_name]["status"] == "built"
+            began = float(Path(f"{log}.start").read_text())
+            ended = float(Path(f"{log}.end").read_text())
+            row = parts_of(log.read_text())
+            row["gpuenv before the engine"] = began - start
+            row["gpuenv after the engine"] = end - ended
+            row["total"] = end - start
+            rows[mode].append(row)
+            print(f"  run {i + 1} {mode}: {row['total']:.1f} s", flush=True)
+    keys = ["gpuenv before the engine", "context transfer", "install step", "export",
+            "gpuenv after the engine", "total", "context MB"]  # fmt: skip
+    print(f"\n2b. Where a cold build of {cell_name} goes, medians of {repeat} (seconds)")
+    print(f"  {'part':<28} {'wheels sent':>12} {'fetched by the engine':>22}")
+    for key in keys:
+        values = [median([r.get(key, 0.0) for r in rows[m]]) for m in ("client", "engine")]
+        print(f"  {key:<28} {values[0]:12.1f} {values[1]:22.1f}")
+
+
 def sizes(images: list[str]) -> None:
     print("\n3. Final image size against the sum of its parts (base + install layers)")
     print(f"  {'image':<52} {'size':>9} {'base':>9} {'env':>9} {'ratio':>7}")
@@ -358,11 +449,25 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the images built here")
     parser.add_argument("--skip-noop", action="store_true")
     parser.add_argument("--skip-cold", action="store_true")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="only part 2b: where a cold build's time goes, on both paths",
+    )
     args = parser.parse_args()
     ca = args.ca_bundle or (Path(os.environ["PIP_CERT"]) if os.environ.get("PIP_CERT") else None)
     matrix = args.file.resolve()
 
     before = tags()
+    if args.breakdown:
+        with tempfile.TemporaryDirectory(prefix="gpuenv-bench-") as tmp:
+            try:
+                breakdown(matrix, args.cell, args.repeat, ca, Path(tmp))
+            finally:
+                for ref in tags() - before:
+                    if ref.startswith(BENCH_REPOSITORY):
+                        sh(["docker", "rmi", ref], check=False)
+        return
     cells = matrix_cells(matrix)
     print(f"gpuenv build benchmark: {matrix} ({len(cells)} cells), repeat {args.repeat}")
     seconds, proc = timed(gpuenv("build", "-f", str(matrix), "--json"), check=False)

@@ -45,6 +45,10 @@ class Facts:
     images: list[dict[str, str]] = field(default_factory=list)  # labels of gpuenv images
     build_path: str | None = None  # how builds reach the engine (Engine.build_path)
     build_error: str | None = None  # why none can
+    # Where builds' public wheels come from (gpuenv/building/near.py): True when the engine's
+    # host fetches them, with the probe's verdict in `packages_why`.
+    packages_near: bool | None = None
+    packages_why: str = ""
     # /proc/sys/fs/binfmt_misc/qemu-aarch64 on the engine's host: None when unknown (remote
     # engine), "" when binfmt_misc has no such entry (or is not mounted), else its text.
     binfmt_aarch64: str | None = None
@@ -151,7 +155,8 @@ def image_verdict(labels: dict[str, str], facts: Facts, gpu_ok: bool) -> Finding
 
 def build_finding(facts: Facts) -> Finding:
     """Which build path the engine gets, and why it works wherever the engine is: gpuenv
-    fetches every wheel on this machine and sends it in the build context."""
+    fetches the wheels on this machine and sends them in the build context (the public
+    ones, when the engine's host reaches the index, are fetched there: packages_finding)."""
     if facts.build_error:
         return Finding("build", "error", facts.build_error)
     where = "this machine's engine" if facts.local else "a remote engine"
@@ -160,8 +165,23 @@ def build_finding(facts: Facts) -> Finding:
         "build",
         "ok",
         f"{facts.build_path}; wheels for {machine} are fetched here and sent with the "
-        f"context, so {where} needs no network, index, credentials or CA",
+        f"context unless the engine's host fetches the public ones (packages, below); "
+        f"credentials, the CA and private indexes' wheels never need {where} to reach an index",
     )
+
+
+def packages_finding(facts: Facts) -> Finding | None:
+    """Where builds on this engine get their public wheels: fetched by the engine's host
+    (only the private indexes' wheels are sent), or all sent from this machine."""
+    if facts.packages_near is None:
+        return None
+    if facts.packages_near:
+        return Finding("packages", "ok", f"fetched near the engine: {facts.packages_why}")
+    return Finding(
+        "packages", "info", f"sent from this machine: {facts.packages_why}",
+        fix="GPUENV_NEAR_INDEX=URL names an index the engine's host reaches (a mirror "
+        "near it); GPUENV_NEAR_FETCH=engine|client forces a path",
+    )  # fmt: skip
 
 
 ENABLE_ARM64 = (
@@ -240,6 +260,9 @@ def evaluate(facts: Facts) -> list[Finding]:
         )
     ]
     findings.append(build_finding(facts))
+    packages = packages_finding(facts)
+    if packages is not None:
+        findings.append(packages)
     findings.append(arm64_finding(facts))
     support = gpu_support(facts)
     findings.append(support)
@@ -357,6 +380,26 @@ def gather() -> Facts:
     return facts
 
 
+def _gather_packages(engine: Engine, facts: Facts, image: str) -> None:
+    """Where builds' public wheels come from, probed anew (PyPI, or $GPUENV_NEAR_INDEX)."""
+    import os
+
+    from gpuenv.building import near
+    from gpuenv.matrix.errors import GpuenvError
+    from gpuenv.store.credentials import Credentials
+    from gpuenv.store.wheelhouse import PYPI
+
+    bundle = os.environ.get("GPUENV_CA_BUNDLE") or os.environ.get("PIP_CERT")
+    ca = Path(bundle) if bundle and Path(bundle).is_file() else None
+    try:
+        decided = near.decide(engine, PYPI, image=image, ca_bundle=ca, credentials=Credentials({}),
+                              offline=False, fresh=True)  # fmt: skip
+    except GpuenvError as exc:
+        facts.packages_near, facts.packages_why = False, exc.message
+        return
+    facts.packages_near, facts.packages_why = decided.index is not None, decided.why
+
+
 def _gather_workdir(engine: Engine, facts: Facts) -> None:
     """Whether the engine sees the current directory, probed with an image it has."""
     from gpuenv.matrix.errors import GpuenvError
@@ -368,6 +411,7 @@ def _gather_workdir(engine: Engine, facts: Facts) -> None:
     if image is None:
         facts.workdir_why = "no gpuenv image on the engine to probe with (gpuenv build)"
         return
+    _gather_packages(engine, facts, image)
     try:
         verdict = sync.visibility(engine, Path.cwd(), image)
     except GpuenvError as exc:

@@ -458,10 +458,26 @@ def test_the_build_path_is_named_with_what_the_engine_does_not_need() -> None:
     finding = doctor.build_finding(facts)
     assert finding.level == "ok"
     assert finding.message.startswith("BuildKit through `docker buildx build --load`")
-    assert "wheels for aarch64" in finding.message and "a remote engine needs no network" in (
+    assert "wheels for aarch64" in finding.message and "never need a remote engine" in (
         finding.message
     )
     assert any(f.topic == "build" for f in evaluate(facts))
+
+
+def test_where_the_public_wheels_come_from_is_a_finding_with_the_overrides() -> None:
+    near = Facts(packages_near=True, packages_why="the engine's host reaches "
+                 "https://pypi.org/simple/ (probe: HTTP 200)")  # fmt: skip
+    found = {f.topic: f for f in evaluate(near)}["packages"]
+    assert (found.level, found.message) == ("ok", "fetched near the engine: " + near.packages_why)
+    sent = Facts(
+        packages_near=False,
+        packages_why="the engine's host cannot fetch "
+        "https://pypi.org/simple/ (SSLCertVerificationError: ...): wheels are sent",
+    )
+    found = {f.topic: f for f in evaluate(sent)}["packages"]
+    assert found.level == "info" and found.message.startswith("sent from this machine: ")
+    assert found.fix and "GPUENV_NEAR_INDEX" in found.fix and "GPUENV_NEAR_FETCH" in found.fix
+    assert "packages" not in {f.topic for f in evaluate(Facts())}  # not probed: not said
 
 
 def test_no_build_path_is_an_error_with_the_engine_modules_fix() -> None:

@@ -69,6 +69,7 @@ TEST_REPOSITORIES = frozenset(
         "peek",  # test_engine_push.py: a candidate with another spec hash
         "anywhere",  # test_engine_anywhere.py: the locked JAX cell on every engine
         "another-host",  # test_engine_another_host.py: the locked JAX cell on another host
+        "near",  # test_engine_near_fetch.py: the locked JAX cell fetched near the engine
         "other-user",  # test_engine_other_user.py: a second local user
         "slurm",  # test_engine_slurm.py: the base plus a probe file and ENV
         "attest",  # test_engine_attest.py: the locked JAX cell pushed with attestations

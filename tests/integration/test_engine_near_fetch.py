@@ -1,0 +1,180 @@
+"""Builds fetch near the engine (gpuenv/building/near.py): where the engine's host reaches the
+index, it downloads the public wheels itself, against the lock's hashes, and the image is the
+one the client-side path gives; private wheels, credentials and the CA never leave the client.
+
+The locked JAX CPU cell (~120 MB of wheels) is built with --reproducible three ways:
+
+- on this machine's engine with every wheel sent (GPUENV_NEAR_FETCH=client): the reference;
+- on this machine's engine as users get it: the probe finds PyPI through this site's
+  TLS-intercepting proxy with the CA bundle ($PIP_CERT), which the step gets as a BuildKit
+  secret (the engine is this machine's), so its host fetches the wheels;
+- on another host (support/another_host.py: its own network and mount namespaces, TLS over
+  a 50 Mbit/s link) whose host reaches a PEP 503 mirror on its own loopback
+  (GPUENV_NEAR_INDEX): the wheels do not cross the link, only uv and the context do.
+
+And a cell with a package from a basic-auth index (netrc) on that host: the private wheel
+travels in the context, the public ones come from the mirror, and neither the credentials nor
+this site's CA reach anything the lab's host keeps.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import cells
+from support.another_host import AnotherHost, another_host
+from support.cells import JAX_CPU_CELL, JAX_LOCK_DATE, jax_cpu_matrix, test_repository
+from support.cli import clean_env, gpuenv_cmd, output
+from support.private_index import PACKAGE, PASSWORD, USER, VERSION, PrivateIndex
+
+pytestmark = pytest.mark.engine
+
+NAME = test_repository("near")
+CELL = JAX_CPU_CELL
+
+
+def _build(project: Path, env: dict[str, str], *extra: str) -> dict:
+    proc = gpuenv_cmd("build", CELL, "--json", "--no-cache", "--reproducible", *extra,
+                      cwd=project, env=env, check=False)  # fmt: skip
+    assert proc.returncode == 0, output(proc)
+    result = json.loads(proc.stdout)["results"][0]
+    assert result["status"] == "built", output(proc)
+    return {**result, "output": proc.stdout + proc.stderr}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("near")
+    project, cache = root / "project", root / "cache"
+    project.mkdir()
+    cache.mkdir()
+    (project / "matrix.yaml").write_text(jax_cpu_matrix(NAME))
+    lock = gpuenv_cmd("lock", "--exclude-newer", JAX_LOCK_DATE, cwd=project,
+                      env=clean_env(XDG_CACHE_HOME=str(cache)))  # fmt: skip
+    assert (project / "matrix.lock").exists(), output(lock)
+    return {"project": project, "cache": cache, "root": root}
+
+
+@pytest.fixture(scope="module")
+def sent(project: dict[str, Path]) -> dict:
+    """The reference: every wheel sent; and those wheels, for the lab's mirror."""
+    env = clean_env(XDG_CACHE_HOME=str(project["cache"]), GPUENV_NEAR_FETCH="client")
+    result = _build(project["project"], env)
+    part = cells.context_dir(project["cache"], project["project"] / "matrix.yaml", CELL)
+    wheels = project["root"] / "wheels"
+    wheels.mkdir(exist_ok=True)
+    for wheel in (part / "python-env").glob("*.whl"):
+        shutil.copy2(wheel, wheels / wheel.name)
+    assert len(list(wheels.glob("*.whl"))) > 5, "the reference sent its wheels"
+    return {**result, "wheels": wheels}
+
+
+def test_on_this_machine_the_engines_host_fetches_and_the_image_is_the_same(project, sent):
+    if not os.environ.get("PIP_CERT"):
+        pytest.skip("this site's proxy CA ($PIP_CERT) is what the local probe needs here")
+    env = clean_env(XDG_CACHE_HOME=str(project["cache"]))
+    doctor = gpuenv_cmd("doctor", "--json", cwd=project["project"], env=env, check=False)
+    found = {f["topic"]: f for f in json.loads(doctor.stdout)["findings"]}
+    assert found["packages"]["level"] == "ok", output(doctor)
+    assert (
+        "https://pypi.org/simple/ with the CA bundle as a build secret"
+        in (found["packages"]["message"])
+    )
+    near = _build(project["project"], env)
+    part = cells.context_dir(project["cache"], project["project"] / "matrix.yaml", CELL)
+    # Nothing but uv was sent; the engine's host was told where and what, one hash each.
+    assert [p.name for p in (part / "python-env").glob("*.whl")] == []
+    fetched = (part / "python-env" / "index.txt").read_text().splitlines()
+    assert fetched[0] == "--index-url https://pypi.org/simple/" and len(fetched) > 5
+    assert all(line.count("--hash=sha256:") == 1 for line in fetched[1:])
+    assert near["image_id"] == sent["image_id"]
+
+
+def _tx(lab: AnotherHost) -> int:
+    return int(Path(f"/sys/class/net/{lab.host_if}/statistics/tx_bytes").read_text())
+
+
+@pytest.fixture(scope="module")
+def lab(project: dict[str, Path], sent: dict) -> Iterator[AnotherHost]:
+    with another_host(project["project"], hide=[project["cache"]], wheels=sent["wheels"]) as it:
+        yield it
+
+
+def test_on_another_host_its_mirror_serves_and_the_image_is_the_same(project, sent, lab):
+    env = clean_env(XDG_CACHE_HOME=str(project["cache"]), GPUENV_NEAR_INDEX=lab.mirror_url,
+                    **lab.env("tls"))  # fmt: skip
+    before = _tx(lab)
+    there = _build(project["project"], env)
+    crossed = _tx(lab) - before
+    wheels = sum(p.stat().st_size for p in sent["wheels"].glob("*.whl"))
+    assert there["image_id"] == sent["image_id"], there["output"]
+    # uv (~40 MB) and the context crossed; the wheels (~120 MB) did not.
+    assert crossed < wheels / 2, (crossed, wheels)
+    on_lab = lab.docker("image", "inspect", "-f", "{{.Id}}", f"{NAME}:{CELL}").stdout.strip()
+    assert on_lab == sent["image_id"]
+
+
+def _site_cas() -> list[bytes]:
+    """The certificates of the CA bundle that are not public roots (this site's proxy CA):
+    what must not reach a remote engine. Their base64 bodies' first line is a needle."""
+    import certifi
+
+    bundle = Path(os.environ["PIP_CERT"]).read_text()
+    public = Path(certifi.where()).read_text()
+    blocks = bundle.split("-----BEGIN CERTIFICATE-----")[1:]
+    bodies = [b.split("-----END CERTIFICATE-----")[0].strip() for b in blocks]
+    return [b.splitlines()[0].encode() for b in bodies if b not in public]
+
+
+def test_a_private_package_travels_and_no_credential_or_ca_reaches_that_host(project, lab):
+    if not os.environ.get("PIP_CERT"):
+        pytest.skip("the scan needs this site's CA bundle ($PIP_CERT)")
+    root = project["root"] / "private"
+    root.mkdir()
+    with PrivateIndex() as index:
+        doc = {"name": NAME, "matrix": {"jax": ["0.7"], "python": ["3.11"], "variant": ["cpu"]},
+               "default": {"jax": "0.7", "python": "3.11"},
+               "bases": {"3.11": {"debian": "bookworm"}},
+               "packages": {"pip": [f"{PACKAGE}=={VERSION}"]},
+               "build": {"extra_index_urls": [index.url]}}  # fmt: skip
+        (root / "matrix.yaml").write_text(json.dumps(doc, indent=2))
+        netrc = root / "netrc"
+        netrc.write_text(f"machine 127.0.0.1 login {USER} password {PASSWORD}\n")
+        netrc.chmod(0o600)
+        env = clean_env(XDG_CACHE_HOME=str(project["cache"]), NETRC=str(netrc))
+        env["no_proxy"] = env["NO_PROXY"] = "127.0.0.1"
+        lock = gpuenv_cmd("lock", "--exclude-newer", JAX_LOCK_DATE, cwd=root, env=env)
+        assert (root / "matrix.lock").exists(), output(lock)
+        there = _build(root, {**env, "GPUENV_NEAR_INDEX": lab.mirror_url, **lab.env("tls")})
+    part = cells.context_dir(project["cache"], root / "matrix.yaml", CELL)
+    # The private wheel crossed in the packages step's part; no public wheel did.
+    assert [p.name for p in part.rglob("*.whl")] == [index.filename]
+    assert f"{PACKAGE}=={VERSION}" in (part / "packages" / "requirements.txt").read_text()
+    assert "--index-url http://127.0.0.1:3141/simple/" in (
+        (part / "python-env" / "index.txt").read_text()
+    )
+    ran = lab.docker("run", "--rm", "--network", "none", f"{NAME}:{CELL}", "python", "-c",
+                     "import gpuenv_private_probe as m; print(m.ANSWER)")  # fmt: skip
+    assert ran.stdout.strip() == "42"
+    # Nothing the lab's host keeps (its data root: layers, build cache, containers, logs)
+    # nor what gpuenv printed holds the password, its basic-auth token or the site's CA.
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode())
+    needles = [PASSWORD.encode(), token, *_site_cas()]
+    assert len(needles) > 2, "this site's CA bundle holds a CA of its own"
+    kept = [str(lab.root / d) for d in ("data", "exec")]
+    for needle in needles:
+        grep = subprocess.run(["grep", "-rlaF", "--exclude-dir=mirror", needle.decode(), *kept],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        assert grep.stdout == "", (needle[:20], grep.stdout)
+        assert needle.decode() not in there["output"]
+    # Positive control: the scan sees what is there (the private module, in a layer).
+    found = subprocess.run(["grep", "-rlaF", "ANSWER = 42", *kept], capture_output=True,
+                           text=True, check=False)  # fmt: skip
+    assert found.stdout, "the scan found not even the private module"
