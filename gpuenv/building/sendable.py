@@ -399,5 +399,5 @@ def check_offline(engine: Engine, project: Project, cells: list[Cell]) -> None:
             raise GpuenvError(
                 f"--offline: the wheelhouse lacks {len(missing)} distribution(s) of cell "
                 f"{cell.name}: {', '.join(missing[:OFFLINE_SHOWN])}{more}; build it once online "
-                "(or gpuenv cache import FILE)"
+                "with every wheel sent, GPUENV_NEAR_FETCH=client (or gpuenv cache import FILE)"
             )

@@ -79,7 +79,7 @@ def sent(project: dict[str, Path]) -> dict:
 def test_on_this_machine_the_engines_host_fetches_and_the_image_is_the_same(project, sent):
     if not os.environ.get("PIP_CERT"):
         pytest.skip("this site's proxy CA ($PIP_CERT) is what the local probe needs here")
-    env = clean_env(XDG_CACHE_HOME=str(project["cache"]))
+    env = clean_env(XDG_CACHE_HOME=str(project["cache"]), GPUENV_NEAR_FETCH="auto")
     doctor = gpuenv_cmd("doctor", "--json", cwd=project["project"], env=env, check=False)
     found = {f["topic"]: f for f in json.loads(doctor.stdout)["findings"]}
     assert found["packages"]["level"] == "ok", output(doctor)
@@ -109,7 +109,7 @@ def lab(project: dict[str, Path], sent: dict) -> Iterator[AnotherHost]:
 
 def test_on_another_host_its_mirror_serves_and_the_image_is_the_same(project, sent, lab):
     env = clean_env(XDG_CACHE_HOME=str(project["cache"]), GPUENV_NEAR_INDEX=lab.mirror_url,
-                    **lab.env("tls"))  # fmt: skip
+                    GPUENV_NEAR_FETCH="auto", **lab.env("tls"))  # fmt: skip
     before = _tx(lab)
     there = _build(project["project"], env)
     crossed = _tx(lab) - before
@@ -152,7 +152,8 @@ def test_a_private_package_travels_and_no_credential_or_ca_reaches_that_host(pro
         env["no_proxy"] = env["NO_PROXY"] = "127.0.0.1"
         lock = gpuenv_cmd("lock", "--exclude-newer", JAX_LOCK_DATE, cwd=root, env=env)
         assert (root / "matrix.lock").exists(), output(lock)
-        there = _build(root, {**env, "GPUENV_NEAR_INDEX": lab.mirror_url, **lab.env("tls")})
+        near = {"GPUENV_NEAR_INDEX": lab.mirror_url, "GPUENV_NEAR_FETCH": "auto"}
+        there = _build(root, {**env, **near, **lab.env("tls")})
     part = cells.context_dir(project["cache"], root / "matrix.yaml", CELL)
     # The private wheel crossed in the packages step's part; no public wheel did.
     assert [p.name for p in part.rglob("*.whl")] == [index.filename]

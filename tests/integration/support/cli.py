@@ -28,8 +28,12 @@ GPUENV = gpuenv_argv()
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without GPUENV_* settings (a developer's own must not leak in)."""
+    """This environment without GPUENV_* settings (a developer's own must not leak in).
+    Builds send every wheel from the wheelhouse (GPUENV_NEAR_FETCH=client), the path the
+    offline, CA, private-index and engine-lab tests check; test_engine_near_fetch.py asks
+    for the probe's decision (auto) itself."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUENV_")}
+    env["GPUENV_NEAR_FETCH"] = "client"
     env.update(extra)
     return env
 
