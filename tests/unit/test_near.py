@@ -1,0 +1,140 @@
+"""Where builds' public wheels come from (gpuenv/building/near.py): the order of the rules, the
+probe's trust, its kept verdict, and the overrides, against a stand-in engine that records
+the probe containers it was asked to run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuenv.building import near
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.store.credentials import Credential, Credentials
+
+PYPI = "https://pypi.org/simple/"
+
+
+class ProbedEngine:
+    """What near.decide asks of an engine; the probe container's answer is scripted."""
+
+    def __init__(self, *, local: bool = True, podman: bool = False, answer: int = 0) -> None:
+        self.is_local, self.is_podman, self.answer = local, podman, answer
+        self.url = "unix:///var/run/docker.sock" if local else "tcp://10.0.0.2:2376"
+        self.probes: list[dict[str, Any]] = []
+
+    def info(self) -> dict[str, Any]:
+        return {"ID": f"ENGINE-{self.is_local}"}
+
+    def run_capture(
+        self, image: str, command: list[str], platform: str | None = None, *,
+        network: str = "none", files: dict[str, bytes] | None = None,
+    ) -> tuple[int, str]:  # fmt: skip
+        self.probes.append({"image": image, "command": command, "network": network,
+                            "files": files or {}})  # fmt: skip
+        return (
+            self.answer,
+            "HTTP 200" if self.answer == 0 else "URLError: [SSL: CERTIFICATE_VERIFY_FAILED]",
+        )
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for name in (near.MODE_ENV, near.INDEX_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+def decide(engine: ProbedEngine, ca: Path | None = None, **kw: Any) -> near.Near:
+    options: dict[str, Any] = {"image": "gpuenv/debian:bookworm", "ca_bundle": ca,
+                               "credentials": Credentials({}), "offline": False, **kw}  # fmt: skip
+    return near.decide(engine, PYPI, **options)  # type: ignore[arg-type]
+
+
+def test_a_local_engine_is_probed_with_the_ca_bundle_which_its_steps_then_get(tmp_path):
+    ca = tmp_path / "site-ca.pem"
+    ca.write_bytes(b"-----BEGIN CERTIFICATE-----\nSITE\n-----END CERTIFICATE-----\n")
+    engine = ProbedEngine(local=True)
+    decided = decide(engine, ca)
+    assert (decided.index, decided.ca) == (PYPI, ca)
+    (probe,) = engine.probes
+    assert probe["network"] == "host" and probe["command"][-1] == PYPI
+    assert probe["files"] == {near.PROBE_TRUST: ca.read_bytes()}
+
+
+def test_a_remote_engine_never_gets_the_ca_and_is_probed_with_public_roots(tmp_path):
+    import certifi
+
+    ca = tmp_path / "site-ca.pem"
+    ca.write_bytes(b"SITE CA")
+    engine = ProbedEngine(local=False)
+    decided = decide(engine, ca)
+    assert (decided.index, decided.ca) == (PYPI, None)
+    assert engine.probes[0]["files"][near.PROBE_TRUST] == Path(certifi.where()).read_bytes()
+    assert b"SITE CA" not in engine.probes[0]["files"][near.PROBE_TRUST]
+
+
+def test_a_failed_probe_sends_the_wheels_and_says_why():
+    decided = decide(ProbedEngine(local=False, answer=1))
+    assert decided.index is None and "CERTIFICATE_VERIFY_FAILED" in decided.why
+
+
+def test_the_verdict_is_kept_per_engine_and_doctor_probes_anew():
+    engine = ProbedEngine(local=False)
+    decide(engine)
+    decide(engine)
+    assert len(engine.probes) == 1  # kept
+    decide(engine, fresh=True)
+    assert len(engine.probes) == 2
+    other = ProbedEngine(local=True)  # another engine: its own verdict
+    decide(other)
+    assert len(other.probes) == 1
+
+
+@pytest.mark.parametrize(
+    ("setting", "offline", "podman", "why"),
+    [
+        ({}, True, False, "--offline"),
+        ({near.MODE_ENV: "client"}, False, False, "GPUENV_NEAR_FETCH=client"),
+        ({}, False, True, "podman"),
+    ],
+)
+def test_what_keeps_todays_path_runs_no_probe(monkeypatch, setting, offline, podman, why):
+    for key, value in setting.items():
+        monkeypatch.setenv(key, value)
+    engine = ProbedEngine(podman=podman)
+    decided = decide(engine, offline=offline)
+    assert decided.index is None and why in decided.why and engine.probes == []
+
+
+def test_a_primary_index_with_credentials_is_never_fetched_by_the_engine():
+    credentials = Credentials({"pypi.org": Credential("u", "p", "netrc")})
+    engine = ProbedEngine()
+    decided = decide(engine, credentials=credentials)
+    assert decided.index is None and "credentials" in decided.why and engine.probes == []
+
+
+def test_engine_forces_the_near_path_and_a_mirror_stands_for_the_index(monkeypatch):
+    monkeypatch.setenv(near.MODE_ENV, "engine")
+    monkeypatch.setenv(near.INDEX_ENV, "http://127.0.0.1:3141/simple")
+    engine = ProbedEngine(local=False)
+    decided = decide(engine)
+    assert decided.index == "http://127.0.0.1:3141/simple/" and engine.probes == []
+    assert decided.fetches(PYPI, PYPI) and not decided.fetches("https://pkgs.example/", PYPI)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        (near.MODE_ENV, "sometimes", "expected auto"),
+        (near.INDEX_ENV, "https://user:secret@mirror.example/simple/", "credentials"),
+        (near.INDEX_ENV, "mirror.example/simple", "not an index URL"),
+    ],
+)
+def test_bad_overrides_are_one_error_naming_the_variable(monkeypatch, name, value, says):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(GpuenvError) as caught:
+        decide(ProbedEngine())
+    assert name in caught.value.message and says in caught.value.message
+    assert "secret" not in caught.value.message
