@@ -25,6 +25,7 @@ import os
 import shutil
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,8 +269,9 @@ class Sender:
         # The primary index (the last upstream): the only one whose wheels may be fetched
         # by the engine's host (gpuenv/building/near.py).
         self.primary = wheelhouse.upstreams(b.index_url)[-1]
-        self.near = near.decide(
-            engine, self.primary, image=cells[0].base.image, ca_bundle=ca_bundle,
+        # Decided while the resolution is made (the probe is a container: about a second).
+        self._near: Future[Near] = ThreadPoolExecutor(1).submit(
+            near.decide, engine, self.primary, image=cells[0].base.image, ca_bundle=ca_bundle,
             credentials=self.credentials, offline=offline,
         )  # fmt: skip
         self._resolved: dict[str, str] = {}  # requirements, Python, indexes -> resolution
@@ -339,6 +341,11 @@ class Sender:
         root = contexts_root(self.store.root) / project
         return assembled(root, p.context, self.resolution(p), self.fetcher, key, uv, target,
                          self.near, self.primary)  # fmt: skip
+
+    @property
+    def near(self) -> Near:
+        """Where the public wheels come from (gpuenv/building/near.py); its error, if any."""
+        return self._near.result()
 
     def network(self, cell: Cell) -> str:
         """The build's network: host when a step reaches an index (the engine's host
