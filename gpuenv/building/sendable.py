@@ -268,7 +268,7 @@ class Sender:
         self.architecture = engine.architecture()
         # The primary index (the last upstream): the only one whose wheels may be fetched
         # by the engine's host (gpuenv/building/near.py).
-        self.primary = wheelhouse.upstreams(b.index_url)[-1]
+        self.primary = wheelhouse.upstreams(project.matrix.model.build.index_url)[-1]
         # Decided while the resolution is made (the probe is a container: about a second).
         self._near: Future[Near] = ThreadPoolExecutor(1).submit(
             near.decide, engine, self.primary, image=cells[0].base.image, ca_bundle=ca_bundle,

@@ -127,12 +127,13 @@ def test_on_another_host_its_mirror_serves_and_the_image_is_the_same(project, se
     assert on_lab == sent["image_id"]
 
 
-def _site_cas() -> list[bytes]:
-    """The certificates of the CA bundle that are not public roots (this site's proxy CA):
-    what must not reach a remote engine. Their base64 bodies' first line is a needle."""
+def _site_cas(bundle_file: Path) -> list[bytes]:
+    """The certificates of the CA bundle that are not public roots (the test index's CA and
+    this site's proxy CA): what must not reach a remote engine. Their base64 bodies' first
+    line is a needle."""
     import certifi
 
-    bundle = Path(os.environ["PIP_CERT"]).read_text()
+    bundle = bundle_file.read_text()
     public = Path(certifi.where()).read_text()
     blocks = bundle.split("-----BEGIN CERTIFICATE-----")[1:]
     bodies = [b.split("-----END CERTIFICATE-----")[0].strip() for b in blocks]
@@ -141,10 +142,10 @@ def _site_cas() -> list[bytes]:
 
 def test_a_private_package_travels_and_no_credential_or_ca_reaches_that_host(project, sent, lab):
     if not os.environ.get("PIP_CERT"):
-        pytest.skip("the scan needs this site's CA bundle ($PIP_CERT)")
+        pytest.skip("the index's bundle adds this site's CA bundle ($PIP_CERT) to its own")
     root = project["root"] / "private"
     root.mkdir()
-    with PrivateIndex() as index:
+    with PrivateIndex(root) as index:
         doc = {"name": NAME, "matrix": {"jax": ["0.7"], "python": ["3.11"], "variant": ["cpu"]},
                "default": {"jax": "0.7", "python": "3.11"},
                "bases": {"3.11": {"debian": "bookworm"}},
@@ -152,9 +153,10 @@ def test_a_private_package_travels_and_no_credential_or_ca_reaches_that_host(pro
                "build": {"extra_index_urls": [index.url]}}  # fmt: skip
         (root / "matrix.yaml").write_text(json.dumps(doc, indent=2))
         netrc = root / "netrc"
-        netrc.write_text(f"machine 127.0.0.1 login {USER} password {PASSWORD}\n")
+        netrc.write_text(index.netrc())
         netrc.chmod(0o600)
-        env = clean_env(XDG_CACHE_HOME=str(project["cache"]), NETRC=str(netrc))
+        env = clean_env(XDG_CACHE_HOME=str(project["cache"]), NETRC=str(netrc),
+                        GPUENV_CA_BUNDLE=str(index.bundle))  # fmt: skip
         env["no_proxy"] = env["NO_PROXY"] = "127.0.0.1"
         lock = gpuenv_cmd("lock", "--exclude-newer", JAX_LOCK_DATE, cwd=root, env=env)
         assert (root / "matrix.lock").exists(), output(lock)
@@ -178,7 +180,7 @@ def test_a_private_package_travels_and_no_credential_or_ca_reaches_that_host(pro
     # Nothing the lab's host keeps (its data root: layers, build cache, containers, logs)
     # nor what gpuenv printed holds the password, its basic-auth token or the site's CA.
     token = base64.b64encode(f"{USER}:{PASSWORD}".encode())
-    needles = [PASSWORD.encode(), token, *_site_cas()]
+    needles = [PASSWORD.encode(), token, *_site_cas(index.bundle)]
     assert len(needles) > 2, "this site's CA bundle holds a CA of its own"
     kept = [str(lab.root / d) for d in ("data", "exec")]
     for needle in needles:

@@ -109,7 +109,11 @@ def test_what_keeps_todays_path_runs_no_probe(monkeypatch, setting, offline, pod
 
 
 def test_a_primary_index_with_credentials_is_never_fetched_by_the_engine():
-    credentials = Credentials({"pypi.org": Credential("u", "p", "netrc")})
+    from gpuenv.store.credentials import origin_of
+
+    origin = origin_of(PYPI)
+    assert origin is not None
+    credentials = Credentials({origin: Credential("u", "p", "netrc")})
     engine = ProbedEngine()
     decided = decide(engine, credentials=credentials)
     assert decided.index is None and "credentials" in decided.why and engine.probes == []
