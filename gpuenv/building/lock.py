@@ -138,7 +138,8 @@ def compile_requirements(
     constraints: list[str] | tuple[str, ...] = (),
     output_format: str = "requirements.txt",
 ) -> str:
-    """`uv pip compile --generate-hashes` for the cell's interpreter and platform. Index
+    """`uv pip compile --generate-hashes` for the cell's interpreter and platform, within
+    `constraints` (pins the resolution must keep: what an image already holds). Index
     credentials reach uv in its environment (never its command line, which every local user
     can read), inside the URLs of the indexes whose origin they are bound to
     (gpuenv/store/credentials.py decides); uv reads no netrc of its own, which would give

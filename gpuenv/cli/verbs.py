@@ -14,6 +14,7 @@ from gpuenv.cli import (
     lock,
     matrix,
     monitor,
+    notebook,
     push,
     run,
     validate,
@@ -21,8 +22,8 @@ from gpuenv.cli import (
 from gpuenv.cli.common import app, normalise_argv
 
 VERB_MODULES = (
-    init, matrix, build, run, bench, monitor, validate, lock, diff, push, attest, doctor, cache,
-    catalog,
+    init, matrix, build, run, notebook, bench, monitor, validate, lock, diff, push, attest, doctor,
+    cache, catalog,
 )  # fmt: skip
 for _verbs in VERB_MODULES:
     _verbs.register(app)

@@ -553,6 +553,11 @@ class Engine:
         return (f"BuildKit through `{cli}`: the context travels over the build session, "
                 "only what changed since the last build of a cell")  # fmt: skip
 
+    def network_names(self) -> set[str]:
+        """The names of the engine's networks (`bridge` where it has Docker's default one)."""
+        with _translated():
+            return {str(n.get("Name") or "") for n in self._api.networks()}
+
     def architecture(self) -> str:
         """The engine's machine (x86_64, aarch64; podman says amd64, arm64)."""
         return str(self.info().get("Architecture") or "")
