@@ -66,7 +66,7 @@ def ensure(engine: Engine, project: Project, cell: Cell, say: Callable[[str], No
     if base is None:
         raise GpuenvError(f"{cell.image} is not in the engine; build it first: gpuenv build")
     resolution = _resolution(engine, project, cell, base)
-    text = dockerfile(cell, base)
+    text = dockerfile_for(cell.name, cell.image, base)
     digest = hashlib.sha256(f"{text}\0{resolution}".encode()).hexdigest()
     tag = f"{cell.image.rpartition(':')[0]}:{cell.name}-notebook-{digest[:16]}"
     count = len(_requirements(resolution))
@@ -89,7 +89,7 @@ def ensure(engine: Engine, project: Project, cell: Cell, say: Callable[[str], No
     return Layer(tag, True, count)
 
 
-def dockerfile(cell: Cell, base: ImageInfo) -> str:
+def dockerfile_for(cell_name: str, image: str, base: ImageInfo) -> str:
     """One install step on the cell's image, as the cell's own steps install
     (images/partials/macros.j2), then the image's own user again."""
     venv = contract.VENV
@@ -99,9 +99,9 @@ def dockerfile(cell: Cell, base: ImageInfo) -> str:
         "--compile-bytecode"
     )
     return (
-        f"# The notebook layer of {cell.name} (gpuenv/run/jupyter.py): {JUPYTERLAB} on the\n"
+        f"# The notebook layer of {cell_name} (gpuenv/run/jupyter.py): {JUPYTERLAB} on the\n"
         f"# cell's image {base.id}, which it never changes.\n"
-        f"FROM {cell.image}\n"
+        f"FROM {image}\n"
         "USER 0:0\n"
         f"RUN --mount=type=bind,source={PART},target={MOUNT} \\\n"
         "    set -eu; \\\n"
@@ -147,8 +147,8 @@ def _resolution(engine: Engine, project: Project, cell: Cell, base: ImageInfo) -
 
 def missing_from(resolution: str, installed: dict[str, str]) -> str:
     """The resolution's requirements the environment does not already hold, one per
-    line with its hashes, in uv's format (the constraints kept the others at the installed
-    version, so they are left as they are)."""
+    line with its hashes, in uv's format. The resolution was constrained to the installed
+    versions; one that differs anyway would replace a package of the cell: refused."""
     from gpuenv.store.wheelhouse import locked_requirements, normalize
 
     have = {normalize(name): version for name, version in installed.items()}
@@ -156,6 +156,13 @@ def missing_from(resolution: str, installed: dict[str, str]) -> str:
     for req in locked_requirements(resolution):
         if have.get(req.name) == req.version:
             continue
+        if req.name in have:
+            raise GpuenvError(
+                f"{JUPYTERLAB} needs {req.name}=={req.version}, but the cell has "
+                f"{req.name}=={have[req.name]}; the notebook layer never replaces a package "
+                "of the cell: pin a version both accept in matrix.yaml",
+                exit_code=125,
+            )
         hashes = "".join(f" \\\n    --hash=sha256:{h}" for h in sorted(req.hashes))
         lines.append(f"{req.name}=={req.version}{hashes}\n")
     return "".join(lines)

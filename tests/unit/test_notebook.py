@@ -1,0 +1,168 @@
+"""`gpuenv notebook` and `gpuenv devcontainer`, their pure parts: where the server listens,
+the tunnel a remote engine needs, the server's log without its token, what the notebook
+layer installs, and devcontainer.json against the dev container schema (vendored:
+fixtures/devcontainer/SOURCE.md). The server, the layer and the browser:
+tests/integration/test_engine_notebook.py."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from gpuenv.cli import app
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.run import devcontainer, jupyter, notebook
+
+SCHEMA = Path(__file__).parent / "fixtures" / "devcontainer" / "devContainer.base.schema.json"
+
+
+def schema_errors(doc: object) -> list[str]:
+    validator = jsonschema.Draft201909Validator(json.loads(SCHEMA.read_text()))
+    return [e.message for e in validator.iter_errors(doc)]
+
+
+# ---------------------------------------------------------------- where it listens
+
+
+def test_without_a_bridge_the_server_is_on_the_host_network_bound_to_loopback():
+    where = notebook.placement({"host", "none"}, host_network=False, port=41000)
+    assert (where.network, where.ports, where.listen, where.server_port, where.port) == (
+        "host", [], "127.0.0.1", 41000, 41000,
+    )  # fmt: skip
+
+
+def test_with_a_bridge_the_port_is_published_on_loopback_only():
+    where = notebook.placement({"bridge", "host", "none"}, host_network=False, port=41000)
+    assert where.network is None  # the engine's default: its bridge
+    assert where.ports == ["127.0.0.1:41000:8888"]
+    assert (where.listen, where.server_port, where.port) == ("0.0.0.0", 8888, 41000)
+
+
+def test_host_network_when_asked_even_with_a_bridge():
+    where = notebook.placement({"bridge", "host"}, host_network=True, port=41000)
+    assert (where.network, where.listen, where.ports) == ("host", "127.0.0.1", [])
+
+
+def test_the_command_has_no_token_and_allows_root_only_for_root():
+    where = notebook.placement(set(), False, 41000)
+    user = notebook.server_command(where, Path("/w"), 1000)
+    assert "--ServerApp.ip=127.0.0.1" in user and "--ServerApp.port=41000" in user
+    assert "--ServerApp.root_dir=/w" in user
+    assert not any("token" in arg.lower() for arg in user)
+    assert "--ServerApp.allow_root=True" not in user
+    assert "--ServerApp.allow_root=True" in notebook.server_command(where, Path("/w"), 0)
+
+
+@pytest.mark.parametrize(
+    ("url", "hint"),
+    [
+        ("ssh://ann@gpu-box", "ssh -N -L 50123:127.0.0.1:50123 ann@gpu-box"),
+        ("ssh://ann@gpu-box:2222", "ssh -N -L 50123:127.0.0.1:50123 -p 2222 ann@gpu-box"),
+        ("https://10.0.0.5:2376", "ssh -N -L 50123:127.0.0.1:50123 USER@10.0.0.5"),
+    ],
+)
+def test_the_tunnel_to_another_hosts_loopback(url, hint):
+    assert notebook.tunnel_hint(url, 50123) == hint
+
+
+def test_the_servers_log_is_passed_on_without_the_token():
+    out = io.BytesIO()
+    log = notebook.ServerLog("s3cret", out)
+    log.write(b"[I ServerApp] Jupyter Server 2.21 is running at:\n[I] http://127.0.0.1:1/lab?tok")
+    assert log.running.is_set()
+    log.write(b"en=s3cret\n[I] Use Control-C to stop\n")
+    assert b"s3cret" not in out.getvalue()
+    assert out.getvalue().splitlines() == [
+        b"[I ServerApp] Jupyter Server 2.21 is running at:",
+        b"[I] Use Control-C to stop",
+    ]
+
+
+# ---------------------------------------------------------------- the layer
+
+
+A, B, C, D = ("a" * 64, "b" * 64, "c" * 64, "d" * 64)
+RESOLVED = f"""\
+jupyterlab==4.6.6 \\
+    --hash=sha256:{B} \\
+    --hash=sha256:{A}
+packaging==25.0 \\
+    --hash=sha256:{C}
+typing-extensions==4.15.0 \\
+    --hash=sha256:{D}
+"""
+
+
+def test_the_layer_installs_only_what_the_cell_lacks():
+    installed = {"packaging": "25.0", "tensorflow": "2.21.0"}
+    text = jupyter.missing_from(RESOLVED, installed)
+    assert text == (
+        f"jupyterlab==4.6.6 \\\n    --hash=sha256:{A} \\\n    --hash=sha256:{B}\n"
+        f"typing-extensions==4.15.0 \\\n    --hash=sha256:{D}\n"
+    )
+
+
+def test_the_layer_never_replaces_a_package_of_the_cell():
+    installed = {"packaging": "25.0", "Typing_Extensions": "4.14.0"}
+    with pytest.raises(GpuenvError, match="typing-extensions==4.15.0, but the cell has"):
+        jupyter.missing_from(RESOLVED, installed)
+
+
+def test_the_layers_dockerfile_installs_offline_from_its_mount_and_restores_the_user():
+    from gpuenv.engine.client import ImageInfo
+
+    image = "gpuenv/tensorflow:tf2.21-py3.11-cpu"
+    text = jupyter.dockerfile_for("c", image, ImageInfo("sha256:ab", user="1000:1000"))
+    assert text.splitlines()[2] == f"FROM {image}"
+    assert "--offline --no-index" in text and "--require-hashes --no-deps" in text
+    assert "RUN --mount=type=bind,source=jupyter,target=/mnt" in text
+    assert text.rstrip().endswith("USER 1000:1000")
+    assert "sha256:ab" in text  # a new cell image is a new layer
+
+
+# ---------------------------------------------------------------- devcontainer.json
+
+
+@pytest.mark.parametrize("is_gpu", [False, True])
+def test_devcontainer_json_is_valid_against_the_dev_container_schema(is_gpu):
+    doc = devcontainer.document("c", "gpuenv/tensorflow:c", is_gpu)
+    assert schema_errors(doc) == []
+    assert doc["remoteUser"] == doc["containerUser"] == "gpuenv"
+    assert doc["workspaceFolder"] == "/workspace"
+    assert ("hostRequirements" in doc) is is_gpu
+
+
+def test_the_schema_check_can_fail():
+    doc = devcontainer.document("c", "gpuenv/tensorflow:c", True)
+    doc["hostRequirements"] = {"gpu": "sometimes"}
+    assert schema_errors(doc)
+    assert schema_errors({"imag": "gpuenv/tensorflow:c"})
+
+
+def test_devcontainer_never_overwrites(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / ".devcontainer" / "devcontainer.json"
+    path.parent.mkdir()
+    path.write_text("{}\n")
+    with pytest.raises(SystemExit) as exited:
+        app(["devcontainer", "-f", str(tmp_path / "matrix.yaml")], standalone_mode=True)
+    assert exited.value.code == 1
+    assert path.read_text() == "{}\n"
+    err = capsys.readouterr().err
+    assert (
+        err == f"error: {path} exists; gpuenv devcontainer never overwrites it (remove it "
+        "first to write a new one)\n"
+    )
+
+
+def test_an_image_is_not_a_cell(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        app(["notebook", "gpuenv/tensorflow:x"], standalone_mode=True)
+    assert exited.value.code == 125
+    err = capsys.readouterr().err
+    assert err.startswith("error: gpuenv/tensorflow:x: gpuenv notebook takes a cell name"), err
