@@ -70,7 +70,8 @@ def server_command(where: Placement, root: Path, uid: int) -> list[str]:
         "jupyter", "lab", "--no-browser", f"--ServerApp.ip={where.listen}",
         f"--ServerApp.port={where.server_port}", "--ServerApp.port_retries=0",
         f"--ServerApp.root_dir={root}",
-        # No question to an index: about JupyterLab's updates, or extensions to install.
+        # Nothing fetched from outside: no news feed, no update check, no extension index.
+        "--LabApp.news_url=None",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         "--LabApp.extension_manager=readonly",
     ]  # fmt: skip
