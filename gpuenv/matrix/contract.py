@@ -39,6 +39,10 @@ SOURCE_DATE_EPOCH = "io.gpuenv.source-date-epoch"
 
 # Labels on the containers gpuenv starts, one per purpose, so that a leftover container
 # says who made it (and tests can find orphans).
+# The notebook layer (gpuenv/run/jupyter.py): its digest, and the ID of the cell image it
+# is built on. It inherits the cell's labels; these say it is not the cell.
+NOTEBOOK = "io.gpuenv.notebook"
+NOTEBOOK_BASE = "io.gpuenv.notebook-base"
 CONTAINER_ROLES = ("run", "sync", "probe", "validate", "diff", "monitor", "export")
 
 

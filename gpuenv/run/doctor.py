@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuenv.gpu.cdi import GENERATE, GpuPath, path_for
 from gpuenv.gpu.gpus import GpuInfo, driver_verdict, parse_nvidia_smi_query
-from gpuenv.matrix.contract import TITLE, ImageLabels
+from gpuenv.matrix.contract import NOTEBOOK, TITLE, ImageLabels
 
 if TYPE_CHECKING:
     from gpuenv.engine.client import Engine
@@ -57,6 +57,7 @@ class Facts:
     workdir_why: str = ""
     podman: bool = False
     gpu_path: GpuPath | None = None  # how `--gpus` reaches this engine (gpuenv.gpu.cdi)
+    networks: set[str] = field(default_factory=set)  # the engine's network names
 
 
 def gpu_path_finding(path: GpuPath) -> Finding:
@@ -243,6 +244,22 @@ def driver_finding(facts: Facts) -> Finding:
     return Finding("driver", "info", f"no NVIDIA driver or GPU found on {where}")
 
 
+def notebook_finding(facts: Facts) -> Finding:
+    """Where `gpuenv notebook` would listen (gpuenv/run/notebook.py's rule: published from
+    a bridge network when the engine has one, else the host's network), and the layers kept."""
+    if "bridge" in facts.networks:
+        where = "published on 127.0.0.1 from the engine's bridge network"
+    else:
+        where = "on the host network bound to 127.0.0.1 (the engine has no bridge network)"
+    if not facts.local:
+        where += "; that is the engine host's loopback: reach it with the ssh -L it prints"
+    layers = sum(1 for labels in facts.images if NOTEBOOK in labels)
+    kept = f"; {layers} notebook layer(s) kept" if layers else ""
+    return Finding("notebook", "ok",
+                   f"`gpuenv notebook` serves JupyterLab with a token, {where}{kept}; "
+                   "`gpuenv devcontainer` writes .devcontainer/devcontainer.json")  # fmt: skip
+
+
 def evaluate(facts: Facts) -> list[Finding]:
     if facts.engine_error:
         # No engine (a bare GPU host, dockerd down): the host's driver and GPUs still say
@@ -272,8 +289,10 @@ def evaluate(facts: Facts) -> list[Finding]:
     gpu_ok = support.level in ("ok", "info") and (
         facts.gpu_path is None or facts.gpu_path.kind != "none"
     )
-    findings.extend(image_verdict(labels, facts, gpu_ok) for labels in facts.images)
+    cells = [labels for labels in facts.images if NOTEBOOK not in labels]
+    findings.extend(image_verdict(labels, facts, gpu_ok) for labels in cells)
     findings.append(workdir_finding(facts))
+    findings.append(notebook_finding(facts))
     return findings
 
 
@@ -357,6 +376,7 @@ def gather() -> Facts:
         facts.images = eng.gpuenv_images()
         facts.podman = eng.is_podman
         facts.gpu_path = path_for(eng)
+        facts.networks = eng.network_names()
         try:
             facts.build_path = eng.build_path()
         except engines.EngineError as exc:

@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 
 JUPYTERLAB = "jupyterlab==4.6.6"  # what `gpuenv notebook` serves; its closure is resolved
 RESOLUTIONS = "notebook-resolutions.json"  # gpuenv's cache: cell image ID -> resolution
-LABEL = "io.gpuenv.notebook"  # the layer's digest (Dockerfile + resolution)
-BASE_LABEL = "io.gpuenv.notebook-base"  # the ID of the cell image it is built on
+LABEL = contract.NOTEBOOK  # the layer's digest (Dockerfile + resolution)
+BASE_LABEL = contract.NOTEBOOK_BASE  # the ID of the cell image it is built on
 PART = "jupyter"  # the install step's part of the build context, mounted at /mnt
 MOUNT = "/mnt"
 

@@ -244,7 +244,7 @@ def test_evaluate_reports_engine_support_driver_and_images(hook_only_facts: Fact
     hook_only_facts.images = [GPU_IMAGE, CPU_IMAGE]
     findings = evaluate(hook_only_facts)
     assert [f.topic for f in findings] == ["engine", "build", "arm64", "gpu support", "driver", "x",
-                                           "x-cpu", "working directory"]  # fmt: skip
+                                           "x-cpu", "working directory", "notebook"]  # fmt: skip
     assert findings[0].level == "ok"  # the grep'd info has no version: "?" is said, not invented
     assert "Docker Engine ?" in findings[0].message
     assert findings[4].message.startswith("NVIDIA driver 535.183.01 via nvidia-smi")
@@ -274,7 +274,7 @@ def test_evaluate_gpu_image_on_an_engine_without_gpu_support_is_an_error(
     nothing_facts.images = [GPU_IMAGE]
     findings = evaluate(nothing_facts)
     assert findings[3].topic == "gpu support" and findings[3].level == "error"
-    assert findings[-2].level == "error" and "cannot pass GPUs" in findings[-2].message
+    assert findings[-3].level == "error" and "cannot pass GPUs" in findings[-3].message
 
 
 # ---------------------------------------------------------------------------- image verdicts
@@ -523,3 +523,19 @@ def test_doctor_says_whether_the_engine_sees_this_directory_and_why(seen, why, l
     finding = workdir_finding(Facts(workdir_seen=seen, workdir_why=why))
     assert finding.topic == "working directory" and finding.level == level
     assert says in finding.message and why in finding.message
+
+
+def test_doctor_says_where_a_notebook_listens_and_keeps_layers_apart(
+    hook_only_facts: Facts,
+) -> None:
+    layer = {**CPU_IMAGE, "io.gpuenv.notebook": "d" * 64}
+    hook_only_facts.images = [CPU_IMAGE, layer]
+    findings = evaluate(hook_only_facts)
+    assert [f.topic for f in findings].count("x-cpu") == 1  # the layer is not a cell
+    said = findings[-1]
+    assert said.topic == "notebook" and "host network bound to 127.0.0.1" in said.message
+    assert "1 notebook layer(s) kept" in said.message and "gpuenv devcontainer" in said.message
+    hook_only_facts.networks, hook_only_facts.local = {"bridge", "host"}, False
+    said = evaluate(hook_only_facts)[-1]
+    assert "published on 127.0.0.1 from the engine's bridge network" in said.message
+    assert "ssh -L" in said.message
