@@ -108,7 +108,7 @@ def test_the_layer_installs_only_what_the_cell_lacks():
 
 def test_the_layer_never_replaces_a_package_of_the_cell():
     installed = {"packaging": "25.0", "Typing_Extensions": "4.14.0"}
-    with pytest.raises(GpuenvError, match="typing-extensions==4.15.0, but the cell has"):
+    with pytest.raises(GpuenvError, match=r"typing-extensions==4\.15\.0, but the cell has"):
         jupyter.missing_from(RESOLVED, installed)
 
 
