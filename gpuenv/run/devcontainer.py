@@ -56,6 +56,8 @@ def write(pattern: str | None, file: Path | None, gpu: bool = False,
         raise GpuenvError(f"{pattern}: gpuenv devcontainer takes a cell name (gpuenv matrix "
                           "lists them), not an image")  # fmt: skip
     project = open_project(file, cached=True)
+    if pattern is not None:
+        project.one_cell(pattern, "CELL")  # its errors name the argument, before the engine
     engine = client.connect()
     target = local.target_for(engine, pattern, gpu, file, project)
     assert target.cell is not None

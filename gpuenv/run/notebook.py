@@ -180,6 +180,8 @@ def serve(
     request = parse_gpus(gpus) if gpus is not None else None
     cwd = cwd or Path.cwd()
     project = open_project(file, cached=True)
+    if pattern is not None:
+        project.one_cell(pattern, "CELL")  # its errors name the argument, before the engine
     engine = client.connect()
     target = local.target_for(engine, pattern, request is not None, file, project, request)
     assert target.cell is not None  # a cell name: checked above

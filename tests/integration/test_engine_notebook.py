@@ -166,7 +166,8 @@ def test_a_notebook_runs_the_cells_framework_in_a_browser(cell_before, browser, 
         code, err = server.stop()
         (tmp_path / "server.log").write_text(err)  # beside the screenshot
     assert code == 130, err
-    assert "Traceback" not in err
+    # gpuenv's own code never failed (a kernel's traceback at shutdown is Jupyter's).
+    assert not re.search(r'File ".*/gpuenv/(run|cli|engine|building|store)/', err), err
     assert re.fullmatch(r"kernel says 2\.21\.\d+ 10\s*", said), said
     version = said.split()[2]
     assert (work / "from_the_kernel.txt").read_text() == f"{version} 10 {work}"

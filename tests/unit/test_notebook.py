@@ -166,3 +166,18 @@ def test_an_image_is_not_a_cell(tmp_path, capsys, monkeypatch):
     assert exited.value.code == 125
     err = capsys.readouterr().err
     assert err.startswith("error: gpuenv/tensorflow:x: gpuenv notebook takes a cell name"), err
+
+
+@pytest.mark.parametrize(("verb", "code"), [("notebook", 125), ("devcontainer", 1)])
+def test_a_pattern_that_is_not_one_cell_is_one_line_before_the_engine(
+    verb, code, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent.sock")  # never reached
+    matrix = str(Path(__file__).parents[2] / "matrix.yaml")
+    with pytest.raises(SystemExit) as exited:
+        app([verb, "-f", matrix, "tf*"], standalone_mode=True)
+    assert exited.value.code == code
+    err = capsys.readouterr().err
+    assert err.startswith("error: CELL 'tf*' matches ") and err.endswith("; pick one\n"), err
+    assert not (tmp_path / ".devcontainer").exists()
