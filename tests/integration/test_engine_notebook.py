@@ -144,6 +144,9 @@ def run_a_cell(page: Any, url: str) -> str:
     return str(out.inner_text())
 
 
+@pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason=f"no {CHROMIUM} (scripts/test.sh installs it)"
+)
 def test_a_notebook_runs_the_cells_framework_in_a_browser(cell_before, browser, tmp_path):
     work = tmp_path / "proj"
     work.mkdir()
