@@ -27,7 +27,7 @@ from typing import Any
 import jsonschema
 import pytest
 from support.cells import CPU_CELL, CPU_IMAGE, SHIPPED_MATRIX
-from support.cli import GPUENV, output, run
+from support.cli import GPUENV, clean_env, output, run
 from support.engine import docker
 
 pytestmark = pytest.mark.engine
@@ -223,3 +223,83 @@ def test_devcontainer_json_names_the_cells_image_and_user(cell_before, in_image,
     assert "never overwrites" in again.stderr
     assert json.loads(path.read_text()) == doc
     shutil.rmtree(tmp_path / ".devcontainer")
+
+
+REMOTE_URL_LINE = re.compile(
+    r"^JupyterLab in (\S+), on (\S+)'s loopback only: "
+    r"(http://127\.0\.0\.1:(\d+))/lab\?token=(\w+)$"
+)
+
+
+def test_on_another_host_the_tunnel_reaches_it_and_the_files_come_back(cell_before, tmp_path):
+    """An engine that cannot see this directory, over TCP+TLS (support/another_host.py,
+    with the cell's image loaded into it): the server listens on that host's loopback only,
+    the `ssh -L` gpuenv prints (with the user's login there, here the lab's sshd) reaches
+    it, and what it wrote comes back when it stops. (ssh:// engines: once gpuenv's client
+    speaks ssh without paramiko, the same test with lab.env("ssh").)"""
+    from support.another_host import another_host
+
+    from gpuenv.run.notebook import answers
+
+    top = tmp_path / "remote"
+    with another_host(top / "proj", hide=[top / "cache"], base_image=CPU_IMAGE) as lab:
+        proj = lab.project_dir
+        (proj / "notes.txt").write_text("sent from here\n")
+        env = {**clean_env(XDG_CACHE_HOME=str(top / "cache")), **lab.env("tls")}
+        server = subprocess.Popen(
+            [*GPUENV, "notebook", "-f", str(SHIPPED_MATRIX), CPU_CELL], cwd=proj, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=_as_from_a_terminal,
+        )  # fmt: skip
+        tunnel = None
+        try:
+            assert server.stdout is not None
+            lines = [server.stdout.readline(), server.stdout.readline()]
+            found = REMOTE_URL_LINE.match(lines[0].strip())
+            if not found:
+                server.wait(60)
+                raise AssertionError(f"{lines}, exit {server.returncode}: {server.stderr.read()}")  # type: ignore[union-attr]
+            url, port, token = found.group(3), found.group(4), found.group(5)
+            assert found.group(2) == f"https://{lab.addr}:2376"  # the SDK's URL for tcp+TLS
+            hint = lines[1].strip().removeprefix("reach it from here with: ")
+            assert hint == f"ssh -N -L {port}:127.0.0.1:{port} USER@{lab.addr}"
+            assert not answers(url, token)  # nothing listens here before the tunnel
+            # Not on the host's own address either: its loopback only.
+            assert not answers(f"http://{lab.addr}:{port}", token)
+            quiet = subprocess.DEVNULL
+            tunnel = subprocess.Popen(
+                [*hint.split()[:-1], f"root@{lab.ssh_host()}"], env={**env, "PATH": lab.ssh_path},
+                stdin=quiet, stdout=quiet, stderr=quiet,
+            )  # fmt: skip
+            deadline = time.monotonic() + 60
+            while not answers(url, token):
+                assert time.monotonic() < deadline and tunnel.poll() is None
+                time.sleep(0.5)
+            sent = _api(url, token, "GET", "/api/contents/notes.txt")
+            assert sent["content"] == "sent from here\n"  # the directory travelled
+            body = {"type": "file", "format": "text", "content": "written on the host\n"}
+            _api(url, token, "PUT", "/api/contents/from_the_server.txt", body)
+        finally:
+            if tunnel is not None:
+                tunnel.terminate()
+                tunnel.wait(10)
+            server.send_signal(signal.SIGINT)
+            _, err = server.communicate(timeout=120)
+        assert server.returncode == 130, err
+        assert (proj / "from_the_server.txt").read_text() == "written on the host\n"
+        assert re.search(
+            r"working directory via https://\S+: sent 1 file .*brought back 1 file", err
+        )
+        assert lab.docker("ps", "-aq").stdout.strip() == ""
+
+
+def _api(url: str, token: str, method: str, path: str, body: Any = None) -> Any:
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"{url}{path}", data=data, method=method,
+                                     headers={"Authorization": f"token {token}",
+                                              "Content-Type": "application/json"})  # fmt: skip
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=30) as response:
+        return json.loads(response.read() or b"null")
