@@ -14,12 +14,6 @@ export GPUENV_BUILD_CACHE="${GPUENV_BUILD_CACHE:-10GB}"
 bash scripts/engine.sh --labs
 trap 'GPUENV_SKIP_APT=1 bash scripts/engine.sh --labs >/dev/null 2>&1 || true' EXIT
 bash scripts/setup.sh
-# Test-only, so here and not on the quickstart's path: Debian's chromium, which the notebook's
-# browser test drives (tests/integration/test_engine_notebook.py, through Playwright).
-if [[ ${GPUENV_SKIP_APT:-0} != 1 ]] \
-    && ! dpkg-query -W -f='${db:Status-Status}' chromium 2>/dev/null | grep -qx installed; then
-    sudo_=()
-    if [[ ${EUID} -ne 0 ]]; then sudo_=(sudo); fi
     "${sudo_[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     "${sudo_[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi

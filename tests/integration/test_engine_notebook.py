@@ -145,7 +145,7 @@ def run_a_cell(page: Any, url: str) -> str:
 
 
 @pytest.mark.skipif(
-    not Path(CHROMIUM).exists(), reason=f"no {CHROMIUM} (scripts/test.sh installs it)"
+    not Path(CHROMIUM).exists(), reason=f"no {CHROMIUM} (scripts/engine.sh --labs installs it)"
 )
 def test_a_notebook_runs_the_cells_framework_in_a_browser(cell_before, browser, tmp_path):
     work = tmp_path / "proj"
