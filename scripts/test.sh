@@ -14,9 +14,6 @@ export GPUENV_BUILD_CACHE="${GPUENV_BUILD_CACHE:-10GB}"
 bash scripts/engine.sh --labs
 trap 'GPUENV_SKIP_APT=1 bash scripts/engine.sh --labs >/dev/null 2>&1 || true' EXIT
 bash scripts/setup.sh
-    "${sudo_[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    "${sudo_[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-fi
 .venv/bin/ruff check gpuenv tests benchmarks
 .venv/bin/ruff format --check gpuenv tests benchmarks
 # The contracts (pyproject.toml): layers and the engine boundary, then strict types (the
