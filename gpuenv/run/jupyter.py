@@ -136,7 +136,7 @@ def _resolution(engine: Engine, project: Project, cell: Cell, base: ImageInfo) -
     resolved = locks.compile_requirements(
         [JUPYTERLAB], cell.python, None, b.index_url,
         tuple(dict.fromkeys((*b.extra_index_urls, *cell.indexes))),
-        credentials=_credentials(project, cell), ca_bundle=project.ca_bundle(None),
+        credentials=_credentials(), ca_bundle=project.ca_bundle(None),
         platform=locks.platform_of(cell),
         constraints=[f"{name}=={version}" for name, version in sorted(installed.items())],
     )  # fmt: skip
@@ -174,12 +174,11 @@ def _requirements(resolution: str) -> list[str]:
     return [r.name for r in locked_requirements(resolution)]
 
 
-def _credentials(project: Project, cell: Cell) -> Credentials:
+def _credentials() -> Credentials:
+    """The credentials a build would send, each bound to its own origin (store/credentials)."""
     from gpuenv.store import credentials
 
-    b = project.matrix.model.build
-    own = (b.index_url, *b.extra_index_urls, *cell.indexes)
-    return credentials.load(tuple(dict.fromkeys(u for u in own if u)))
+    return credentials.load()
 
 
 def _build(
@@ -197,7 +196,7 @@ def _build(
     urls = plan.upstream_indexes(project.matrix, cell)
     key = wheelhouse.index_key(urls)
     store.save_index(key, urls)
-    fetcher = fetch.Fetcher(store, credentials=_credentials(project, cell),
+    fetcher = fetch.Fetcher(store, credentials=_credentials(),
                             ca_bundle=project.ca_bundle(None))  # fmt: skip
     target = target_of(cell, engine.architecture())
     wheels = fetcher.wheels(key, resolution, target.python, target.machine, target.glibc)
