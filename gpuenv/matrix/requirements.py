@@ -636,7 +636,7 @@ def _split_hashes(line: str, bad: _Bad) -> tuple[str, tuple[str, ...]]:
 
 
 def _index_url(value: str, bad: _Bad) -> str:
-    from gpuenv.matrix.schema import check_index_url
+    from gpuenv.matrix.index_url import check_index_url
 
     try:
         return check_index_url(value)

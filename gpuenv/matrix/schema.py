@@ -32,6 +32,7 @@ from pydantic import (
 
 from gpuenv.matrix import yamlfile
 from gpuenv.matrix.errors import MatrixError
+from gpuenv.matrix.index_url import check_index_url
 from gpuenv.matrix.requirements import pip_requirement
 
 if TYPE_CHECKING:
@@ -55,7 +56,6 @@ _IMAGE_REF = re.compile(
 _SUITE = re.compile(r"[a-z][a-z0-9-]{1,30}")
 _APT = re.compile(r"[a-z0-9][a-z0-9+.-]+(?:=[A-Za-z0-9.+~:-]+)?")
 _PIP_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-\[\],<>=!~ ]*")
-_URL = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]+)?(?:/[A-Za-z0-9._~%+/-]*)?")
 
 
 def _version(value: str) -> str:
@@ -117,36 +117,6 @@ def _suite(value: str) -> str:
     return value
 
 
-def _url(value: str) -> str:
-    if "@" in value:
-        raise ValueError("credentials do not belong in the matrix; use pip's netrc or keyring")
-    if not _URL.fullmatch(value):
-        raise ValueError(f"{value!r} is not a plain http(s) URL (no query, quotes or spaces)")
-    if value.lower().startswith("http://") and not _loopback(value):
-        # As pip refuses one without --trusted-host: anyone on the path could alter the pages
-        # (an unlocked cell installs what they list) and read what is asked.
-        raise ValueError(
-            f"{value!r}: a plain-http index can be read and altered on the way; use its "
-            "https:// URL (http is accepted on loopback addresses only, and never gets "
-            "credentials)"
-        )
-    return value
-
-
-def _loopback(url: str) -> bool:
-    """Whether an URL's host is this machine's loopback (pip's "secure origins" for http)."""
-    import ipaddress
-    from urllib.parse import urlsplit
-
-    host = (urlsplit(url).hostname or "").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 Version = Annotated[StrictStr, AfterValidator(_version)]
 ImageTag = Annotated[StrictStr, AfterValidator(_tag)]
 CellPattern = Annotated[StrictStr, AfterValidator(_cell_pattern)]
@@ -156,9 +126,7 @@ AptPackage = Annotated[StrictStr, AfterValidator(_apt)]
 ImageRef = Annotated[StrictStr, AfterValidator(_image)]
 Repository = Annotated[StrictStr, AfterValidator(_repository)]
 Suite = Annotated[StrictStr, AfterValidator(_suite)]
-IndexUrl = Annotated[StrictStr, AfterValidator(_url)]
-# An index URL as build.* takes it: requirements files' index options are held to it too.
-check_index_url = _url
+IndexUrl = Annotated[StrictStr, AfterValidator(check_index_url)]
 Variant = Literal["cpu", "gpu"]
 # Architectures as Docker and Kubernetes name them (linux/amd64, kubernetes.io/arch=arm64).
 Arch = Literal["amd64", "arm64"]

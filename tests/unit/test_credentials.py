@@ -147,7 +147,7 @@ def test_a_plain_http_index_is_refused_except_on_loopback():
     """M7: any http index was accepted (pip refuses one without --trusted-host). On a
     loopback address it stays accepted, as pip's "secure origins" do; credentials never go
     to it (for_url above)."""
-    from gpuenv.matrix.schema import _url
+    from gpuenv.matrix.index_url import check_index_url as _url
 
     for refused_url in ("http://pypi.example/simple", "http://10.0.0.1:3141/root/pypi",
                         "http://127.0.0.1.example/simple"):  # fmt: skip
