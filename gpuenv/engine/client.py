@@ -247,7 +247,10 @@ def named_address() -> str:
 
 
 def _docker_config_dir() -> Path:
-    return Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
+    # os.path.expanduser, not Path.home(): a uid with no passwd entry and no HOME (a
+    # container's or CI's) has no ~, which leaves "~/.docker" as it is (no contexts: the
+    # local socket, as the docker CLI does) where Path.home() raises.
+    return Path(os.environ.get("DOCKER_CONFIG") or os.path.expanduser("~/.docker"))
 
 
 def _endpoint() -> tuple[str | None, Any]:

@@ -235,7 +235,16 @@ def test_a_published_image_with_another_spec_hash_is_not_pulled(cli, pushed, reg
         docker_cmd("rmi", candidate)
         assert inspect(candidate_id) is None  # only the registry has it now
         since = str(int(time.time()) - 1)
-        env = {"GPUENV_REGISTRY": f"{registry.host}/x"}
+        # A publisher's key, so that pull before build looks at all (issue 35, M1: without
+        # one it pulls nothing); the spec hash read from the registry stops it first.
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        public = tmp_path / "publisher.pub"
+        key = ec.generate_private_key(ec.SECP256R1()).public_key()
+        pem = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        public.write_bytes(key.public_bytes(*pem))
+        env = {"GPUENV_REGISTRY": f"{registry.host}/x", "GPUENV_VERIFY_KEY": str(public)}
         proc = cli("build", CPU_CELL, "-f", str(matrix), "--json", env=env)
         (result,) = json.loads(proc.stdout)["results"]
         assert result["status"] == "built", proc.stderr
