@@ -158,9 +158,9 @@ def assembled_contexts(matrix: Path, ca: Path | None) -> dict[str, Path]:
     lock's, or one made now) and the install steps' wheels, fetched into the wheelhouse if
     missing."""
     from gpuenv.building import plan
-    from gpuenv.building.project import open_project
     from gpuenv.building.sendable import Sender
     from gpuenv.engine import client as engine
+    from gpuenv.project.project import open_project
 
     project = open_project(matrix)
     cells = project.cells

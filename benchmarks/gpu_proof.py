@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuenv import bench
+from gpuenv.bench import benchmark as bench
 from gpuenv.gpu.monitor import CSV_FIELDS, Sample
 
 BUDGET_S = 480  # the 8 minutes, start-up of the venv excluded (it is seconds)

@@ -12,7 +12,7 @@ drift hits both alike:
    gpuenv into its cache: benchmarks/build.py), every step a cache hit. Targets: <= 0.5 s
    and no slower than the warm `docker build` (<= 1x).
 3. The no-op's cache: the same no-op build planned from the resolved-matrix snapshot
-   (gpuenv/building/snapshot.py, as in 2), and on a miss that writes one (a fresh cache directory
+   (gpuenv/project/snapshot.py, as in 2), and on a miss that writes one (a fresh cache directory
    each run).
 4. `gpuenv run -i CELL -f MATRIX --network none -- python -c pass` against `docker run --rm
    --network none IMAGE python -c pass`, from a scratch directory (gpuenv mounts the
@@ -114,8 +114,8 @@ def assembled(matrix: Path, names: list[str]) -> dict[str, Path]:
     """The cells' contexts as gpuenv's build sends them (gpuenv/building/sendable.py: Sender), kept
     in gpuenv's cache once assembled."""
     from gpuenv.building import plan, sendable
-    from gpuenv.building.project import open_project
     from gpuenv.engine import client as engine
+    from gpuenv.project.project import open_project
 
     project = open_project(matrix)
     cells = project.select(names)

@@ -1,12 +1,13 @@
 """From a matrix to images: plan, resolve, fetch, send, build.
 
-- `project` opens the matrix, its resolution and lock (from a `snapshot` keyed by
-  `fingerprint` when nothing changed);
+- the project it starts from (matrix, resolution, lock) is gpuenv/project/;
 - `render` turns a cell into a Dockerfile; `plan` decides per cell: up to date, pull or
   build, and why; `registry` names where cells are pulled from and reads their labels;
   `pull` fetches a matching image before building one;
-- `lock` resolves and writes matrix.lock; `layers` splits a resolution into install steps;
+- `lock` resolves each cell and writes matrix.lock (its format: gpuenv/project/lockfile.py);
+  `layers` splits a resolution into install steps; `near` fetches them near the engine;
   `sendable` assembles what a build sends (the resolution, its wheels, uv, the context);
 - `base` bootstraps base images; `reproducible` normalises images for identical IDs;
-- `builder` executes a plan; `results`, `progress`, `terminal` report it.
+- `builder` executes a plan; `results`, `progress`, `terminal` report it;
+- `scaffold` writes a first matrix for a project (`gpuenv init`).
 """

@@ -28,10 +28,10 @@ from gpuenv.matrix.cell import Cell
 from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
-    from gpuenv.building.project import Project
     from gpuenv.building.registry import Vet
     from gpuenv.building.render import BuildContext
     from gpuenv.building.sendable import Sender
+    from gpuenv.project.project import Project
 
 LOG_TAIL = 15  # the lines a failure shows
 LOG_KEPT = 400  # the lines a failure is explained from (uv's hash report alone is ~20)

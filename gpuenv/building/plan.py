@@ -23,13 +23,13 @@ from gpuenv.matrix import contract
 from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
-    from gpuenv.building.lock import CellLock, Lock
-    from gpuenv.building.project import Project
     from gpuenv.building.registry import Vet
     from gpuenv.building.render import BuildContext, RenderOptions
     from gpuenv.engine.client import Engine, ImageInfo
     from gpuenv.matrix.cell import Cell
     from gpuenv.matrix.schema import LoadedMatrix
+    from gpuenv.project.lockfile import CellLock, Lock
+    from gpuenv.project.project import Project
 
 Action = Literal["up-to-date", "pull", "build"]
 
@@ -134,8 +134,8 @@ class BuildPlan:
 
 
 def render_options(m: LoadedMatrix | Project) -> RenderOptions:
-    from gpuenv.building.project import Project, settings_of
     from gpuenv.building.render import RenderOptions
+    from gpuenv.project.project import Project, settings_of
 
     settings = m.settings if isinstance(m, Project) else settings_of(m)
     return RenderOptions(index_url=settings.index_url, extra_index_urls=settings.extra_index_urls)
@@ -154,9 +154,9 @@ def lock_entries(project: Project, cells: list[Cell]) -> dict[str, CellLock]:
     lock = project.lock
     if lock is None:
         return {}
-    from gpuenv.building import lock as locks
+    from gpuenv.project import lockfile
 
-    drifted = locks.drift(lock, cells)
+    drifted = lockfile.drift(lock, cells)
     if drifted:
         why = "; ".join(f"{name}: {reason}" for name, reason in drifted.items())
         raise GpuenvError(f"{lock.path} does not match the matrix ({why}); re-lock: gpuenv lock")
@@ -170,7 +170,7 @@ def render_all(project: Project, cells: list[Cell]) -> dict[str, BuildContext]:
 
     options = render_options(project)
     locked = lock_entries(project, cells)
-    # The snapshot's contexts for these options (gpuenv/building/snapshot.py: its key covers the
+    # The snapshot's contexts for these options (gpuenv/project/snapshot.py: its key covers the
     # matrix, lock, catalog and templates); only the cells it lacks are rendered.
     key = json.dumps(asdict(options), sort_keys=True)
     cached = project.cached_contexts(key)
@@ -197,9 +197,9 @@ def _base_ids(engine: Engine, project: Project, cells: list[Cell]) -> dict[str, 
         out[image] = info.id if info else None
         if lock is None or info is None:
             continue
-        from gpuenv.building import lock as locks
+        from gpuenv.project import lockfile
 
-        why = locks.base_drift(lock, image, info)
+        why = lockfile.base_drift(lock, image, info)
         if why:
             raise GpuenvError(
                 f"base {image} differs from {lock.path} ({why}): load the saved "

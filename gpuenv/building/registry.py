@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
-    from gpuenv.building.project import Project
+    from gpuenv.project.project import Project
 
 REGISTRY_ENV = "GPUENV_REGISTRY"  # where `gpuenv build` looks for published images first
 

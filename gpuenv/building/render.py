@@ -13,14 +13,14 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuenv.building import fingerprint
 from gpuenv.matrix import contract
 from gpuenv.matrix.cell import Cell
+from gpuenv.project import fingerprint
 
 if TYPE_CHECKING:
     import jinja2
 
-    from gpuenv.building.lock import CellLock
+    from gpuenv.project.lockfile import CellLock
 
 # The uv release the install steps run (sent in the build context, never in a layer). Part
 # of the rendered Dockerfile, so changing it rebuilds, as it should.

@@ -32,20 +32,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuenv.building import layers
-from gpuenv.building.lock import framework_requirements
 from gpuenv.building.render import CA_FILE, FETCHED, SENT
 from gpuenv.matrix.errors import GpuenvError
+from gpuenv.project.lockfile import framework_requirements
 from gpuenv.store.cache import read_record, update_record, write_record
 from gpuenv.store.wheelhouse import locked_requirements
 
 if TYPE_CHECKING:
-    from gpuenv.building.lock import CellLock
     from gpuenv.building.near import Near
     from gpuenv.building.plan import CellPlan
-    from gpuenv.building.project import Project
     from gpuenv.building.render import BuildContext
     from gpuenv.engine.client import Engine
     from gpuenv.matrix.cell import Cell
+    from gpuenv.project.lockfile import CellLock
+    from gpuenv.project.project import Project
     from gpuenv.store.fetch import Fetcher
     from gpuenv.store.wheelhouse import IndexFile, Requirement, Store
 
@@ -284,19 +284,20 @@ class Sender:
         if p.lock is not None:
             return p.lock
         from gpuenv.building import lock as locks
+        from gpuenv.project import lockfile
 
         cell = p.cell
         b = self.project.matrix.model.build
         indexes = (b.index_url, tuple(dict.fromkeys((*b.extra_index_urls, *cell.indexes))))
-        platform = locks.platform_of(cell)
+        platform = lockfile.platform_of(cell)
         env = self._resolve(
-            locks.env_requirements(cell), cell.python, indexes, platform, cell.constraints
+            lockfile.env_requirements(cell), cell.python, indexes, platform, cell.constraints
         )
         locks.check_hashes(cell, env)
         cuda = ""
         if cell.is_gpu and not cell.cuda_with_framework:
-            cuda = self._resolve(locks.cuda_requirements(cell), cell.python, indexes, platform)
-        return locks.CellLock(locks.inputs_digest(cell, None), env, cuda, cell.left_out)
+            cuda = self._resolve(lockfile.cuda_requirements(cell), cell.python, indexes, platform)
+        return lockfile.CellLock(lockfile.inputs_digest(cell, None), env, cuda, cell.left_out)
 
     def _resolve(
         self,

@@ -74,8 +74,8 @@ def verify_cmd(
 
             from gpuenv.building.builder import plan_and_build
             from gpuenv.building.progress import ConsoleReporter
-            from gpuenv.building.project import open_project
             from gpuenv.engine import client as engine
+            from gpuenv.project.project import open_project
 
             project = open_project(file)
             reporter = ConsoleReporter()

@@ -44,12 +44,12 @@ def bench_cmd(
     file: FileOption = None,
 ) -> None:
     """Measure the shipped workloads (default: the default CPU and GPU cells)."""
-    from gpuenv import bench
-    from gpuenv.building.project import open_project
+    from gpuenv.bench import benchmark as bench
     from gpuenv.engine import client as engine
     from gpuenv.gpu.gpus import parse_gpus
     from gpuenv.gpu.monitor import MonitorOptions
     from gpuenv.matrix.errors import GpuenvError
+    from gpuenv.project.project import open_project
 
     with user_errors():
         if not 0 < scale <= 1:

@@ -34,8 +34,8 @@ def base_cmd(
     Debian's archive moves on, so keep the base a lock names: --save writes it to a
     tarball, --load brings it back into any engine."""
     from gpuenv.building import base
-    from gpuenv.building.project import open_project
     from gpuenv.engine import client as engine
+    from gpuenv.project.project import open_project
 
     with user_errors():
         if load_tar is not None:
@@ -94,8 +94,8 @@ def build_cmd(
     """Build the selected cells (all by default) into labelled images."""
     from gpuenv.building import builder as build
     from gpuenv.building import plan
-    from gpuenv.building.project import open_project
     from gpuenv.engine import client as engine
+    from gpuenv.project.project import open_project
 
     with user_errors():
         project = open_project(file, cached=True)  # a snapshot while nothing changed

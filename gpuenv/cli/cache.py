@@ -47,9 +47,10 @@ def prune_cmd(
 ) -> None:
     """Drop the files no entry of the matrix's lock names and no build used recently, and
     the resolved matrices kept for matrices not used as long."""
-    from gpuenv.building import sendable, snapshot
-    from gpuenv.building.project import open_project
+    from gpuenv.building import sendable
     from gpuenv.building.results import human_size
+    from gpuenv.project import snapshot
+    from gpuenv.project.project import open_project
     from gpuenv.store import cache, wheelhouse
 
     with user_errors():
@@ -75,8 +76,8 @@ def export_cmd(
     no_bases: Annotated[bool, typer.Option("--no-bases", help="Leave the base images out")] = False,
 ) -> None:
     """Write the wheelhouse and the matrix's base images to one tarball (air-gapped sites)."""
-    from gpuenv.building.project import open_project
     from gpuenv.engine import client as engine
+    from gpuenv.project.project import open_project
     from gpuenv.store import wheelhouse
 
     with user_errors():

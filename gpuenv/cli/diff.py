@@ -32,7 +32,7 @@ def diff_cmd(
 
 def _image_for(name: str, file: Path | None) -> str:
     """A cell name (or glob matching one) becomes its image; anything else is an image."""
-    from gpuenv.building.project import looks_like_image, matrix_file, open_project
+    from gpuenv.project.project import looks_like_image, matrix_file, open_project
 
     if looks_like_image(name) or not matrix_file(file).exists():
         return name

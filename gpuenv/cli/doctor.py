@@ -11,7 +11,7 @@ MARKS = {"ok": "✓", "info": "·", "warning": "!", "error": "✗"}
 
 def doctor_cmd(file: FileOption = None, as_json: JsonOption = False) -> None:
     """Check the engine, GPU support, the host's driver, and which built images can run here."""
-    from gpuenv.run import doctor
+    from gpuenv.validate import doctor
 
     findings = doctor.check(file)
     if as_json:

@@ -34,8 +34,8 @@ def lock_cmd(
 ) -> None:
     """Write (or --check) matrix.lock: every cell's complete pip resolution, with hashes."""
     from gpuenv.building import lock as locks
-    from gpuenv.building.project import open_project
     from gpuenv.engine import client as engine
+    from gpuenv.project.project import open_project
     from gpuenv.store import credentials
 
     with user_errors():

@@ -27,7 +27,7 @@ def matrix_cmd(
     ] = False,
 ) -> None:
     """List the matrix's resolved cells."""
-    from gpuenv.building.project import open_project
+    from gpuenv.project.project import open_project
 
     with user_errors():
         project = open_project(file)
@@ -69,7 +69,7 @@ def render_cmd(
 ) -> None:
     """Write each cell's build context (Dockerfile + cell.json) to OUTPUT/<cell>/."""
     from gpuenv.building import plan
-    from gpuenv.building.project import open_project
+    from gpuenv.project.project import open_project
 
     with user_errors():
         project = open_project(file)

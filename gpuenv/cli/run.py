@@ -154,9 +154,9 @@ def run_local(
     workdir: str | None, ipc: str | None, interactive: bool, file: Path | None,
     kube_given: list[str], monitor: str | None, monitor_out: Path | None,
 ) -> None:  # fmt: skip
-    from gpuenv.building.project import looks_like_image, open_project
     from gpuenv.engine import client as engine
     from gpuenv.gpu.gpus import parse_gpus
+    from gpuenv.project.project import looks_like_image, open_project
     from gpuenv.run import local as run
 
     with user_errors(exit_code=125):
@@ -172,7 +172,7 @@ def run_local(
         project = None
         if image is None or not looks_like_image(image):
             # A bad matrix is an error before the engine is reached; an unchanged one comes
-            # from its snapshot (gpuenv/building/snapshot.py), without the schema or the catalog.
+            # from its snapshot (gpuenv/project/snapshot.py), without the schema or the catalog.
             project = open_project(file, cached=True)
         eng = engine.connect()
         target = run.target_for(eng, image, request is not None, file, project, request)

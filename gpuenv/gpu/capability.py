@@ -36,7 +36,7 @@ import yaml
 from gpuenv.gpu.gpus import GpuInfo, Verdict
 
 # What nvidia-smi / gpuenv print for a compute capability they could not learn: drivers before
-# R510 have no compute_cap query field (gpuenv.run.doctor then records "?").
+# R510 have no compute_cap query field (gpuenv.validate.doctor then records "?").
 UNKNOWN = frozenset({"", "?", "n/a", "[n/a]", "unknown", "[unknown error]"})
 
 _CC = re.compile(r"(\d{1,2})\.(\d)")

@@ -104,7 +104,7 @@ class RequirementsFile:
     extra_index_urls: tuple[tuple[str, Line], ...] = ()
     # Every file read (this one first), as named (joined, unresolved) -> (resolved, sha256),
     # and the environment variables its lines took values from: what a cached resolution
-    # of the matrix must see unchanged (gpuenv/building/snapshot.py).
+    # of the matrix must see unchanged (gpuenv/project/snapshot.py).
     files: tuple[tuple[str, Path, str], ...] = ()
     environment: tuple[tuple[str, str], ...] = ()
     # A lock's own bounds (uv.lock, pylock.toml): requires-python, and pylock's

@@ -23,9 +23,9 @@ from gpuenv.matrix.errors import GpuenvError
 from gpuenv.store import cache
 
 if TYPE_CHECKING:
-    from gpuenv.building.project import Project
     from gpuenv.engine.client import Engine, ImageInfo
     from gpuenv.matrix.schema import LoadedMatrix
+    from gpuenv.project.project import Project
 
 TRANSIENT = (
     "connection reset", "connection refused", "timeout", "timed out", "tls handshake",

@@ -7,6 +7,5 @@
 - `workdir`: what of a working directory travels (ignore rules, secrets, limits), to a
   remote engine or into the Kubernetes code layer;
 - `kube/` (`run --kube`, a Kubernetes Job) and `slurm/` (`run --slurm`, a batch job), which
-  share `interrupts` (Ctrl-C and SIGTERM cancel the remote job);
-- `doctor`: whether this host can run the matrix's cells, and how to fix it.
+  share `interrupts` (Ctrl-C and SIGTERM cancel the remote job).
 """

@@ -44,8 +44,8 @@ def document(cell_name: str, image: str, is_gpu: bool) -> dict[str, Any]:
 def write(pattern: str | None, file: Path | None, gpu: bool = False,
           cwd: Path | None = None) -> Path:  # fmt: skip
     """Write the cell's devcontainer.json under `cwd`; its path. Refuses to overwrite."""
-    from gpuenv.building.project import looks_like_image, open_project
     from gpuenv.engine import client
+    from gpuenv.project.project import looks_like_image, open_project
 
     cwd = cwd or Path.cwd()
     path = cwd / ".devcontainer" / "devcontainer.json"

@@ -34,9 +34,9 @@ from gpuenv.matrix import contract
 from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
-    from gpuenv.building.project import Project
     from gpuenv.engine.client import Engine, ImageInfo
     from gpuenv.matrix.cell import Cell
+    from gpuenv.project.project import Project
     from gpuenv.store.credentials import Credentials
 
 JUPYTERLAB = "jupyterlab==4.6.6"  # what `gpuenv notebook` serves; its closure is resolved
@@ -115,9 +115,10 @@ def dockerfile_for(cell_name: str, image: str, base: ImageInfo) -> str:
 def _resolution(engine: Engine, project: Project, cell: Cell, base: ImageInfo) -> str:
     """What the layer installs, with hashes: kept per cell image, else resolved now."""
     from gpuenv.building import lock as locks
+    from gpuenv.project import lockfile
     from gpuenv.store import cache
 
-    key = f"{base.id} {JUPYTERLAB} {locks.platform_of(cell)}"
+    key = f"{base.id} {JUPYTERLAB} {lockfile.platform_of(cell)}"
     kept = cache.read_record(RESOLUTIONS).get(key)
     if isinstance(kept, str):
         return kept
@@ -137,7 +138,7 @@ def _resolution(engine: Engine, project: Project, cell: Cell, base: ImageInfo) -
         [JUPYTERLAB], cell.python, None, b.index_url,
         tuple(dict.fromkeys((*b.extra_index_urls, *cell.indexes))),
         credentials=_credentials(), ca_bundle=project.ca_bundle(None),
-        platform=locks.platform_of(cell),
+        platform=lockfile.platform_of(cell),
         constraints=[f"{name}=={version}" for name, version in sorted(installed.items())],
     )  # fmt: skip
     text = missing_from(resolved, installed)

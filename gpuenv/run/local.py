@@ -33,9 +33,9 @@ from gpuenv.matrix.errors import GpuenvError
 from gpuenv.store import cache
 
 if TYPE_CHECKING:
-    from gpuenv.building.project import Project
     from gpuenv.gpu.monitor import MonitorOptions
     from gpuenv.matrix.cell import Cell
+    from gpuenv.project.project import Project
 
 GRACE_SECONDS = 10
 GRACE_ENV = "GPUENV_STOP_GRACE"
@@ -550,7 +550,7 @@ def target_for(
     cell without -i), built first if it is missing. `project`: the matrix when the caller
     opened it already; else it is opened here (from its snapshot when unchanged). `gpus`:
     the workload's request on this engine, checked before a missing cell is built."""
-    from gpuenv.building.project import looks_like_image, open_project
+    from gpuenv.project.project import looks_like_image, open_project
 
     if image is not None and looks_like_image(image):
         labels = engine.labels(image)

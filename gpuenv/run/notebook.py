@@ -168,9 +168,9 @@ def serve(
 ) -> int:  # fmt: skip
     """Start JupyterLab in the cell (the default CPU or GPU cell without one) and serve
     until Ctrl-C; the exit code is the server's (130 after Ctrl-C)."""
-    from gpuenv.building.project import looks_like_image, open_project
     from gpuenv.engine import client
     from gpuenv.gpu.gpus import parse_gpus
+    from gpuenv.project.project import looks_like_image, open_project
 
     if pattern is not None and looks_like_image(pattern):
         raise GpuenvError(f"{pattern}: gpuenv notebook takes a cell name (gpuenv matrix lists "

@@ -7,12 +7,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpuenv.building.lock import CellLock
 from gpuenv.catalog import compat
 from gpuenv.matrix import contract
 from gpuenv.matrix.cell import Cell, nvidia_lib_dirs
 from gpuenv.matrix.contract import UID, VENV, ImageLabels, image_labels, site_packages
 from gpuenv.matrix.errors import GpuenvError
+from gpuenv.project.lockfile import CellLock
 
 
 def from_cell(

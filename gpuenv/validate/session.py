@@ -88,8 +88,8 @@ def validate(
     targets: list[runner.Target] = []
     baseline_path = None
     if patterns or not images:
-        from gpuenv.building import lock as locks
-        from gpuenv.building.project import open_project
+        from gpuenv.project import lockfile
+        from gpuenv.project.project import open_project
 
         project = open_project(file)
         baseline_path = sizes.baseline_path(project.path)
@@ -97,7 +97,7 @@ def validate(
         lock = project.lock
         for cell in project.select(patterns):
             entry = lock.cells.get(cell.name) if lock else None
-            drift = locks.drift(lock, [cell]).get(cell.name) if lock else None
+            drift = lockfile.drift(lock, [cell]).get(cell.name) if lock else None
             exp = expected.from_cell(cell, None if drift else entry, drift)
             targets.append(runner.Target(cell.name, cell.image, exp, baseline.get(cell.name)))
     for ref in images:
@@ -151,7 +151,7 @@ def validate_host(
         if info is None:
             raise GpuenvError(f"--host {url}: no such container in the engine")
     if cell_name is not None:
-        from gpuenv.building.project import open_project
+        from gpuenv.project.project import open_project
 
         cell = open_project(file).one_cell(cell_name, "--cell")
         exp = expected.from_cell(cell)

@@ -102,8 +102,8 @@ def write_spec(root: Path) -> Path:
 def gpu_labels() -> dict[str, str]:
     """The labels of a GPU cell of the shipped matrix, so `validate -i` knows what the image
     must hold (it holds none of it: those checks fail too, which this test does not count)."""
-    from gpuenv.building.project import open_project
     from gpuenv.matrix.contract import image_labels
+    from gpuenv.project.project import open_project
 
     cell = next(c for c in open_project(SHIPPED_MATRIX).cells if c.is_gpu)
     return image_labels(cell)

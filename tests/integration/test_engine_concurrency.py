@@ -4,7 +4,7 @@
   container of theirs is left;
 - two `gpuenv lock` of one matrix at once: the lock is one of the two complete results
   (each process resolves alone, then both together), never a mix; matrix.lock is written
-  to a temporary file and renamed into place (gpuenv/building/lock.py: write).
+  to a temporary file and renamed into place (gpuenv/project/lockfile.py: write).
 
 Concurrent builds (different cells, and the same cell, from two processes) are in
 test_engine_ca_concurrent.py.

@@ -263,7 +263,7 @@ def test_torch_cpu_cell_is_planned_with_pytorchs_index(built) -> None:
     and not the key of the cells without it), the cell carries the mirror as its index and
     its CPU wheel as what it installs, and `build --dry-run` plans it."""
     from gpuenv.building import plan as plans
-    from gpuenv.building.project import open_project
+    from gpuenv.project.project import open_project
     from gpuenv.store import wheelhouse
 
     text = MATRIX.replace(TORCH_EXCLUDE, "")

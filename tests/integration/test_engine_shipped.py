@@ -53,9 +53,9 @@ def test_spec_hash_label_is_what_gpuenv_computes(shipped, inspect, shipped_matri
     """The label is the hash of the rendered context and the base image's ID, recomputed here
     through the Python API from the same matrix file."""
     from gpuenv.building import plan, render
-    from gpuenv.building.project import open_project
     from gpuenv.engine import client as engine
     from gpuenv.matrix import contract
+    from gpuenv.project.project import open_project
 
     project = open_project(shipped_matrix)
     cell = project.one_cell(shipped["cell"], "-i")

@@ -41,7 +41,7 @@ REPOSITORY = test_repository("tf")
 
 
 def _load(path: Path):
-    from gpuenv.building.project import open_project
+    from gpuenv.project.project import open_project
 
     project = open_project(path)
     return project, project.cells
@@ -242,6 +242,7 @@ def test_lock_change_rebuilds_only_the_cells_whose_entry_changed(baseline, gpuen
     from gpuenv.building import lock as locks
     from gpuenv.building import plan, render
     from gpuenv.engine import client as engine
+    from gpuenv.project import lockfile
 
     path, _first = baseline
     gpuenv("lock", "-f", str(path))
@@ -263,11 +264,11 @@ def test_lock_change_rebuilds_only_the_cells_whose_entry_changed(baseline, gpuen
         }
 
     before = hashes()
-    lock = locks.load(locks.lock_path(path))
+    lock = lockfile.load(locks.lock_path(path))
     entry = lock.cells[CPU]
     # As if a re-lock had resolved one more (or another) package for the CPU cell only.
     edited = dataclasses.replace(entry, python_env=entry.python_env + "# re-locked\n")
-    locks.write(dataclasses.replace(lock, cells={**lock.cells, CPU: edited}))
+    lockfile.write(dataclasses.replace(lock, cells={**lock.cells, CPU: edited}))
     after = hashes()
     assert after[GPU] == before[GPU]
     assert after[CPU] != before[CPU]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv import bench
+from gpuenv.bench import benchmark as bench
 from gpuenv.gpu.gpus import parse_gpus
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.run import local as run
@@ -172,7 +172,7 @@ def test_the_workload_dir_holds_copies_and_goes_away():
 
 
 def _bench(engine_class, monkeypatch, gpus, outcome):
-    from gpuenv.building.project import open_project
+    from gpuenv.project.project import open_project
 
     fake_engine = engine_class()
     fake_engine.outcomes[f"gpuenv/tensorflow:{CPU}"] = outcome
@@ -226,7 +226,7 @@ def test_gpu_rows_the_engine_refuses_say_why(fake_engine, monkeypatch):
     monkeypatch.setattr(run, "target_for", lambda eng, cell, gpu, file: run.Target(
         f"gpuenv/tensorflow:{cell}", {}))  # fmt: skip
     monkeypatch.setattr(run, "gpu_preflight", refuse)
-    from gpuenv.building.project import open_project
+    from gpuenv.project.project import open_project
 
     opts = bench.BenchOptions(gpus=parse_gpus("all"), workloads=bench.select_workloads(None))
     rows = bench.bench(fake_engine, open_project(REPO / "matrix.yaml"), opts, lambda s: None)

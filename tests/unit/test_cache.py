@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpuenv.building import snapshot
+from gpuenv.project import snapshot
 from gpuenv.store import cache
 
 PREFIXES = (snapshot.PREFIX, "noop-")

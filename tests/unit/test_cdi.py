@@ -381,7 +381,7 @@ def test_validate_on_an_engine_without_a_gpu_path_fails_the_device_checks(
 
 
 def test_doctor_says_which_path_each_engine_takes() -> None:
-    from gpuenv.run.doctor import Facts, evaluate
+    from gpuenv.validate.doctor import Facts, evaluate
 
     cases = {
         "cdi": docker_facts(recorded("docker-info-nvidia-runtime.txt")),
@@ -398,7 +398,7 @@ def test_doctor_says_which_path_each_engine_takes() -> None:
 
 def test_doctor_on_podman_looks_for_cdi_specs() -> None:
     from gpuenv.gpu.gpus import GpuInfo
-    from gpuenv.run.doctor import Facts, gpu_support
+    from gpuenv.validate.doctor import Facts, gpu_support
 
     gpus = [GpuInfo("560.35.03", "NVIDIA L4", "8.9")]
     missing = gpu_support(Facts(podman=True, gpus=gpus))

@@ -11,12 +11,12 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from gpuenv.building.lock import cuda_requirements, env_requirements
 from gpuenv.building.render import RenderOptions, render
 from gpuenv.catalog import compat
 from gpuenv.matrix import schema as matrix
 from gpuenv.matrix.cell import Cell
 from gpuenv.matrix.errors import MatrixError
+from gpuenv.project.lockfile import cuda_requirements, env_requirements
 
 
 def _data(name: str) -> dict:

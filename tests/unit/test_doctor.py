@@ -19,8 +19,15 @@ from gpuenv.gpu.gpus import (
     parse_nvidia_smi_banner,
     parse_nvidia_smi_query,
 )
-from gpuenv.run import doctor
-from gpuenv.run.doctor import Facts, Finding, evaluate, gpu_support, image_verdict, workdir_finding
+from gpuenv.validate import doctor
+from gpuenv.validate.doctor import (
+    Facts,
+    Finding,
+    evaluate,
+    gpu_support,
+    image_verdict,
+    workdir_finding,
+)
 
 RECORDED = Path(__file__).parent / "recorded"
 TOOLKIT_MISSING = "install the NVIDIA Container Toolkit"

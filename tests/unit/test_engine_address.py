@@ -19,7 +19,7 @@ import pytest
 
 from gpuenv.engine import client as engines
 from gpuenv.engine.client import EngineError, _SshTarget
-from gpuenv.run.doctor import Facts, evaluate
+from gpuenv.validate.doctor import Facts, evaluate
 
 VERSION = (200, {"ApiVersion": "1.41", "Components": []})
 INFO = (200, {"ServerVersion": "27.0", "OperatingSystem": "the fake"})

@@ -16,12 +16,12 @@ from packaging.version import Version
 from test_matrix_errors import assert_rejected
 from test_render import _lint
 
-from gpuenv.building.lock import cuda_requirements, env_requirements
 from gpuenv.building.render import RenderOptions, render, upstream_indexes, wheelhouse_key
 from gpuenv.catalog import compat
 from gpuenv.matrix import schema as matrix
 from gpuenv.matrix.cell import Cell
 from gpuenv.matrix.errors import MatrixError
+from gpuenv.project.lockfile import cuda_requirements, env_requirements
 
 GOLDEN = Path(__file__).parent / "golden"
 REPO = Path(__file__).resolve().parents[2]
@@ -609,9 +609,9 @@ def test_kernel_records_match_the_catalog_rows():
 
 def test_bench_refuses_cells_of_other_frameworks(write_matrix):
     """bench's workloads import TensorFlow: a torch cell is refused up front, not run."""
-    from gpuenv import bench
-    from gpuenv.building.project import open_project
+    from gpuenv.bench import benchmark as bench
     from gpuenv.matrix.errors import GpuenvError
+    from gpuenv.project.project import open_project
 
     project = open_project(write_matrix(matrix_text("torch", "2.11", "3.11")))
     with pytest.raises(

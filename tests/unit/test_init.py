@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gpuenv.building.project import open_project
 from gpuenv.catalog.compat import catalog
 from gpuenv.cli import app
+from gpuenv.project.project import open_project
 
 PROJECTS = Path(__file__).resolve().parents[1] / "projects"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpuenv.building import layers
-from gpuenv.building.lock import framework_requirements
 from gpuenv.building.render import RenderOptions, render
+from gpuenv.project.lockfile import framework_requirements
 
 H = "--hash=sha256:" + "0" * 64
 

@@ -11,7 +11,6 @@ import pytest
 
 from gpuenv.building import lock as locks
 from gpuenv.building import sendable
-from gpuenv.building.lock import CellLock, Lock
 from gpuenv.building.plan import spec_hash
 from gpuenv.building.render import RenderOptions, render
 from gpuenv.catalog import compat
@@ -20,6 +19,8 @@ from gpuenv.matrix import schema as matrix
 from gpuenv.matrix.cell import Cell
 from gpuenv.matrix.contract import LOCK_DIR
 from gpuenv.matrix.errors import GpuenvError
+from gpuenv.project import lockfile
+from gpuenv.project.lockfile import CellLock, Lock
 from gpuenv.validate.diff import IDENTITY_LABELS, Inventory, compare, render_text
 from gpuenv.validate.expected import locked_versions
 
@@ -55,7 +56,7 @@ def cells(write_matrix) -> dict[str, Cell]:
 
 
 def cell_lock(cell: Cell, python_env: str = PYTHON_ENV) -> CellLock:
-    return CellLock(locks.inputs_digest(cell, DATE), python_env, CUDA if cell.is_gpu else "")
+    return CellLock(lockfile.inputs_digest(cell, DATE), python_env, CUDA if cell.is_gpu else "")
 
 
 def make_lock(path: Path, cells: dict[str, Cell]) -> Lock:
@@ -73,8 +74,8 @@ def make_lock(path: Path, cells: dict[str, Cell]) -> Lock:
 def test_lock_round_trip(tmp_path, cells):
     path = tmp_path / "matrix.lock"
     written = make_lock(path, cells)
-    locks.write(written)
-    loaded = locks.load(path)
+    lockfile.write(written)
+    loaded = lockfile.load(path)
     assert loaded == written
     text = path.read_text()
     assert text.startswith("# matrix.lock: written by `gpuenv lock`")
@@ -82,15 +83,15 @@ def test_lock_round_trip(tmp_path, cells):
     assert "python_env: |" in text and "cuda: |" in text
     assert "    six==1.17.0 \\\n" in text
     # Writing what was read gives the same bytes (a re-lock of an unchanged matrix is no diff).
-    locks.write(loaded)
+    lockfile.write(loaded)
     assert path.read_text() == text
 
 
 def test_cpu_cells_have_no_cuda_section(tmp_path, cells):
     path = tmp_path / "matrix.lock"
-    locks.write(make_lock(path, {"cpu": cells["cpu"]}))
+    lockfile.write(make_lock(path, {"cpu": cells["cpu"]}))
     assert "cuda:" not in path.read_text()
-    assert locks.load(path).cells[cells["cpu"].name].cuda == ""
+    assert lockfile.load(path).cells[cells["cpu"].name].cuda == ""
 
 
 def test_lock_path_is_next_to_the_matrix(tmp_path):
@@ -98,11 +99,11 @@ def test_lock_path_is_next_to_the_matrix(tmp_path):
 
 
 def test_missing_lock_is_none_and_garbage_is_an_error(tmp_path):
-    assert locks.load(tmp_path / "matrix.lock") is None
+    assert lockfile.load(tmp_path / "matrix.lock") is None
     bad = tmp_path / "bad.lock"
     bad.write_text("cells: [1, 2]\n")
     with pytest.raises(GpuenvError, match="not a gpuenv lock"):
-        locks.load(bad)
+        lockfile.load(bad)
 
 
 # --------------------------------------------------------------------------- drift
@@ -110,39 +111,39 @@ def test_missing_lock_is_none_and_garbage_is_an_error(tmp_path):
 
 def test_no_drift_when_the_matrix_is_unchanged(tmp_path, cells):
     lock = make_lock(tmp_path / "matrix.lock", cells)
-    assert locks.drift(lock, list(cells.values())) == {}
+    assert lockfile.drift(lock, list(cells.values())) == {}
 
 
 def test_an_added_package_is_drift(tmp_path, cells):
     lock = make_lock(tmp_path / "matrix.lock", cells)
     edited = dataclasses.replace(cells["cpu"], pip=("iniconfig==2.1.0",))
-    assert locks.drift(lock, [edited, cells["gpu"]]) == {
+    assert lockfile.drift(lock, [edited, cells["gpu"]]) == {
         edited.name: "the matrix changed since it was locked"
     }
 
 
 def test_a_cell_missing_from_the_lock_is_drift(tmp_path, cells):
     lock = make_lock(tmp_path / "matrix.lock", {"cpu": cells["cpu"]})
-    assert locks.drift(lock, list(cells.values())) == {cells["gpu"].name: "not in the lock"}
+    assert lockfile.drift(lock, list(cells.values())) == {cells["gpu"].name: "not in the lock"}
 
 
 def test_inputs_digest_changes_with_each_input(cells, monkeypatch):
     cpu, gpu = cells["cpu"], cells["gpu"]
-    digest = locks.inputs_digest(cpu, DATE)
-    assert digest.startswith("sha256:") and digest == locks.inputs_digest(cpu, DATE)
+    digest = lockfile.inputs_digest(cpu, DATE)
+    assert digest.startswith("sha256:") and digest == lockfile.inputs_digest(cpu, DATE)
     variants = {
-        "python": locks.inputs_digest(dataclasses.replace(cpu, python="3.12"), DATE),
-        "framework version": locks.inputs_digest(
+        "python": lockfile.inputs_digest(dataclasses.replace(cpu, python="3.12"), DATE),
+        "framework version": lockfile.inputs_digest(
             dataclasses.replace(cpu, framework_version="2.21.1"), DATE
         ),
-        "pip": locks.inputs_digest(dataclasses.replace(cpu, pip=("six==1.17.0",)), DATE),
-        "exclude_newer": locks.inputs_digest(cpu, "2026-11-02T00:00:00Z"),
+        "pip": lockfile.inputs_digest(dataclasses.replace(cpu, pip=("six==1.17.0",)), DATE),
+        "exclude_newer": lockfile.inputs_digest(cpu, "2026-11-02T00:00:00Z"),
     }
     wheels = dict(gpu.wheels, **{"nvidia-cudnn-cu12": "9.5.1.17"})
-    variants["cuda wheels"] = locks.inputs_digest(dataclasses.replace(gpu, wheels=wheels), DATE)
-    assert locks.inputs_digest(gpu, DATE) != digest
+    variants["cuda wheels"] = lockfile.inputs_digest(dataclasses.replace(gpu, wheels=wheels), DATE)
+    assert lockfile.inputs_digest(gpu, DATE) != digest
     # An arm64 cell resolves for aarch64-manylinux_2_28: its own lock entry.
-    variants["platform"] = locks.inputs_digest(dataclasses.replace(cpu, arch="arm64"), DATE)
+    variants["platform"] = lockfile.inputs_digest(dataclasses.replace(cpu, arch="arm64"), DATE)
     for what, other in variants.items():
         assert other != digest, f"the digest ignores the {what}"
     assert len({*variants.values(), digest}) == len(variants) + 1
@@ -152,7 +153,7 @@ def test_inputs_digest_ignores_the_image_name(cells):
     # A lock is about what is installed: renaming the repository needs no re-lock.
     cpu = cells["cpu"]
     renamed = dataclasses.replace(cpu, repository="acme/other")
-    assert locks.inputs_digest(renamed, DATE) == locks.inputs_digest(cpu, DATE)
+    assert lockfile.inputs_digest(renamed, DATE) == lockfile.inputs_digest(cpu, DATE)
 
 
 # --------------------------------------------------------------------------- base drift
@@ -169,11 +170,11 @@ def info(
 
 def test_bootstrapped_base_is_pinned_by_its_root_filesystem(tmp_path, cells):
     lock = make_lock(tmp_path / "matrix.lock", cells)
-    assert locks.base_drift(lock, BASE, info()) is None
+    assert lockfile.base_drift(lock, BASE, info()) is None
     # The same root filesystem imported again (another ID) is the same base.
-    assert locks.base_drift(lock, BASE, info(image_id="sha256:" + "ef" * 32)) is None
+    assert lockfile.base_drift(lock, BASE, info(image_id="sha256:" + "ef" * 32)) is None
     other = "sha256:" + "99" * 32
-    why = locks.base_drift(lock, BASE, info(rootfs=other))
+    why = lockfile.base_drift(lock, BASE, info(rootfs=other))
     assert why and other in why and ROOTFS in why
 
 
@@ -182,34 +183,34 @@ def test_a_base_whose_label_claims_the_locked_root_filesystem_is_drift(tmp_path,
     it (as a crafted `cache import` or `docker load` brings) is compared by its layer."""
     lock = make_lock(tmp_path / "matrix.lock", cells)
     forged = "sha256:" + "66" * 32
-    why = locks.base_drift(lock, BASE, info(image_id="sha256:" + "ef" * 32, layers=(forged,)))
+    why = lockfile.base_drift(lock, BASE, info(image_id="sha256:" + "ef" * 32, layers=(forged,)))
     assert why and forged in why and ROOTFS in why
     # Nor does a base that dropped the label escape the pin.
-    why = locks.base_drift(lock, BASE, info(rootfs=None, layers=(forged,)))
+    why = lockfile.base_drift(lock, BASE, info(rootfs=None, layers=(forged,)))
     assert why and forged in why
 
 
 def test_image_base_is_pinned_by_its_id(tmp_path, cells):
     lock = make_lock(tmp_path / "matrix.lock", cells)
     lock.bases = {"nvidia/cuda:12.5": {"id": BASE_ID, "rootfs": None, "packages": []}}
-    assert locks.base_drift(lock, "nvidia/cuda:12.5", info(rootfs=None)) is None
-    why = locks.base_drift(lock, "nvidia/cuda:12.5", info("sha256:" + "12" * 32, None))
+    assert lockfile.base_drift(lock, "nvidia/cuda:12.5", info(rootfs=None)) is None
+    why = lockfile.base_drift(lock, "nvidia/cuda:12.5", info("sha256:" + "12" * 32, None))
     assert why and "is not the locked" in why
 
 
 def test_a_base_the_lock_does_not_know_is_drift(tmp_path, cells):
     # The matrix moved a Python to another base after locking.
     lock = make_lock(tmp_path / "matrix.lock", cells)
-    why = locks.base_drift(lock, "gpuenv/debian:trixie", info())
+    why = lockfile.base_drift(lock, "gpuenv/debian:trixie", info())
     assert why and "not in the lock" in why
 
 
 def test_base_identity_records_the_root_filesystems_layer():
-    found = locks.base_identity(info(), ["python3=3.11.2-1+b1"])
+    found = lockfile.base_identity(info(), ["python3=3.11.2-1+b1"])
     assert found == {"id": BASE_ID, "rootfs": ROOTFS, "packages": ["python3=3.11.2-1+b1"]}
     # The layer the engine hashed, not what the label says.
     layer = "sha256:" + "77" * 32
-    assert locks.base_identity(info(layers=(layer,)), [])["rootfs"] == layer
+    assert lockfile.base_identity(info(layers=(layer,)), [])["rootfs"] == layer
 
 
 # --------------------------------------------------------------------------- rendering
@@ -419,7 +420,10 @@ def test_pylock_is_the_same_resolution_as_the_lock_in_pep_751_form(monkeypatch, 
     text = locks.pylock_text(gpu, cell_lock(gpu), DATE, None)
     assert seen["command"][-2:] == ["--format", "pylock.toml"]
     # The environment and the CUDA layer's pins, resolved together: one environment.
-    assert seen["requirements"] == [*locks.env_requirements(gpu), *locks.cuda_requirements(gpu)]
+    assert seen["requirements"] == [
+        *lockfile.env_requirements(gpu),
+        *lockfile.cuda_requirements(gpu),
+    ]
     import tomllib
 
     assert {p.name for p in Pylock.from_dict(tomllib.loads(text)).packages} == set(LOCKED)

@@ -14,10 +14,10 @@ import shutil
 import pytest
 
 from gpuenv.building import plan, render
-from gpuenv.building.lock import CellLock, Lock
-from gpuenv.building.project import open_project
 from gpuenv.engine.client import ImageInfo
 from gpuenv.matrix import contract
+from gpuenv.project.lockfile import CellLock, Lock
+from gpuenv.project.project import open_project
 
 BASE = "gpuenv/debian:bookworm"
 BASE_ID = "sha256:" + "ba" * 32
@@ -136,18 +136,18 @@ def test_a_ca_bundle_rebuilds_nothing(fake_engine, matrix, tmp_path):
 
 def test_a_changed_lock_entry_rebuilds_only_that_cell(fake_engine, matrix, monkeypatch):
     project = open_project(matrix)
-    from gpuenv.building import lock as locks
+    from gpuenv.project import lockfile
 
     date = "2026-11-01T00:00:00Z"
     entries = {
-        c.name: CellLock(locks.inputs_digest(c, date), f"{c.framework}==2.21.0 --hash=x\n",
+        c.name: CellLock(lockfile.inputs_digest(c, date), f"{c.framework}==2.21.0 --hash=x\n",
                          "nvidia-cudnn-cu12==9.3.0.75 --hash=y\n" if c.is_gpu else "")
         for c in project.cells
     }  # fmt: skip
-    locks.write(Lock(project.lock_path, date, entries))
+    lockfile.write(Lock(project.lock_path, date, entries))
     images = built(make(fake_engine, matrix))
     edited = dataclasses.replace(entries[CPU], python_env=entries[CPU].python_env + "six==1\n")
-    locks.write(Lock(project.lock_path, date, {**entries, CPU: edited}))
+    lockfile.write(Lock(project.lock_path, date, {**entries, CPU: edited}))
     assert actions(make(fake_engine, matrix, images=images)) == {
         CPU: ("build", ["lock entry changed"]),
         GPU: ("up-to-date", []),

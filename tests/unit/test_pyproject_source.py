@@ -9,8 +9,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from gpuenv.building.project import open_project
 from gpuenv.cli import app
+from gpuenv.project.project import open_project
 
 PROJECTS = Path(__file__).resolve().parents[1] / "projects"
 

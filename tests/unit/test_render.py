@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv.building.lock import cuda_requirements, env_requirements
 from gpuenv.building.render import RenderOptions, render
 from gpuenv.catalog import compat
 from gpuenv.matrix import schema as matrix
 from gpuenv.matrix.cell import Cell
+from gpuenv.project.lockfile import cuda_requirements, env_requirements
 from gpuenv.store.wheelhouse import index_key, upstreams
 
 GOLDEN = Path(__file__).parent / "golden"

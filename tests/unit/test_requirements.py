@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gpuenv.building import lock as locks
 from gpuenv.building import plan
-from gpuenv.building.project import open_project
 from gpuenv.cli import app
+from gpuenv.project import lockfile
+from gpuenv.project.project import open_project
 
 MATRIX = """\
 name: acme/gpuenv
@@ -54,7 +54,7 @@ def test_lines_join_every_cells_pip_after_the_matrix_packages(tmp_path):
         assert cell.pip == ("rich", "six==1.17.0", "attrs<26,>=23")
         assert set(cell.requirements) == {"reqs.txt"}
     # The lock resolves them (its inputs digest covers them: an edit drifts the lock).
-    assert "six==1.17.0" in locks.env_requirements(project.cells[0])
+    assert "six==1.17.0" in lockfile.env_requirements(project.cells[0])
 
 
 def test_per_include_requirements_only_reach_that_cell(tmp_path):

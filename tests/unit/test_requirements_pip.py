@@ -13,9 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from gpuenv.building import lock as locks
-from gpuenv.building.project import open_project
 from gpuenv.cli import app
 from gpuenv.matrix.errors import GpuenvError
+from gpuenv.project import lockfile
+from gpuenv.project.project import open_project
 
 PROJECTS = Path(__file__).resolve().parents[1] / "projects"
 
@@ -83,17 +84,17 @@ def test_a_marker_decides_per_cell_and_the_lock_records_what_it_left_out(tmp_pat
         'requirements.txt:4: pywin32==308; sys_platform == "win32"',
     )
     # The lock says so: its entry lists them, and a lock written without them drifts.
-    entry = locks.CellLock(locks.inputs_digest(amd, "2026-01-01T00:00:00Z"), "", "",  # type: ignore[arg-type]
+    entry = lockfile.CellLock(lockfile.inputs_digest(amd, "2026-01-01T00:00:00Z"), "", "",  # type: ignore[arg-type]
                            amd.left_out)  # type: ignore[attr-defined]  # fmt: skip
     path = tmp_path / "matrix.lock"
-    locks.write(locks.Lock(path, "2026-01-01T00:00:00Z", {amd.name: entry}))  # type: ignore[attr-defined]
+    lockfile.write(lockfile.Lock(path, "2026-01-01T00:00:00Z", {amd.name: entry}))  # type: ignore[attr-defined]
     assert "    - 'requirements.txt:4: pywin32==308; sys_platform == \"win32\"'" in (
         path.read_text()
     )
-    loaded = locks.load(path)
+    loaded = lockfile.load(path)
     assert loaded is not None and loaded.cells[amd.name].left_out == entry.left_out  # type: ignore[attr-defined]
     without = amd.__class__(**{**amd.__dict__, "left_out": ()})
-    assert locks.inputs_digest(without, "x") != locks.inputs_digest(amd, "x")  # type: ignore[arg-type]
+    assert lockfile.inputs_digest(without, "x") != lockfile.inputs_digest(amd, "x")  # type: ignore[arg-type]
 
 
 def test_a_python_full_version_marker_is_decided_when_the_whole_minor_release_agrees(tmp_path):
@@ -221,7 +222,7 @@ def test_environment_variables_and_continuations_as_pip_reads_them(tmp_path, mon
     assert cell.pip == ("six==1.17.0", "attrs>=23", "tomli")  # type: ignore[attr-defined]
     assert cell.hashes == (("six", (digest,), "requirements.txt:1"),)  # type: ignore[attr-defined]
     # A cached resolution sees the variable change.
-    from gpuenv.building import snapshot
+    from gpuenv.project import snapshot
 
     depends = snapshot.depends_of(open_project(path).matrix)
     assert "$SIX_VERSION" in depends and "1.17.0" not in json.dumps(depends)

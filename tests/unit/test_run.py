@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv.building.project import looks_like_image
 from gpuenv.gpu.gpus import GpuInfo, parse_gpus
 from gpuenv.matrix.errors import GpuenvError
+from gpuenv.project.project import looks_like_image
 from gpuenv.run import local as run
 from gpuenv.store import cache
 
@@ -432,8 +432,8 @@ def test_a_missing_gpu_cell_is_built_only_on_an_engine_that_gives_gpus(
     cell is built: an engine without NVIDIA support is one error and nothing is built."""
     from fake_engine import image
 
-    from gpuenv.building.project import open_project
     from gpuenv.engine.client import EngineError
+    from gpuenv.project.project import open_project
 
     project = open_project(shipped_matrix)
     cell = project.default_cell(True)

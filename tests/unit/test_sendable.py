@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from gpuenv.building import sendable
-from gpuenv.building.lock import CellLock
 from gpuenv.building.render import render
 from gpuenv.catalog import compat
 from gpuenv.matrix import schema as matrix
 from gpuenv.matrix.cell import Cell
 from gpuenv.matrix.errors import GpuenvError
+from gpuenv.project.lockfile import CellLock
 
 MIXED = """\
 name: acme/ml

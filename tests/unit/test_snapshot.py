@@ -1,4 +1,4 @@
-"""The resolved-matrix snapshot (gpuenv/building/snapshot.py): a hit gives exactly what loading
+"""The resolved-matrix snapshot (gpuenv/project/snapshot.py): a hit gives exactly what loading
 gives, every input change misses, a corrupt entry is ignored, and what `--help`, a no-op
 build and `run` import stays small."""
 
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv.building import fingerprint, plan, snapshot
-from gpuenv.building.project import open_project
+from gpuenv.building import plan
+from gpuenv.project import fingerprint, snapshot
+from gpuenv.project.project import open_project
 from gpuenv.store import cache
 
 REPO = Path(__file__).resolve().parents[2]
@@ -226,7 +227,7 @@ def test_a_snapshot_hit_imports_no_schema_templates_or_yaml(project_dir):
     code = (
         "from pathlib import Path\n"
         "from gpuenv.building import plan\n"
-        "from gpuenv.building.project import open_project\n"
+        "from gpuenv.project.project import open_project\n"
         "p = open_project(Path('matrix.yaml'), cached=True)\n"
         "plan.render_all(p, p.cells)\n"
         "p.default_cell(False)"
@@ -236,7 +237,7 @@ def test_a_snapshot_hit_imports_no_schema_templates_or_yaml(project_dir):
 
 
 def test_an_edit_while_loading_writes_no_snapshot(project_dir, cache_home, monkeypatch):
-    from gpuenv.building import project as projects
+    from gpuenv.project import project as projects
 
     path = project_dir / "matrix.yaml"
     real = projects._load
@@ -255,7 +256,7 @@ def test_an_edit_while_loading_writes_no_snapshot(project_dir, cache_home, monke
 
 
 def test_a_requirements_edit_after_loading_is_not_recorded_as_loaded(project_dir, monkeypatch):
-    from gpuenv.building import project as projects
+    from gpuenv.project import project as projects
 
     path = project_dir / "matrix.yaml"
     real = projects._load

@@ -13,9 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from gpuenv.building import lock as locks
-from gpuenv.building.project import open_project
 from gpuenv.cli import app
 from gpuenv.matrix.errors import GpuenvError
+from gpuenv.project import lockfile
+from gpuenv.project.project import open_project
 
 PROJECT = Path(__file__).resolve().parents[1] / "projects" / "jax_uv"
 
@@ -128,4 +129,4 @@ def test_the_users_lock_rehashed_drifts_matrix_lock(tmp_path):
     lock.write_text(text.replace(digest, "f" * 64))
     (after,) = open_project(path).cells
     assert after.constraints == before.constraints  # the same versions
-    assert locks.inputs_digest(after, "x") != locks.inputs_digest(before, "x")
+    assert lockfile.inputs_digest(after, "x") != lockfile.inputs_digest(before, "x")

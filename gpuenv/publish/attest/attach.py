@@ -17,8 +17,8 @@ from gpuenv.matrix import contract
 from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
-    from gpuenv.building.project import Project
     from gpuenv.engine.client import Engine, ImageInfo
+    from gpuenv.project.project import Project
 
 
 @dataclass
@@ -186,7 +186,7 @@ def attest_pushed(
 def sbom_for(engine: Engine, target: str, file: Path | None, fmt: str) -> bytes:
     """`gpuenv sbom CELL|IMAGE`: the document of a cell's image (with its lock's hashes) or
     of any image the engine has."""
-    from gpuenv.building.project import looks_like_image, open_project
+    from gpuenv.project.project import looks_like_image, open_project
     from gpuenv.publish.attest import sbom
     from gpuenv.publish.attest.contents import read_contents
 

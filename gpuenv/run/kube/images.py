@@ -14,9 +14,9 @@ from gpuenv.run.kube import KubeError
 from gpuenv.run.kube.layer import CodeContext, build_context
 
 if TYPE_CHECKING:
-    from gpuenv.building.project import Project
     from gpuenv.engine.client import Engine
     from gpuenv.matrix.cell import Cell
+    from gpuenv.project.project import Project
 
 CODE_LABEL = "io.gpuenv.code"  # the code layer's content digest
 

@@ -135,7 +135,7 @@ def submit(opts: KubeOptions) -> int:
             warn(f"{target.image} is a GPU image but no --gpus N: its framework will use the CPU")
         if gpus and not claims.is_gpu:
             warn(f"{target.image} is a CPU image: the framework in it cannot use the GPUs")
-        from gpuenv.building.project import open_project
+        from gpuenv.project.project import open_project
 
         project = open_project(opts.file)
         root = opts.cwd if opts.ship_code else None

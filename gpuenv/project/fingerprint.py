@@ -1,6 +1,6 @@
 """What a cached answer was made from: digests of gpuenv itself, the matrix and its lock.
 
-The resolved-matrix cache (gpuenv/building/snapshot.py) stands in for loading the matrix only while
+The resolved-matrix cache (gpuenv/project/snapshot.py) stands in for loading the matrix only while
 everything it was computed from is unchanged; it recomputes these digests on every use.
 """
 

@@ -451,8 +451,8 @@ def _host_gpus() -> tuple[list[GpuInfo], str]:
 
 def matrix_findings(facts: Facts, file: Path | None) -> list[Finding]:
     """What the matrix adds: cells not built yet, or a matrix that does not load."""
-    from gpuenv.building.project import matrix_file, open_project
     from gpuenv.matrix.errors import GpuenvError
+    from gpuenv.project.project import matrix_file, open_project
 
     path = matrix_file(file)
     if not path.exists() or facts.engine_error:

@@ -29,13 +29,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuenv.building.fingerprint import dependency_state, key
 from gpuenv.matrix.cell import Base, Cell
 from gpuenv.matrix.requirements import env_digest
+from gpuenv.project.fingerprint import dependency_state, key
 from gpuenv.store import cache as caches
 
 if TYPE_CHECKING:
-    from gpuenv.building.lock import Lock
+    from gpuenv.project.lockfile import Lock
 
 FORMAT = 1
 PREFIX = "resolved-"  # the records' names (gpuenv cache prune)
@@ -116,7 +116,7 @@ def lock_to_json(lock: Lock) -> dict[str, Any]:
 
 
 def lock_from_json(path: Path, data: dict[str, Any]) -> Lock:
-    from gpuenv.building.lock import CellLock, Lock
+    from gpuenv.project.lockfile import CellLock, Lock
 
     cells = {
         name: CellLock(inputs, env, cuda, tuple(left_out))

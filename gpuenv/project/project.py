@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
-    from gpuenv.building.lock import Lock
-    from gpuenv.building.snapshot import Resolved, Settings, Snapshot
     from gpuenv.catalog.compat import Resolution
     from gpuenv.matrix.cell import Cell
     from gpuenv.matrix.schema import LoadedMatrix
+    from gpuenv.project.lockfile import Lock
+    from gpuenv.project.snapshot import Resolved, Settings, Snapshot
 
 
 def select(cells: list[Cell], patterns: list[str] | None, source: Path | str = "") -> list[Cell]:
@@ -36,7 +36,7 @@ def select(cells: list[Cell], patterns: list[str] | None, source: Path | str = "
 
 
 class Project:
-    """A matrix and its resolution. Opened from a snapshot (gpuenv/building/snapshot.py), the
+    """A matrix and its resolution. Opened from a snapshot (gpuenv/project/snapshot.py), the
     validated matrix itself is loaded only if something asks for it (`matrix`)."""
 
     def __init__(
@@ -55,7 +55,7 @@ class Project:
         self.snapshot = snapshot
         self._lock: tuple[Lock | None] | None = None
         if snapshot is not None and snapshot.lock is not None:
-            from gpuenv.building.snapshot import lock_from_json
+            from gpuenv.project.snapshot import lock_from_json
 
             self._lock = (lock_from_json(self.lock_path, snapshot.lock),)
         elif snapshot is not None:
@@ -96,9 +96,9 @@ class Project:
     def lock(self) -> Lock | None:
         """matrix.lock next to the matrix, read on first use and then kept."""
         if self._lock is None:
-            from gpuenv.building import lock as locks
+            from gpuenv.project import lockfile
 
-            self._lock = (locks.load(self.lock_path),)
+            self._lock = (lockfile.load(self.lock_path),)
         return self._lock[0]
 
     def cached_contexts(self, options: str) -> dict[str, dict[str, str]]:
@@ -107,7 +107,7 @@ class Project:
 
     def remember_contexts(self, options: str, contexts: dict[str, dict[str, str]]) -> None:
         """Add rendered contexts to the snapshot, so the next command need not render."""
-        from gpuenv.building import snapshot
+        from gpuenv.project import snapshot
 
         snap = self.snapshot
         if snap is None:
@@ -164,7 +164,7 @@ def lock_path(matrix: Path) -> Path:
 
 
 def settings_of(m: LoadedMatrix) -> Settings:
-    from gpuenv.building.snapshot import Settings
+    from gpuenv.project.snapshot import Settings
 
     b = m.model.build
     return Settings(m.model.name, b.ca_bundle, b.index_url, tuple(b.extra_index_urls))
@@ -174,12 +174,12 @@ def open_project(file: Path | None, *, cached: bool = False) -> Project:
     """Load, validate and resolve the matrix (`-f FILE`, $GPUENV_MATRIX, ./matrix.yaml).
 
     With `cached`, a snapshot whose inputs are unchanged stands in for the loading and
-    resolving (gpuenv/building/snapshot.py); a miss loads as before and writes one. Verbs that
+    resolving (gpuenv/project/snapshot.py); a miss loads as before and writes one. Verbs that
     report on the matrix itself (matrix, lock, validate) leave it off."""
     path = matrix_file(file)
     if not cached:
         return _load(path)
-    from gpuenv.building import snapshot
+    from gpuenv.project import snapshot
 
     lock_file = lock_path(path)
     snap = snapshot.read(path, lock_file)
@@ -206,7 +206,7 @@ def _load(path: Path) -> Project:
 def _snapshot_of(project: Project, key: str) -> Snapshot | None:
     """A snapshot of a freshly loaded project; None when the lock cannot be read (its
     error must come from the lock itself, every time)."""
-    from gpuenv.building import snapshot
+    from gpuenv.project import snapshot
 
     try:
         lock = project.lock
