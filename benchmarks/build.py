@@ -166,7 +166,7 @@ def assembled_contexts(matrix: Path, ca: Path | None) -> dict[str, Path]:
     cells = project.cells
     docker = engine.connect()
     the_plan = plan.make_plan(docker, project, cells, ca_bundle=ca)
-    sender = Sender(docker, project, cells, ca, offline=False)
+    sender = Sender(docker, project, the_plan.cells, ca, offline=False)
     out = {}
     for p in the_plan.cells:
         with sender.context(p) as directory:  # kept in the cache once assembled

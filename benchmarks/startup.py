@@ -121,7 +121,7 @@ def assembled(matrix: Path, names: list[str]) -> dict[str, Path]:
     cells = project.select(names)
     docker, ca = engine.connect(), project.ca_bundle(None)
     the_plan = plan.make_plan(docker, project, cells, ca_bundle=ca)
-    sender = sendable.Sender(docker, project, cells, ca, offline=True)
+    sender = sendable.Sender(docker, project, the_plan.cells, ca, offline=True)
     out = {}
     for p in the_plan.cells:
         with sender.context(p) as directory:

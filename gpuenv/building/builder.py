@@ -10,10 +10,8 @@ build supersedes is removed once nothing tags it.
 
 from __future__ import annotations
 
-import io
 import json
 import re
-import tarfile
 import threading
 import time
 from concurrent.futures import Future
@@ -29,25 +27,11 @@ from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
     from gpuenv.building.registry import Vet
-    from gpuenv.building.render import BuildContext
     from gpuenv.building.sendable import Sender
     from gpuenv.project.project import Project
 
 LOG_TAIL = 15  # the lines a failure shows
 LOG_KEPT = 400  # the lines a failure is explained from (uv's hash report alone is ~20)
-
-
-def context_tar(ctx: BuildContext) -> io.BytesIO:
-    """The build context as an uncompressed tar with fixed metadata (deterministic bytes)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in sorted(ctx.files):
-            data = ctx.files[name].encode()
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), 0o644, 0
-            tar.addfile(info, io.BytesIO(data))
-    buf.seek(0)
-    return buf
 
 
 def sibling_cpu(cell: Cell, cells: list[Cell]) -> Cell | None:
@@ -108,24 +92,24 @@ def plan_and_build(
         pull_from = None
     # Render everything before touching the engine: a template error must stop the run
     # before a base is bootstrapped.
-    contexts = plans.render_all(project, cells)
+    prepared = plans.prepare(project, cells)
     if offline:
         from gpuenv.building.sendable import check_offline
 
-        check_offline(engine, project, cells)
+        check_offline(engine, project, list(prepared.values()))
     else:
         prepare_bases(engine, cells, reporter)
     plan = plans.make_plan(
         engine, project, cells, ca_bundle=ca_bundle, no_cache=no_cache, pull_from=pull_from,
-        vet=vet, contexts=contexts,
+        vet=vet, prepared=prepared,
     )  # fmt: skip
     # Only a build needs the wheelhouse (a no-op build reads no netrc, imports no ssl).
-    building = any(p.action != "up-to-date" for p in plan.cells)
+    building = [p for p in plan.cells if p.action != "up-to-date"]
     sender = None
     if building:  # sendable imports packaging's markers (layers): not for a no-op build
         from gpuenv.building.sendable import Sender
 
-        sender = Sender(engine, project, cells, ca_bundle, offline)
+        sender = Sender(engine, project, building, ca_bundle, offline)
     results = execute(engine, plan, reporter, jobs=jobs, keep_going=keep_going, sender=sender)
     if reproducible and not failed(results):
         from gpuenv.building.reproducible import normalize_images

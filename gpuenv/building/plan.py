@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -24,12 +24,12 @@ from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
     from gpuenv.building.registry import Vet
-    from gpuenv.building.render import BuildContext, RenderOptions
+    from gpuenv.building.render import BuildContext
     from gpuenv.engine.client import Engine, ImageInfo
     from gpuenv.matrix.cell import Cell
-    from gpuenv.matrix.schema import LoadedMatrix
     from gpuenv.project.lockfile import CellLock, Lock
     from gpuenv.project.project import Project
+    from gpuenv.project.snapshot import Settings
 
 Action = Literal["up-to-date", "pull", "build"]
 
@@ -68,7 +68,7 @@ def _short(text: str) -> str:
 
 
 def input_digests(
-    ctx: BuildContext, base_id: str, lock: CellLock | None, options: RenderOptions
+    ctx: BuildContext, base_id: str, lock: CellLock | None, settings: Settings
 ) -> dict[str, str]:
     from gpuenv.building.render import templates_digest
 
@@ -76,7 +76,7 @@ def input_digests(
     framework = {
         "framework": cell.framework_requirement,
         "wheels": cell.wheels,
-        "index": [options.index_url, *options.extra_index_urls, *cell.indexes],
+        "index": [settings.index_url, *settings.extra_index_urls, *cell.indexes],
     }
     return {
         "template": templates_digest()[:16],
@@ -93,13 +93,19 @@ def input_digests(
 
 @dataclass
 class CellPlan:
+    """One cell's part of the plan. `prepare` fills what the project alone decides (its
+    lock entry, indexes, wheelhouse key, rendered context); `make_plan` what the engine's
+    state decides (base, existing image, action and why)."""
+
     cell: Cell
     context: BuildContext
-    base_id: str | None  # None: the base is missing (the build bootstraps it first)
-    spec_hash: str | None  # None until the base exists
-    inputs: dict[str, str]
     lock: CellLock | None
-    existing: ImageInfo | None
+    indexes: tuple[str, ...]  # the package indexes its wheels come from, in order
+    wheelhouse_key: str  # their name in the wheelhouse (and in the Dockerfile's index key)
+    base_id: str | None = None  # None: the base is missing (the build bootstraps it first)
+    spec_hash: str | None = None  # None until the base exists
+    inputs: dict[str, str] = field(default_factory=dict)
+    existing: ImageInfo | None = None
     action: Action = "build"
     reasons: list[str] = field(default_factory=list)
     pull_ref: str | None = None
@@ -133,22 +139,6 @@ class BuildPlan:
         return {"no_cache": self.no_cache, "cells": [p.to_json() for p in self.cells]}
 
 
-def render_options(m: LoadedMatrix | Project) -> RenderOptions:
-    from gpuenv.building.render import RenderOptions
-    from gpuenv.project.project import Project, settings_of
-
-    settings = m.settings if isinstance(m, Project) else settings_of(m)
-    return RenderOptions(index_url=settings.index_url, extra_index_urls=settings.extra_index_urls)
-
-
-def upstream_indexes(m: LoadedMatrix, cell: Cell) -> tuple[str, ...]:
-    """The package indexes a cell's wheels are fetched from, in order: the matrix's, then
-    the cell's own (render.upstream_indexes, as the Dockerfile's index key names them)."""
-    from gpuenv.building.render import upstream_indexes as of_options
-
-    return of_options(render_options(m), cell)
-
-
 def lock_entries(project: Project, cells: list[Cell]) -> dict[str, CellLock]:
     """The cells' entries of matrix.lock, when there is one; a stale lock is an error."""
     lock = project.lock
@@ -163,25 +153,33 @@ def lock_entries(project: Project, cells: list[Cell]) -> dict[str, CellLock]:
     return {c.name: lock.cells[c.name] for c in cells}
 
 
-def render_all(project: Project, cells: list[Cell]) -> dict[str, BuildContext]:
-    """Every cell's build context, with its lock entries; a template error, or a lock that
-    no longer matches, stops here, before anything touches the engine."""
+def prepare(project: Project, cells: list[Cell]) -> dict[str, CellPlan]:
+    """Every cell's plan as far as the project decides it: its lock entry, its indexes and
+    wheelhouse key (computed here, once), its build context. A template error, or a lock
+    that no longer matches, stops here, before anything touches the engine."""
     from gpuenv.building.render import BuildContext
+    from gpuenv.store.wheelhouse import index_key
 
-    options = render_options(project)
+    settings = project.settings
     locked = lock_entries(project, cells)
-    # The snapshot's contexts for these options (gpuenv/project/snapshot.py: its key covers the
-    # matrix, lock, catalog and templates); only the cells it lacks are rendered.
-    key = json.dumps(asdict(options), sort_keys=True)
-    cached = project.cached_contexts(key)
-    missing = [c for c in cells if c.name not in cached]
+    indexes = {c.name: settings.indexes(c) for c in cells}
+    # The snapshot's contexts (gpuenv/project/snapshot.py: its key covers the matrix, lock,
+    # catalog and templates); only the cells it lacks are rendered.
+    contexts = project.cached_contexts()
+    missing = [c for c in cells if c.name not in contexts]
     if missing:
         from gpuenv.building.render import render
 
-        fresh = {c.name: render(c, options, locked.get(c.name)).files for c in missing}
-        project.remember_contexts(key, fresh)
-        cached = {**cached, **fresh}
-    return {c.name: BuildContext(c, dict(cached[c.name])) for c in cells}
+        fresh = {c.name: render(c, indexes[c.name], locked.get(c.name)).files for c in missing}
+        project.remember_contexts(fresh)
+        contexts = {**contexts, **fresh}
+    return {
+        c.name: CellPlan(
+            c, BuildContext(c, dict(contexts[c.name])), locked.get(c.name), indexes[c.name],
+            index_key(indexes[c.name]),
+        )
+        for c in cells
+    }  # fmt: skip
 
 
 def _base_ids(engine: Engine, project: Project, cells: list[Cell]) -> dict[str, str | None]:
@@ -261,36 +259,32 @@ def make_plan(
     no_cache: bool = False,
     pull_from: str | None = None,
     vet: Vet | None = None,
-    contexts: dict[str, BuildContext] | None = None,
+    prepared: dict[str, CellPlan] | None = None,
 ) -> BuildPlan:
     """Decide per cell what a build would do. `pull_from` is the repository published
     images are pulled from before building ($GPUENV_REGISTRY's, gpuenv/building/pull.py);
-    `contexts` are the cells' rendered contexts when the caller already has them
-    (render_all); they are rendered here otherwise."""
-    options = render_options(project)
-    locked = lock_entries(project, cells)
-    if contexts is None:
-        contexts = render_all(project, cells)
+    `prepared` is `prepare`'s result when the caller already has it."""
+    if prepared is None:
+        prepared = prepare(project, cells)
     bases = _base_ids(engine, project, cells)
     plans = []
     for cell in cells:
-        ctx = contexts[cell.name]
-        base_id = bases[cell.base.image]
-        digest = spec_hash(ctx.digest(), base_id) if base_id else None
-        inputs = input_digests(ctx, base_id or "", locked.get(cell.name), options)
-        existing = engine.image(cell.image)
-        p = CellPlan(cell, ctx, base_id, digest, inputs, locked.get(cell.name), existing)
-        if base_id is None:
+        p = prepared[cell.name]
+        p.base_id = bases[cell.base.image]
+        p.spec_hash = spec_hash(p.context.digest(), p.base_id) if p.base_id else None
+        p.inputs = input_digests(p.context, p.base_id or "", p.lock, project.settings)
+        p.existing = existing = engine.image(cell.image)
+        if p.base_id is None:
             p.reasons = [f"base {cell.base.image} is missing (it is made first)"]
         elif no_cache:
             p.reasons = ["--no-cache"]
         elif existing is None:
             p.reasons = ["image missing"]
-        elif existing.labels.get(contract.SPEC_HASH) == digest:
+        elif existing.labels.get(contract.SPEC_HASH) == p.spec_hash:
             p.action = "up-to-date"
         else:
-            p.reasons, p.rebuilds_from = _why_rebuild(existing, inputs)
-        if p.action == "build" and pull_from and vet and not no_cache and base_id:
+            p.reasons, p.rebuilds_from = _why_rebuild(existing, p.inputs)
+        if p.action == "build" and pull_from and vet and not no_cache and p.base_id:
             p.action, p.pull_ref, p.vet = "pull", f"{pull_from}:{cell.name}", vet
         plans.append(p)
     return BuildPlan(plans, ca_bundle, no_cache, project.lock)

@@ -47,7 +47,7 @@ def pull_repository(project: Project) -> str | None:
     """Where `gpuenv build` looks for published images first: REG/<last part of name>
     with $GPUENV_REGISTRY=REG; None when it is unset."""
     registry = registry_from_env()
-    return target_repository(project.matrix.model.name, registry) if registry else None
+    return target_repository(project.settings.name, registry) if registry else None
 
 
 def registry_from_env() -> str | None:

@@ -1,6 +1,6 @@
 """Render a cell into a build context: a Dockerfile from the Jinja2 templates in images/.
 
-Rendering is a pure function of the cell and the render options: no timestamps, sorted
+Rendering is a pure function of the cell, its indexes and its lock entry: no timestamps, sorted
 inputs, StrictUndefined. The spec hash (plan.py) is taken over these files.
 """
 
@@ -32,26 +32,6 @@ MOUNT = "/mnt"
 # wheels come from the client), what was sent (wheels beside it), and the CA's mount point
 # (an empty file: a BuildKit secret is mounted over it only on an engine of this machine).
 FETCHED, SENT, CA_FILE = "index.txt", "requirements.txt", "ca.pem"
-
-
-@dataclass(frozen=True)
-class RenderOptions:
-    index_url: str | None = None
-    extra_index_urls: tuple[str, ...] = ()
-
-
-def wheelhouse_key(options: RenderOptions, cell: Cell) -> str:
-    """The wheelhouse key of the indexes a cell installs from: the matrix's, then the cell's
-    own (PyTorch's CPU index for torch CPU cells), in the order the proxy asks them."""
-    from gpuenv.store.wheelhouse import index_key
-
-    return index_key(upstream_indexes(options, cell))
-
-
-def upstream_indexes(options: RenderOptions, cell: Cell) -> tuple[str, ...]:
-    from gpuenv.store.wheelhouse import upstreams
-
-    return upstreams(options.index_url, (*options.extra_index_urls, *cell.indexes))
 
 
 @dataclass(frozen=True)
@@ -114,9 +94,14 @@ def _environment(root: Path) -> jinja2.Environment:
 
 
 def render(
-    cell: Cell, options: RenderOptions | None = None, lock: CellLock | None = None
+    cell: Cell, indexes: tuple[str, ...] | None = None, lock: CellLock | None = None
 ) -> BuildContext:
-    options = options or RenderOptions()
+    """The cell's build context: `indexes` are the package indexes its wheels come from
+    (project/snapshot.py: Settings.indexes; PyPI and the cell's own by default)."""
+    from gpuenv.store.wheelhouse import index_key, upstreams
+
+    if indexes is None:
+        indexes = upstreams(None, cell.indexes)
     env = _environment(templates_dir())
     venv, sp = contract.VENV, contract.site_packages(cell.python)
     path = f"{venv}/bin:{contract.SYSTEM_PATH}"
@@ -127,7 +112,7 @@ def render(
     dockerfile = env.get_template("Dockerfile.j2").render(
         cell=cell,
         # Which upstream indexes the wheels come from: a change of upstream rebuilds.
-        index_key=f"{wheelhouse_key(options, cell)} (uv {UV_VERSION})",
+        index_key=f"{index_key(indexes)} (uv {UV_VERSION})",
         mount=MOUNT,
         uv=uv,
         # Both installs run on either path, so the line (and the image) is the same whether

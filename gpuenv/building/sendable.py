@@ -248,10 +248,10 @@ class Sender:
     the engine builds from (`assembled`)."""
 
     def __init__(
-        self, engine: Engine, project: Project, cells: list[Cell], ca_bundle: Path | None,
+        self, engine: Engine, project: Project, plans: list[CellPlan], ca_bundle: Path | None,
         offline: bool,
     ) -> None:  # fmt: skip
-        from gpuenv.building import near, plan
+        from gpuenv.building import near
         from gpuenv.store import credentials, fetch, wheelhouse
 
         self.project, self.ca_bundle = project, ca_bundle
@@ -259,19 +259,18 @@ class Sender:
         # Bound to the origins the user named, whatever indexes the matrix lists.
         self.credentials = credentials.load()
         if not offline:
-            for cell in cells:
-                urls = plan.upstream_indexes(project.matrix, cell)
-                self.store.save_index(wheelhouse.index_key(urls), urls)
+            for p in plans:
+                self.store.save_index(p.wheelhouse_key, p.indexes)
         self.fetcher: Fetcher = fetch.Fetcher(
             self.store, credentials=self.credentials, ca_bundle=ca_bundle, offline=offline
         )
         self.architecture = engine.architecture()
         # The primary index (the last upstream): the only one whose wheels may be fetched
         # by the engine's host (gpuenv/building/near.py).
-        self.primary = wheelhouse.upstreams(project.matrix.model.build.index_url)[-1]
+        self.primary = wheelhouse.upstreams(project.settings.index_url)[-1]
         # Decided while the resolution is made (the probe is a container: about a second).
         self._near: Future[Near] = ThreadPoolExecutor(1).submit(
-            near.decide, engine, self.primary, image=cells[0].base.image, ca_bundle=ca_bundle,
+            near.decide, engine, self.primary, image=plans[0].cell.base.image, ca_bundle=ca_bundle,
             credentials=self.credentials, offline=offline,
         )  # fmt: skip
         self._resolved: dict[str, str] = {}  # requirements, Python, indexes -> resolution
@@ -287,8 +286,7 @@ class Sender:
         from gpuenv.project import lockfile
 
         cell = p.cell
-        b = self.project.matrix.model.build
-        indexes = (b.index_url, tuple(dict.fromkeys((*b.extra_index_urls, *cell.indexes))))
+        indexes = self.project.settings.resolving(cell)
         platform = lockfile.platform_of(cell)
         env = self._resolve(
             lockfile.env_requirements(cell), cell.python, indexes, platform, cell.constraints
@@ -329,11 +327,9 @@ class Sender:
 
     def context(self, p: CellPlan) -> AbstractContextManager[Path]:
         """The cell's context directory, assembled (a context manager)."""
-        from gpuenv.building import plan
         from gpuenv.building.render import UV_VERSION
-        from gpuenv.store import wheelhouse
 
-        key = wheelhouse.index_key(plan.upstream_indexes(self.project.matrix, p.cell))
+        key = p.wheelhouse_key
         target = target_of(p.cell, self.architecture)
         uv = self.fetcher.uv_file(key, UV_VERSION, target.machine)
         # One directory per matrix and cell: builds of one cell name from two matrices
@@ -362,14 +358,14 @@ class Sender:
 OFFLINE_SHOWN = 8  # missing distributions named in the error
 
 
-def check_offline(engine: Engine, project: Project, cells: list[Cell]) -> None:
+def check_offline(engine: Engine, project: Project, plans: list[CellPlan]) -> None:
     """What --offline cannot do, as one error before anything is built: a cell that is not
     locked, apt packages (Debian's archive), a base not in the engine (it would have to be
     bootstrapped), or locked distributions (or uv itself) the wheelhouse does not hold."""
-    from gpuenv.building import plan as plans
     from gpuenv.building.render import UV_VERSION
     from gpuenv.store import wheelhouse
 
+    cells = [p.cell for p in plans]
     with_apt = [c.name for c in cells if c.apt]
     if with_apt:
         raise GpuenvError(
@@ -391,8 +387,8 @@ def check_offline(engine: Engine, project: Project, cells: list[Cell]) -> None:
                 "offline; load it: gpuenv base --load FILE (or gpuenv cache import FILE)"
             )
     store = wheelhouse.Store.default()
-    for cell in cells:
-        key = wheelhouse.index_key(plans.upstream_indexes(project.matrix, cell))
+    for p in plans:
+        cell, key = p.cell, p.wheelhouse_key
         entry = lock.cells[cell.name]
         needed = wheelhouse.locked_requirements(entry.python_env + "\n" + entry.cuda)
         missing = wheelhouse.offline_misses(store, key, needed)

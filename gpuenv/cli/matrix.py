@@ -74,10 +74,10 @@ def render_cmd(
     with user_errors():
         project = open_project(file)
         cells = project.select(patterns)
-        contexts = plan.render_all(project, cells)  # all rendered before any write
-        for ctx in contexts.values():
+        prepared = plan.prepare(project, cells)  # all rendered before any write
+        for p in prepared.values():
             try:
-                target = ctx.write(output)
+                target = p.context.write(output)
             except OSError as exc:
                 raise fail(f"{output}: cannot write: {exc.strerror}") from None
             print(target)

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
-    from gpuenv.catalog.compat import Resolution
     from gpuenv.matrix.cell import Cell
     from gpuenv.matrix.schema import LoadedMatrix
     from gpuenv.project.lockfile import Lock
@@ -42,16 +41,16 @@ class Project:
     def __init__(
         self,
         matrix: LoadedMatrix | None,
-        resolution: Resolution | Resolved,
+        resolution: Resolved,
+        settings: Settings,
         *,
         path: Path | None = None,
-        settings: Settings | None = None,
         snapshot: Snapshot | None = None,
     ) -> None:
         self._matrix = matrix
         self.resolution = resolution
+        self.settings = settings  # what build and run read of the matrix besides its cells
         self._path = path if path is not None else matrix.path if matrix else Path()
-        self._settings = settings
         self.snapshot = snapshot
         self._lock: tuple[Lock | None] | None = None
         if snapshot is not None and snapshot.lock is not None:
@@ -69,12 +68,6 @@ class Project:
 
             self._matrix = matrix.load(self._path)
         return self._matrix
-
-    @property
-    def settings(self) -> Settings:
-        if self._settings is None:
-            self._settings = settings_of(self.matrix)
-        return self._settings
 
     @property
     def path(self) -> Path:
@@ -101,20 +94,20 @@ class Project:
             self._lock = (lockfile.load(self.lock_path),)
         return self._lock[0]
 
-    def cached_contexts(self, options: str) -> dict[str, dict[str, str]]:
-        """Rendered contexts (cell -> files) the snapshot holds for these render options."""
-        return self.snapshot.contexts.get(options, {}) if self.snapshot else {}
+    def cached_contexts(self) -> dict[str, dict[str, str]]:
+        """Rendered contexts (cell -> files) the snapshot holds."""
+        return dict(self.snapshot.contexts) if self.snapshot else {}
 
-    def remember_contexts(self, options: str, contexts: dict[str, dict[str, str]]) -> None:
+    def remember_contexts(self, contexts: dict[str, dict[str, str]]) -> None:
         """Add rendered contexts to the snapshot, so the next command need not render."""
         from gpuenv.project import snapshot
 
         snap = self.snapshot
         if snap is None:
             return
-        merged = {**snap.contexts.get(options, {}), **contexts}
-        if merged != snap.contexts.get(options):
-            snap.contexts[options] = merged
+        merged = {**snap.contexts, **contexts}
+        if merged != snap.contexts:
+            snap.contexts = merged
             snapshot.write(snap)
 
     def ca_bundle(self, explicit: Path | None = None) -> Path | None:
@@ -184,7 +177,7 @@ def open_project(file: Path | None, *, cached: bool = False) -> Project:
     lock_file = lock_path(path)
     snap = snapshot.read(path, lock_file)
     if snap is not None:
-        return Project(None, snap.resolution, path=path, settings=snap.settings, snapshot=snap)
+        return Project(None, snap.resolution, snap.settings, path=path, snapshot=snap)
     key = snapshot.key(path, lock_file)
     project = _load(path)
     # Only when the matrix and the lock were the same before and after loading (and the
@@ -198,9 +191,12 @@ def open_project(file: Path | None, *, cached: bool = False) -> Project:
 def _load(path: Path) -> Project:
     from gpuenv.catalog import compat
     from gpuenv.matrix import schema as matrix
+    from gpuenv.project.snapshot import Resolved
 
     m = matrix.load(path)
-    return Project(m, compat.resolve(m))
+    res = compat.resolve(m)
+    resolution = Resolved(list(res.cells), list(res.rejected), res.default_cpu, res.default_gpu)
+    return Project(m, resolution, settings_of(m))
 
 
 def _snapshot_of(project: Project, key: str) -> Snapshot | None:
@@ -212,13 +208,10 @@ def _snapshot_of(project: Project, key: str) -> Snapshot | None:
         lock = project.lock
     except GpuenvError:
         return None
-    res = project.resolution
     snap = snapshot.Snapshot(
         key=key,
         settings=project.settings,
-        resolution=snapshot.Resolved(
-            list(res.cells), list(res.rejected), res.default_cpu, res.default_gpu
-        ),
+        resolution=project.resolution,
         lock=snapshot.lock_to_json(lock) if lock is not None else None,
         depends=snapshot.depends_of(project.matrix),
         entry=snapshot.entry_name(project.path),

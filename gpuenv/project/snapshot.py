@@ -2,8 +2,8 @@
 the catalog or Jinja2.
 
 A snapshot holds the matrix's cells, defaults and rejections, the few settings build and
-run read (name, CA bundle, indexes), the parsed lock, and the rendered build contexts per
-render options. It lives in gpuenv's cache (gpuenv/store/cache.py) under a name derived from the
+run read (name, CA bundle, indexes), the parsed lock, and the cells' rendered build
+contexts. It lives in gpuenv's cache (gpuenv/store/cache.py) under a name derived from the
 matrix's absolute path, and is used only when its key is the digest of everything it was
 made from, recomputed on every use:
 
@@ -37,7 +37,7 @@ from gpuenv.store import cache as caches
 if TYPE_CHECKING:
     from gpuenv.project.lockfile import Lock
 
-FORMAT = 1
+FORMAT = 2  # 2: one rendered context per cell (the matrix's settings are fixed by the key)
 PREFIX = "resolved-"  # the records' names (gpuenv cache prune)
 
 
@@ -59,10 +59,24 @@ class Settings:
     index_url: str | None = None
     extra_index_urls: tuple[str, ...] = ()
 
+    def indexes(self, cell: Cell) -> tuple[str, ...]:
+        """The package indexes a cell's wheels come from, in the order they are asked: the
+        matrix's extra indexes and the cell's own (PyTorch's CPU index for torch CPU
+        cells), then the index (gpuenv/store/wheelhouse.py: upstreams)."""
+        from gpuenv.store.wheelhouse import upstreams
+
+        return upstreams(self.index_url, (*self.extra_index_urls, *cell.indexes))
+
+    def resolving(self, cell: Cell) -> tuple[str | None, tuple[str, ...]]:
+        """The index and extra indexes a cell is resolved against (`uv pip compile`)."""
+        return self.index_url, tuple(dict.fromkeys((*self.extra_index_urls, *cell.indexes)))
+
 
 @dataclass
 class Resolved:
-    """compat.Resolution's fields, as a snapshot gives them back."""
+    """The matrix resolved against the catalog: its cells, the combinations the catalog
+    rejected and why, the default cells (compat.Resolution's fields, in the one shape a
+    project has, whether loaded now or read from a snapshot)."""
 
     cells: list[Cell] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
@@ -77,7 +91,7 @@ class Snapshot:
     resolution: Resolved
     lock: dict[str, Any] | None  # lock_to_json's shape; None: no lock file
     depends: dict[str, str]  # other files read (requirements): path -> file_digest
-    contexts: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    contexts: dict[str, dict[str, str]] = field(default_factory=dict)  # cell -> files
     entry: str = ""  # the cache file's name (entry_name of the matrix)
 
 
@@ -163,10 +177,9 @@ def from_json(data: dict[str, Any], entry: str) -> Snapshot:
         extra_index_urls=tuple(s["extra_index_urls"]),
     )
     contexts = data.get("contexts") or {}
-    for per_cell in contexts.values():
-        for files in per_cell.values():
-            if not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
-                raise ValueError("context files must be text")
+    for files in contexts.values():
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            raise ValueError("context files must be text")
     return Snapshot(
         str(data["key"]),
         settings,

@@ -165,7 +165,7 @@ def push_cells(
         raise GpuenvError(f"--registry {registry_problem(registry)}", exit_code=2)
     alias_tags = aliases_by_cell(project.matrix, project.cells) if aliases else {}
     plan = make_plan(engine, project, cells, ca_bundle=ca_bundle)
-    repo = target_repository(project.matrix.model.name, registry)
+    repo = target_repository(project.settings.name, registry)
     results: list[TagResult] = []
     for p in plan.cells:
         cell, info = p.cell, p.existing

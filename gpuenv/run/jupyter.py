@@ -133,10 +133,8 @@ def _resolution(engine: Engine, project: Project, cell: Cell, base: ImageInfo) -
             "is it a gpuenv cell image?",
             exit_code=125,
         )
-    b = project.matrix.model.build
     resolved = locks.compile_requirements(
-        [JUPYTERLAB], cell.python, None, b.index_url,
-        tuple(dict.fromkeys((*b.extra_index_urls, *cell.indexes))),
+        [JUPYTERLAB], cell.python, None, *project.settings.resolving(cell),
         credentials=_credentials(), ca_bundle=project.ca_bundle(None),
         platform=lockfile.platform_of(cell),
         constraints=[f"{name}=={version}" for name, version in sorted(installed.items())],
@@ -188,13 +186,12 @@ def _build(
 ) -> str:  # fmt: skip
     """The layer's context (Dockerfile + the part: requirements, checked wheels, uv) in
     gpuenv's cache, built without tagging."""
-    from gpuenv.building import plan
     from gpuenv.building.render import UV_VERSION
     from gpuenv.building.sendable import contexts_root, target_of
     from gpuenv.store import fetch, wheelhouse
 
     store = wheelhouse.Store.default()
-    urls = plan.upstream_indexes(project.matrix, cell)
+    urls = project.settings.indexes(cell)
     key = wheelhouse.index_key(urls)
     store.save_index(key, urls)
     fetcher = fetch.Fetcher(store, credentials=_credentials(),

@@ -262,7 +262,6 @@ def test_torch_cpu_cell_is_planned_with_pytorchs_index(built) -> None:
     the key of its upstream indexes, which stands for the mirror (never the mirror itself,
     and not the key of the cells without it), the cell carries the mirror as its index and
     its CPU wheel as what it installs, and `build --dry-run` plans it."""
-    from gpuenv.building import plan as plans
     from gpuenv.project.project import open_project
     from gpuenv.store import wheelhouse
 
@@ -277,9 +276,9 @@ def test_torch_cpu_cell_is_planned_with_pytorchs_index(built) -> None:
     gpuenv_cmd("render", "-f", str(path), TORCH_CPU, "-o", str(out))
     dockerfile = (out / TORCH_CPU / "Dockerfile").read_text()
     project = open_project(path)
-    urls = plans.upstream_indexes(project.matrix, project.one_cell(TORCH_CPU, "-i"))
+    urls = project.settings.indexes(project.one_cell(TORCH_CPU, "-i"))
     assert "https://mirror.example/whl/cpu" in [u.rstrip("/") for u in urls], urls
-    others = plans.upstream_indexes(project.matrix, project.one_cell(TORCH_GPU, "-i"))
+    others = project.settings.indexes(project.one_cell(TORCH_GPU, "-i"))
     assert wheelhouse.index_key(urls) != wheelhouse.index_key(others)
     assert f"indexes keyed {wheelhouse.index_key(urls)} " in dockerfile
     assert "mirror.example" not in dockerfile and "127.0.0.1" not in dockerfile

@@ -154,16 +154,16 @@ def test_unchanged_matrix_rebuilds_nothing(baseline, gpuenv, parse_build):
 
 
 def test_gpu_only_template_change_rebuilds_only_the_gpu_cell(baseline, templates):
-    from gpuenv.building import plan, render
+    from gpuenv.building import render
 
     path, first = baseline
     project, cells = _load(path)
-    options = plan.render_options(project.matrix)
-    before = {c.name: render.render(c, options).dockerfile for c in cells}
+    settings = project.settings
+    before = {c.name: render.render(c, settings.indexes(c)).dockerfile for c in cells}
     partial = templates / "partials" / "cuda-wheels.j2"
     partial.write_text(partial.read_text() + "ENV GPUENV_TEST_TEMPLATE=gpu-only\n")
     render._digest_of.cache_clear()
-    after = {c.name: render.render(c, options).dockerfile for c in cells}
+    after = {c.name: render.render(c, settings.indexes(c)).dockerfile for c in cells}
     assert after[CPU] == before[CPU] and after[GPU] != before[GPU]  # the premise
     assert actions(_plan(path)) == {
         CPU: ("up-to-date", []),
@@ -252,14 +252,16 @@ def test_lock_change_rebuilds_only_the_cells_whose_entry_changed(baseline, gpuen
     assert statuses(_build_api(path, spy)) == {CPU: "failed", GPU: "failed"}
     assert spy.builds == 2
 
-    options = plan.render_options(_load(path)[0].matrix)
+    settings = _load(path)[0].settings
     base_id = engine.connect().image("gpuenv/debian:bookworm").id
 
     def hashes() -> dict[str, str]:
         project, cells = _load(path)  # the lock is read from the file on disk, drift-checked
         entries = plan.lock_entries(project, cells)
         return {
-            c.name: plan.spec_hash(render.render(c, options, entries[c.name]).digest(), base_id)
+            c.name: plan.spec_hash(
+                render.render(c, settings.indexes(c), entries[c.name]).digest(), base_id
+            )
             for c in cells
         }
 
@@ -281,10 +283,10 @@ def test_spec_hash_is_deterministic_and_keyed_on_its_inputs(baseline):
 
     path, _first = baseline
     project, cells = _load(path)
-    options = plan.render_options(project.matrix)
-    ctx = render.render(cells[0], options)
+    settings = project.settings
+    ctx = render.render(cells[0], settings.indexes(cells[0]))
     base_id = engine.connect().image(cells[0].base.image).id
     plain = plan.spec_hash(ctx.digest(), base_id)
-    again = render.render(_load(path)[1][0], options)
+    again = render.render(_load(path)[1][0], settings.indexes(_load(path)[1][0]))
     assert plan.spec_hash(again.digest(), base_id) == plain  # no timestamps, stable order
     assert plan.spec_hash(ctx.digest(), "sha256:" + "f" * 64) != plain

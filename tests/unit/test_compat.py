@@ -11,7 +11,7 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from gpuenv.building.render import RenderOptions, render
+from gpuenv.building.render import render
 from gpuenv.catalog import compat
 from gpuenv.matrix import schema as matrix
 from gpuenv.matrix.cell import Cell
@@ -124,7 +124,7 @@ def test_walk_every_row(write_matrix, tf, python):
     assert cpu.name == f"tf{tf}-py{python}-cpu"
     assert cpu.framework_version == version
     assert (cpu.cuda, cpu.cudnn, cpu.wheels) == (None, None, {})
-    cpu_df = render(cpu, RenderOptions()).dockerfile
+    cpu_df = render(cpu).dockerfile
     assert f"FROM python:{python}-slim\n" in cpu_df
     assert install_words(cpu, cpu_df) == {f"tensorflow=={version}"}
 
@@ -154,7 +154,7 @@ def test_walk_every_row(write_matrix, tf, python):
     for package, pinned in gpu.wheels.items():
         assert re.fullmatch(r"\d+(\.\d+)+", pinned), (package, pinned)
         assert Version(pinned) in SpecifierSet(requires[package]), (package, pinned)
-    gpu_df = render(gpu, RenderOptions()).dockerfile
+    gpu_df = render(gpu).dockerfile
     assert install_words(gpu, gpu_df) == {f"tensorflow=={version}"} | {
         f"{name}=={pin}" for name, pin in gpu.wheels.items()
     }

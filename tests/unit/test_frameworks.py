@@ -16,12 +16,14 @@ from packaging.version import Version
 from test_matrix_errors import assert_rejected
 from test_render import _lint
 
-from gpuenv.building.render import RenderOptions, render, upstream_indexes, wheelhouse_key
+from gpuenv.building.render import render
 from gpuenv.catalog import compat
 from gpuenv.matrix import schema as matrix
 from gpuenv.matrix.cell import Cell
 from gpuenv.matrix.errors import MatrixError
 from gpuenv.project.lockfile import cuda_requirements, env_requirements
+from gpuenv.project.snapshot import Settings
+from gpuenv.store.wheelhouse import index_key
 
 GOLDEN = Path(__file__).parent / "golden"
 REPO = Path(__file__).resolve().parents[2]
@@ -125,10 +127,10 @@ def test_walk_every_row(write_matrix, framework, minor, python):
     if framework == "torch":
         assert install_words(cpu) == {f"torch=={version}+cpu"}
         assert cpu.indexes == (TORCH_CPU_INDEX,)
-        assert upstream_indexes(RenderOptions(), cpu)[0] == TORCH_CPU_INDEX + "/"
+        assert Settings("t").indexes(cpu)[0] == TORCH_CPU_INDEX + "/"
     else:
         assert install_words(cpu) == {f"jax=={version}"}
-        assert cpu.indexes == () and upstream_indexes(RenderOptions(), cpu) == (PYPI,)
+        assert cpu.indexes == () and Settings("t").indexes(cpu) == (PYPI,)
     assert "NVIDIA_" not in cpu_df and "INDEX_URL" not in cpu_df
 
     # GPU: every CUDA wheel the framework requires is pinned, inside its requirement; the
@@ -293,11 +295,11 @@ def test_torch_cpu_index_mirror_replaces_pytorchs(write_matrix):
     cpu = next(c for c in res.cells if not c.is_gpu)
     gpu = next(c for c in res.cells if c.is_gpu)
     assert cpu.indexes == (mirror,) and gpu.indexes == ()
-    options = RenderOptions(extra_index_urls=("https://a.example/simple",))
-    assert upstream_indexes(options, cpu) == ("https://a.example/simple/", f"{mirror}/", PYPI)
-    assert TORCH_CPU_INDEX + "/" not in upstream_indexes(options, cpu)
-    dockerfile = render(cpu, options).dockerfile
-    assert f"keyed {wheelhouse_key(options, cpu)} " in dockerfile
+    options = Settings("t", extra_index_urls=("https://a.example/simple",))
+    assert options.indexes(cpu) == ("https://a.example/simple/", f"{mirror}/", PYPI)
+    assert TORCH_CPU_INDEX + "/" not in options.indexes(cpu)
+    dockerfile = render(cpu, options.indexes(cpu)).dockerfile
+    assert f"keyed {index_key(options.indexes(cpu))} " in dockerfile
     assert TORCH_CPU_INDEX not in dockerfile and mirror not in dockerfile
     assert cpu.to_json()["indexes"] == [mirror] and cpu.to_json()["install"] == "torch==2.11.0+cpu"
 
@@ -308,12 +310,12 @@ def test_torch_cpu_index_is_fetched_from_under_its_own_key(write_matrix):
     res = resolve(write_matrix, matrix_text("torch", "2.11", "3.11"))
     cpu = next(c for c in res.cells if not c.is_gpu)
     gpu = next(c for c in res.cells if c.is_gpu)
-    options = RenderOptions()
-    assert upstream_indexes(options, cpu)[0] == TORCH_CPU_INDEX + "/"
-    assert wheelhouse_key(options, cpu) != wheelhouse_key(options, gpu)
-    dockerfile = render(cpu, options).dockerfile
-    assert f"keyed {wheelhouse_key(options, cpu)} " in dockerfile
-    assert wheelhouse_key(options, gpu) not in dockerfile
+    options = Settings("t")
+    assert options.indexes(cpu)[0] == TORCH_CPU_INDEX + "/"
+    assert index_key(options.indexes(cpu)) != index_key(options.indexes(gpu))
+    dockerfile = render(cpu, options.indexes(cpu)).dockerfile
+    assert f"keyed {index_key(options.indexes(cpu))} " in dockerfile
+    assert index_key(options.indexes(gpu)) not in dockerfile
     assert TORCH_CPU_INDEX not in dockerfile and "INDEX_URL" not in dockerfile
 
 
@@ -339,7 +341,7 @@ def _cell(write_matrix, framework: str, minor: str, variant: str) -> Cell:
 )
 def test_golden(write_matrix, framework, minor, variant):
     cell = _cell(write_matrix, framework, minor, variant)
-    got = render(cell, RenderOptions()).dockerfile
+    got = render(cell).dockerfile
     path = GOLDEN / f"{cell.name}.Dockerfile"
     if os.environ.get("GPUENV_UPDATE_GOLDEN") == "1":
         path.write_text(got, encoding="utf-8")
@@ -362,10 +364,10 @@ def test_hadolint_reports_no_errors(tmp_path, write_matrix):
                     'packages:\n  pip: ["pandas<3"]\n  apt: [git]\n',
                 )
                 for cell in resolve(write_matrix, text).cells:
-                    options = RenderOptions(index_url="https://pypi.example/simple")
+                    options = Settings("t", index_url="https://pypi.example/simple")
                     path = tmp_path / cell.name / "Dockerfile"
                     path.parent.mkdir()
-                    path.write_text(render(cell, options).dockerfile)
+                    path.write_text(render(cell, options.indexes(cell)).dockerfile)
                     paths.append(path)
     assert len(paths) == 4 * sum(len(rows) for rows in ROWS.values())
     result = _lint(paths)

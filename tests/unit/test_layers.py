@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from gpuenv.building import layers
-from gpuenv.building.render import RenderOptions, render
+from gpuenv.building.render import render
 from gpuenv.project.lockfile import framework_requirements
+from gpuenv.project.snapshot import Settings
 
 H = "--hash=sha256:" + "0" * 64
 
@@ -123,7 +124,7 @@ def cells(write_matrix):
 def test_a_cell_with_packages_installs_them_last_above_the_cuda_wheels(cells):
     for variant, steps in (("cpu", ["python-env", "packages"]),
                            ("gpu", ["python-env", "cuda", "packages"])):  # fmt: skip
-        dockerfile = render(cells[variant], RenderOptions(), None).dockerfile
+        dockerfile = render(cells[variant], None, None).dockerfile
         mounted = [line.split("source=")[1].split(",")[0] for line in dockerfile.splitlines()
                    if line.startswith("RUN --mount=type=bind")]  # fmt: skip
         assert mounted == steps, variant
@@ -146,8 +147,8 @@ def test_dry_run_names_the_first_layer_an_edit_rebuilds(cells, write_matrix):
     def inputs(text: str) -> dict[str, str]:
         cpu = next(c for c in compat.resolve(matrix.load(write_matrix(text))).cells
                    if c.variant == "cpu")  # fmt: skip
-        ctx = BuildContext(cpu, render(cpu, RenderOptions(), None).files)
-        return plan.input_digests(ctx, "sha256:b", None, RenderOptions())
+        ctx = BuildContext(cpu, render(cpu, None, None).files)
+        return plan.input_digests(ctx, "sha256:b", None, Settings("t"))
 
     head = 'name: t/x\nmatrix: {tensorflow: ["2.21"], python: ["3.11"], variant: [cpu]}\n'
     head += 'bases: {"3.11": {debian: bookworm}}\n'

@@ -12,7 +12,7 @@ import pytest
 from gpuenv.building import lock as locks
 from gpuenv.building import sendable
 from gpuenv.building.plan import spec_hash
-from gpuenv.building.render import RenderOptions, render
+from gpuenv.building.render import render
 from gpuenv.catalog import compat
 from gpuenv.engine.client import ImageInfo
 from gpuenv.matrix import schema as matrix
@@ -239,7 +239,7 @@ def mounted(run: str) -> str | None:
 
 def test_cpu_cell_installs_exactly_the_lock(cells):
     cpu = cells["cpu"]
-    ctx = render(cpu, RenderOptions(), cell_lock(cpu))
+    ctx = render(cpu, None, cell_lock(cpu))
     assert ctx.files["requirements/python-env.txt"] == PYTHON_ENV
     assert "requirements/cuda.txt" not in ctx.files
     # The lock's entry is copied into the image after every install step (one layer).
@@ -254,7 +254,7 @@ def test_cpu_cell_installs_exactly_the_lock(cells):
 
 def test_gpu_cell_installs_the_cuda_wheels_from_the_lock(cells):
     gpu = cells["gpu"]
-    ctx = render(gpu, RenderOptions(), cell_lock(gpu))
+    ctx = render(gpu, None, cell_lock(gpu))
     assert ctx.files["requirements/python-env.txt"] == PYTHON_ENV
     assert ctx.files["requirements/cuda.txt"] == CUDA
     assert copies(ctx.dockerfile) == [("requirements/", f"{LOCK_DIR}/")]
@@ -272,12 +272,10 @@ def test_without_a_lock_nothing_is_copied_and_the_steps_are_the_same(cells):
     # An unlocked cell is resolved at build time (gpuenv/building/sendable.py, Sender.resolution)
     # and installed from its mounted part as a locked one is: hashes required, no index.
     for cell in cells.values():
-        ctx = render(cell, RenderOptions())
+        ctx = render(cell)
         assert set(ctx.files) == {"Dockerfile", "cell.json"}
         assert not copies(ctx.dockerfile)
-        assert runs(ctx.dockerfile) == runs(
-            render(cell, RenderOptions(), cell_lock(cell)).dockerfile
-        )
+        assert runs(ctx.dockerfile) == runs(render(cell, None, cell_lock(cell)).dockerfile)
         assert "--require-hashes" in ctx.dockerfile and "tensorflow==" not in ctx.dockerfile
 
 

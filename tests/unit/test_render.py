@@ -15,21 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from gpuenv.building.render import RenderOptions, render
+from gpuenv.building.render import render
 from gpuenv.catalog import compat
 from gpuenv.matrix import schema as matrix
 from gpuenv.matrix.cell import Cell
 from gpuenv.project.lockfile import cuda_requirements, env_requirements
+from gpuenv.project.snapshot import Settings
 from gpuenv.store.wheelhouse import index_key, upstreams
 
 GOLDEN = Path(__file__).parent / "golden"
 SHIPPED = Path(__file__).resolve().parents[2] / "matrix.yaml"
 LABELS = ("cell", "variant", "python", "framework", "framework-version", "cuda", "cudnn")
 # PyPI alone, and a private index with an extra one: another index key in the Dockerfile.
-PRIVATE = RenderOptions(
-    index_url="https://pypi.example/simple", extra_index_urls=("https://a.example/simple",)
+PRIVATE = Settings(
+    "t", index_url="https://pypi.example/simple", extra_index_urls=("https://a.example/simple",)
 )
-OPTIONS = [RenderOptions(), PRIVATE]
+OPTIONS = [Settings("t"), PRIVATE]
 MOUNT = re.compile(r"RUN --mount=type=bind,source=([\w-]+),target=/mnt ")
 
 
@@ -98,10 +99,10 @@ def pairs() -> Iterator[tuple[Cell, Cell]]:
         yield cpu, gpu
 
 
-def every_rendering() -> Iterator[tuple[Cell, RenderOptions, str]]:
+def every_rendering() -> Iterator[tuple[Cell, Settings, str]]:
     for cell in shipped_cells():
         for options in OPTIONS:
-            yield cell, options, render(cell, options).dockerfile
+            yield cell, options, render(cell, options.indexes(cell)).dockerfile
 
 
 # --------------------------------------------------------------------------- golden
@@ -110,7 +111,7 @@ def every_rendering() -> Iterator[tuple[Cell, RenderOptions, str]]:
 @pytest.mark.parametrize("name", ["tf2.21-py3.11-cpu", "tf2.21-py3.11-cuda12.5-gpu"])
 def test_golden(name):
     # What gpuenv builds: the install steps install from their mounted part of the context.
-    got = render(shipped(name), RenderOptions()).dockerfile
+    got = render(shipped(name)).dockerfile
     path = GOLDEN / f"{name}.Dockerfile"
     if os.environ.get("GPUENV_UPDATE_GOLDEN") == "1":
         path.parent.mkdir(exist_ok=True)
@@ -166,12 +167,12 @@ def test_install_steps_mount_their_part_and_name_no_index_or_ca():
 @pytest.mark.parametrize("options", OPTIONS, ids=["pypi", "private"])
 def test_gpu_cell_is_its_cpu_cell_plus_one_layer(options):
     for cpu, gpu in pairs():
-        cpu_ins = instructions(render(cpu, options).dockerfile)
-        gpu_ins = instructions(render(gpu, options).dockerfile)
+        cpu_ins = instructions(render(cpu, options.indexes(cpu)).dockerfile)
+        gpu_ins = instructions(render(gpu, options.indexes(gpu)).dockerfile)
         last_run = max(i for i, ins in enumerate(cpu_ins) if ins.startswith("RUN "))
         assert gpu_ins[: last_run + 1] == cpu_ins[: last_run + 1], (cpu.name, gpu.name)
-        cpu_runs = runs(render(cpu, options).dockerfile)
-        gpu_runs = runs(render(gpu, options).dockerfile)
+        cpu_runs = runs(render(cpu, options.indexes(cpu)).dockerfile)
+        gpu_runs = runs(render(gpu, options.indexes(gpu)).dockerfile)
         assert gpu_runs[: len(cpu_runs)] == cpu_runs
         assert len(gpu_runs) == len(cpu_runs) + 1
         # The one extra layer installs only the pinned CUDA wheels (its mounted part's
@@ -284,12 +285,15 @@ def test_labels():
 def test_rendering_is_deterministic():
     for cell in shipped_cells():
         for options in OPTIONS:
-            a, b = render(cell, options), render(cell, options)
+            a, b = render(cell, options.indexes(cell)), render(cell, options.indexes(cell))
             assert a.files == b.files
             assert a.digest() == b.digest()
     cpu, gpu = next(pairs())
     assert render(cpu).digest() != render(gpu).digest()
-    assert render(cpu, OPTIONS[0]).digest() != render(cpu, OPTIONS[1]).digest()
+    assert (
+        render(cpu, OPTIONS[0].indexes(cpu)).digest()
+        != render(cpu, OPTIONS[1].indexes(cpu)).digest()
+    )
 
 
 def test_build_context_is_written_under_the_cell_name(tmp_path):
@@ -378,12 +382,15 @@ def test_hadolint_reports_no_errors(tmp_path, write_matrix):
                 'packages:\n  pip: ["pandas<3"]\n  apt: [git, curl]\n'
             )
             res = compat.resolve(matrix.load(write_matrix(text)))
-            options = RenderOptions(
+            options = Settings(
+                "t",
                 index_url="https://pypi.example/simple",
                 extra_index_urls=("https://a.example/simple", "https://b.example/simple"),
             )
             for cell in res.cells:
-                dockerfiles.append((f"{cell.name}-sample", render(cell, options).dockerfile))
+                dockerfiles.append(
+                    (f"{cell.name}-sample", render(cell, options.indexes(cell)).dockerfile)
+                )
     paths = []
     for name, text in dockerfiles:
         path = tmp_path / "lint" / name / "Dockerfile"
@@ -404,8 +411,8 @@ def test_the_index_key_follows_the_upstreams_and_names_none_of_them():
     dockerfiles = {}
     for index_url, extras in ((None, ()), private):
         key = index_key(upstreams(index_url, extras))
-        options = RenderOptions(index_url=index_url, extra_index_urls=extras)
-        dockerfiles[key] = render(cell, options).dockerfile
+        options = Settings("t", index_url=index_url, extra_index_urls=extras)
+        dockerfiles[key] = render(cell, options.indexes(cell)).dockerfile
         assert f"keyed {key} " in dockerfiles[key]
         assert "example" not in dockerfiles[key] and "pypi.org" not in dockerfiles[key]
         for run in runs(dockerfiles[key]):
@@ -435,7 +442,7 @@ def test_a_torch_gpu_arm64_cell_renders_for_its_base_and_is_hadolint_clean(tmp_p
     --platform make it arm64; the CUDA wheels are the catalog's (aarch64 ones exist)."""
     (cell,) = compat.resolve(matrix.load(write_matrix(TORCH_ARM64))).cells
     assert cell.name == "torch2.11-py3.11-cuda13.0-gpu-arm64" and cell.platform == "linux/arm64"
-    dockerfile = render(cell, RenderOptions()).dockerfile
+    dockerfile = render(cell).dockerfile
     assert instructions(dockerfile)[0] == "FROM gpuenv/debian:bookworm-arm64"
     assert 'NVIDIA_REQUIRE_CUDA="cuda>=13.0"' in dockerfile
     assert "x86_64" not in dockerfile and "amd64" not in dockerfile

@@ -75,9 +75,8 @@ def test_an_edit_changes_the_plan_inputs_and_names_the_file(tmp_path):
     def inputs() -> tuple[dict[str, str], str]:
         project = open_project(path)
         cell = project.cells[0]
-        ctx = plan.render_all(project, [cell])[cell.name]
-        options = plan.render_options(project)
-        return plan.input_digests(ctx, "sha256:b", None, options), ctx.digest()
+        ctx = plan.prepare(project, [cell])[cell.name].context
+        return plan.input_digests(ctx, "sha256:b", None, project.settings), ctx.digest()
 
     (tmp_path / "reqs.txt").write_text("six==1.16.0\n")
     path = write(tmp_path)
@@ -92,12 +91,16 @@ def test_an_edit_changes_the_plan_inputs_and_names_the_file(tmp_path):
     assert layer == "packages"  # the framework's layer is not what the edit touched
 
 
+def contexts(project):
+    return {name: p.context for name, p in plan.prepare(project, project.cells).items()}
+
+
 def test_a_comment_only_edit_changes_no_context(tmp_path):
     (tmp_path / "reqs.txt").write_text("six==1.17.0\n")
     path = write(tmp_path)
-    first = plan.render_all(open_project(path), open_project(path).cells)
+    first = contexts(open_project(path))
     (tmp_path / "reqs.txt").write_text("# why: tests\nsix==1.17.0\n")
-    second = plan.render_all(open_project(path), open_project(path).cells)
+    second = contexts(open_project(path))
     assert {k: v.digest() for k, v in first.items()} == {k: v.digest() for k, v in second.items()}
 
 

@@ -62,13 +62,14 @@ def test_a_hit_gives_what_loading_gives(project_dir):
     assert hit._matrix is None, "a hit must not load (validate) the matrix"
     same(fresh, hit)
     # Rendered contexts come back byte for byte.
-    rendered = plan.render_all(fresh, fresh.cells)
-    plan.render_all(hit, hit.cells)  # fills the snapshot's contexts
+    rendered = plan.prepare(fresh, fresh.cells)
+    plan.prepare(hit, hit.cells)  # fills the snapshot's contexts
     again = open_project(path, cached=True)
-    assert again.cached_contexts(json.dumps({"extra_index_urls": [], "index_url": None},
-                                            sort_keys=True))  # fmt: skip
-    cached = plan.render_all(again, again.cells)
-    assert {k: v.files for k, v in cached.items()} == {k: v.files for k, v in rendered.items()}
+    assert again.cached_contexts()
+    cached = plan.prepare(again, again.cells)
+    assert {k: v.context.files for k, v in cached.items()} == {
+        k: v.context.files for k, v in rendered.items()
+    }
     # And the validated matrix is still there when something asks for it.
     assert again.matrix.model.name == "acme/gpuenv"
 
@@ -160,7 +161,7 @@ def test_a_corrupt_entry_is_ignored_and_rewritten(project_dir, cache_home, garba
     elif garbage == "KEY-cells":
         garbage = json.dumps({**good, "cells": [{"name": 1}]})
     elif garbage == "KEY-contexts":
-        garbage = json.dumps({**good, "contexts": {"x": {"c": {"Dockerfile": 5}}}})
+        garbage = json.dumps({**good, "contexts": {"x": {"Dockerfile": 5}}})
     entry.write_bytes(garbage.encode("utf-8", "surrogateescape"))
     project = open_project(path, cached=True)
     assert project._matrix is not None  # loaded, not trusted
@@ -229,7 +230,7 @@ def test_a_snapshot_hit_imports_no_schema_templates_or_yaml(project_dir):
         "from gpuenv.building import plan\n"
         "from gpuenv.project.project import open_project\n"
         "p = open_project(Path('matrix.yaml'), cached=True)\n"
-        "plan.render_all(p, p.cells)\n"
+        "plan.prepare(p, p.cells)\n"
         "p.default_cell(False)"
     )
     assert "pydantic" in _imports_after(code, project_dir)  # the first time: a miss
