@@ -165,7 +165,7 @@ def assembled_contexts(matrix: Path, ca: Path | None) -> dict[str, Path]:
     project = open_project(matrix)
     cells = project.cells
     docker = engine.connect()
-    the_plan = plan.make_plan(docker, project, cells, ca_bundle=ca)
+    the_plan = plan.make_plan(docker, project, cells)
     sender = Sender(docker, project, the_plan.cells, ca, offline=False)
     out = {}
     for p in the_plan.cells:

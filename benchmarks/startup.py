@@ -120,7 +120,7 @@ def assembled(matrix: Path, names: list[str]) -> dict[str, Path]:
     project = open_project(matrix)
     cells = project.select(names)
     docker, ca = engine.connect(), project.ca_bundle(None)
-    the_plan = plan.make_plan(docker, project, cells, ca_bundle=ca)
+    the_plan = plan.make_plan(docker, project, cells)
     sender = sendable.Sender(docker, project, the_plan.cells, ca, offline=True)
     out = {}
     for p in the_plan.cells:

@@ -73,36 +73,29 @@ def plan_and_build(
     no_cache: bool = False,
     reproducible: bool = False,
     offline: bool = False,
+    pull_from: str | None = None,
     vet: Vet | None = None,
 ) -> list[CellResult]:
     """`gpuenv build`: bases, then the plan, then its execution; with `reproducible`, the
     built images normalised (gpuenv/building/reproducible.py) once every cell succeeded. With
     `offline`, locked cells only, from the wheelhouse and the bases in the engine alone.
-    Published images ($GPUENV_REGISTRY) are pulled only with `vet`, which checks each
-    one's signed provenance before it is adopted (gpuenv/building/pull.py)."""
+    Published images are pulled from `pull_from` only with `vet`, which checks each one's
+    signed provenance before it is adopted (gpuenv/building/pull.py)."""
     from gpuenv.building import plan as plans
-    from gpuenv.building.registry import pull_repository
 
-    # A malformed $GPUENV_REGISTRY stops the run here; offline, nothing is pulled.
-    pull_from = None if offline else pull_repository(project)
-    if pull_from and vet is None:
-        reporter.info(f"not pulling from {pull_from}: set $GPUENV_VERIFY_KEY to the "
-                      "publisher's public key, which a published image's provenance must "
-                      "verify with")  # fmt: skip
-        pull_from = None
     # Render everything before touching the engine: a template error must stop the run
     # before a base is bootstrapped.
     prepared = plans.prepare(project, cells)
+    if not offline:
+        prepare_bases(engine, cells, reporter)
+    plan = plans.make_plan(
+        engine, project, cells, no_cache=no_cache, pull_from=pull_from, vet=vet,
+        prepared=prepared,
+    )  # fmt: skip
     if offline:
         from gpuenv.building.sendable import check_offline
 
-        check_offline(engine, project, list(prepared.values()))
-    else:
-        prepare_bases(engine, cells, reporter)
-    plan = plans.make_plan(
-        engine, project, cells, ca_bundle=ca_bundle, no_cache=no_cache, pull_from=pull_from,
-        vet=vet, prepared=prepared,
-    )  # fmt: skip
+        check_offline(engine, project, plan.cells)
     # Only a build needs the wheelhouse (a no-op build reads no netrc, imports no ssl).
     building = [p for p in plan.cells if p.action != "up-to-date"]
     sender = None

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpuenv.matrix import contract
@@ -131,7 +130,6 @@ class CellPlan:
 @dataclass
 class BuildPlan:
     cells: list[CellPlan]
-    ca_bundle: Path | None
     no_cache: bool
     lock: Lock | None
 
@@ -163,6 +161,7 @@ def prepare(project: Project, cells: list[Cell]) -> dict[str, CellPlan]:
     settings = project.settings
     locked = lock_entries(project, cells)
     indexes = {c.name: settings.indexes(c) for c in cells}
+    keys = {name: index_key(urls) for name, urls in indexes.items()}
     # The snapshot's contexts (gpuenv/project/snapshot.py: its key covers the matrix, lock,
     # catalog and templates); only the cells it lacks are rendered.
     contexts = project.cached_contexts()
@@ -170,40 +169,38 @@ def prepare(project: Project, cells: list[Cell]) -> dict[str, CellPlan]:
     if missing:
         from gpuenv.building.render import render
 
-        fresh = {c.name: render(c, indexes[c.name], locked.get(c.name)).files for c in missing}
+        fresh = {c.name: render(c, keys[c.name], locked.get(c.name)).files for c in missing}
         project.remember_contexts(fresh)
         contexts = {**contexts, **fresh}
     return {
         c.name: CellPlan(
             c, BuildContext(c, dict(contexts[c.name])), locked.get(c.name), indexes[c.name],
-            index_key(indexes[c.name]),
+            keys[c.name],
         )
         for c in cells
     }  # fmt: skip
 
 
-def _base_ids(engine: Engine, project: Project, cells: list[Cell]) -> dict[str, str | None]:
-    """Each base's image ID (None when missing); a base that drifted from the lock is an
-    error: building on it would not give the locked environment."""
+def _engine_state(
+    engine: Engine, project: Project, cells: list[Cell]
+) -> tuple[dict[str, ImageInfo | None], dict[str, ImageInfo | None]]:
+    """What the engine holds: each base and each cell's image (None when missing). A base
+    that drifted from the lock is an error: building on it would not give the locked
+    environment."""
+    bases = {c.base.image: engine.image(c.base.image) for c in cells}
+    images = {c.image: engine.image(c.image) for c in cells}
     lock = project.lock
-    out: dict[str, str | None] = {}
-    for cell in cells:
-        image = cell.base.image
-        if image in out:
-            continue
-        info = engine.image(image)
-        out[image] = info.id if info else None
-        if lock is None or info is None:
-            continue
+    if lock is not None:
         from gpuenv.project import lockfile
 
-        why = lockfile.base_drift(lock, image, info)
-        if why:
-            raise GpuenvError(
-                f"base {image} differs from {lock.path} ({why}): load the saved "
-                "base (gpuenv base --load FILE) or re-lock (gpuenv lock)"
-            )
-    return out
+        for image, info in bases.items():
+            why = lockfile.base_drift(lock, image, info) if info else None
+            if why:
+                raise GpuenvError(
+                    f"base {image} differs from {lock.path} ({why}): load the saved "
+                    "base (gpuenv base --load FILE) or re-lock (gpuenv lock)"
+                )
+    return bases, images
 
 
 def _why_rebuild(existing: ImageInfo, inputs: dict[str, str]) -> tuple[list[str], str]:
@@ -255,7 +252,6 @@ def make_plan(
     project: Project,
     cells: list[Cell],
     *,
-    ca_bundle: Path | None,
     no_cache: bool = False,
     pull_from: str | None = None,
     vet: Vet | None = None,
@@ -266,14 +262,15 @@ def make_plan(
     `prepared` is `prepare`'s result when the caller already has it."""
     if prepared is None:
         prepared = prepare(project, cells)
-    bases = _base_ids(engine, project, cells)
+    bases, images = _engine_state(engine, project, cells)
     plans = []
     for cell in cells:
         p = prepared[cell.name]
-        p.base_id = bases[cell.base.image]
+        base = bases[cell.base.image]
+        p.base_id = base.id if base else None
         p.spec_hash = spec_hash(p.context.digest(), p.base_id) if p.base_id else None
         p.inputs = input_digests(p.context, p.base_id or "", p.lock, project.settings)
-        p.existing = existing = engine.image(cell.image)
+        p.existing = existing = images[cell.image]
         if p.base_id is None:
             p.reasons = [f"base {cell.base.image} is missing (it is made first)"]
         elif no_cache:
@@ -287,20 +284,7 @@ def make_plan(
         if p.action == "build" and pull_from and vet and not no_cache and p.base_id:
             p.action, p.pull_ref, p.vet = "pull", f"{pull_from}:{cell.name}", vet
         plans.append(p)
-    return BuildPlan(plans, ca_bundle, no_cache, project.lock)
-
-
-def dry_run(
-    engine: Engine, project: Project, cells: list[Cell], ca_bundle: Path | None, no_cache: bool,
-    vet: Vet | None = None,
-) -> BuildPlan:  # fmt: skip
-    """`gpuenv build --dry-run`: the plan a build would follow now, building nothing."""
-    from gpuenv.building.registry import pull_repository
-
-    return make_plan(
-        engine, project, cells, ca_bundle=ca_bundle, no_cache=no_cache,
-        pull_from=pull_repository(project), vet=vet,
-    )  # fmt: skip
+    return BuildPlan(plans, no_cache, project.lock)
 
 
 def describe(plan: BuildPlan) -> list[str]:

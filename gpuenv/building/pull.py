@@ -20,10 +20,36 @@ from typing import TYPE_CHECKING, Any
 from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gpuenv.building.registry import Vet
     from gpuenv.engine.client import Engine
+    from gpuenv.project.project import Project
 
 PULLED_RECORD = "pulled"  # image ID -> REPO@DIGEST it was pulled from (gpuenv's cache)
+
+
+def wanted(offline: bool) -> bool:
+    """Whether a build looks for published images first: $GPUENV_REGISTRY is set (and
+    well-formed: a malformed one is an error here, before the engine) and it is online."""
+    from gpuenv.building.registry import registry_from_env
+
+    return bool(registry_from_env()) and not offline
+
+
+def source(
+    project: Project, offline: bool, vet: Vet | None, say: Callable[[str], None]
+) -> str | None:
+    """The repository a build pulls published images from, or None: offline, no
+    $GPUENV_REGISTRY, or no key to verify their provenance with (`say` says so)."""
+    from gpuenv.building.registry import pull_repository
+
+    repository = None if offline else pull_repository(project)
+    if repository and vet is None:
+        say(f"not pulling from {repository}: set $GPUENV_VERIFY_KEY to the publisher's "
+            "public key, which a published image's provenance must verify with")  # fmt: skip
+        return None
+    return repository
 
 
 def chunk_error(chunk: dict[str, Any]) -> str | None:

@@ -1,6 +1,6 @@
 """Render a cell into a build context: a Dockerfile from the Jinja2 templates in images/.
 
-Rendering is a pure function of the cell, its indexes and its lock entry: no timestamps, sorted
+Rendering is a pure function of the cell, its indexes' key and its lock entry: no timestamps, sorted
 inputs, StrictUndefined. The spec hash (plan.py) is taken over these files.
 """
 
@@ -93,15 +93,9 @@ def _environment(root: Path) -> jinja2.Environment:
     )
 
 
-def render(
-    cell: Cell, indexes: tuple[str, ...] | None = None, lock: CellLock | None = None
-) -> BuildContext:
-    """The cell's build context: `indexes` are the package indexes its wheels come from
-    (project/snapshot.py: Settings.indexes; PyPI and the cell's own by default)."""
-    from gpuenv.store.wheelhouse import index_key, upstreams
-
-    if indexes is None:
-        indexes = upstreams(None, cell.indexes)
+def render(cell: Cell, wheelhouse_key: str, lock: CellLock | None = None) -> BuildContext:
+    """The cell's build context. `wheelhouse_key` names the package indexes its wheels
+    come from (gpuenv/store/wheelhouse.py: index_key), so a change of upstream rebuilds."""
     env = _environment(templates_dir())
     venv, sp = contract.VENV, contract.site_packages(cell.python)
     path = f"{venv}/bin:{contract.SYSTEM_PATH}"
@@ -111,8 +105,7 @@ def render(
     uv = f"{MOUNT}/uv"
     dockerfile = env.get_template("Dockerfile.j2").render(
         cell=cell,
-        # Which upstream indexes the wheels come from: a change of upstream rebuilds.
-        index_key=f"{index_key(indexes)} (uv {UV_VERSION})",
+        index_key=f"{wheelhouse_key} (uv {UV_VERSION})",
         mount=MOUNT,
         uv=uv,
         # Both installs run on either path, so the line (and the image) is the same whether

@@ -265,8 +265,8 @@ class Sender:
             self.store, credentials=self.credentials, ca_bundle=ca_bundle, offline=offline
         )
         self.architecture = engine.architecture()
-        # The primary index (the last upstream): the only one whose wheels may be fetched
-        # by the engine's host (gpuenv/building/near.py).
+        # The primary index (the matrix's index_url, or PyPI): the only one whose wheels may
+        # be fetched by the engine's host (gpuenv/building/near.py).
         self.primary = wheelhouse.upstreams(project.settings.index_url)[-1]
         # Decided while the resolution is made (the probe is a container: about a second).
         self._near: Future[Near] = ThreadPoolExecutor(1).submit(
@@ -359,9 +359,10 @@ OFFLINE_SHOWN = 8  # missing distributions named in the error
 
 
 def check_offline(engine: Engine, project: Project, plans: list[CellPlan]) -> None:
-    """What --offline cannot do, as one error before anything is built: a cell that is not
-    locked, apt packages (Debian's archive), a base not in the engine (it would have to be
-    bootstrapped), or locked distributions (or uv itself) the wheelhouse does not hold."""
+    """What --offline cannot do, as one error before anything is built (the plan says what
+    the engine holds): a cell that is not locked, apt packages (Debian's archive), a base
+    not in the engine (it would have to be bootstrapped), or locked distributions (or uv
+    itself) the wheelhouse does not hold."""
     from gpuenv.building.render import UV_VERSION
     from gpuenv.store import wheelhouse
 
@@ -380,12 +381,12 @@ def check_offline(engine: Engine, project: Project, plans: list[CellPlan]) -> No
             f"{', '.join(unlocked)}; lock them online first: gpuenv lock"
         )
     assert lock is not None
-    for image in sorted({c.base.image for c in cells}):
-        if engine.image(image) is None:
-            raise GpuenvError(
-                f"--offline: base {image} is not in the engine and cannot be bootstrapped "
-                "offline; load it: gpuenv base --load FILE (or gpuenv cache import FILE)"
-            )
+    missing_bases = sorted({p.cell.base.image for p in plans if p.base_id is None})
+    if missing_bases:
+        raise GpuenvError(
+            f"--offline: base {missing_bases[0]} is not in the engine and cannot be "
+            "bootstrapped offline; load it: gpuenv base --load FILE (or gpuenv cache import FILE)"
+        )
     store = wheelhouse.Store.default()
     for p in plans:
         cell, key = p.cell, p.wheelhouse_key

@@ -92,8 +92,7 @@ def build_cmd(
     ] = False,
 ) -> None:
     """Build the selected cells (all by default) into labelled images."""
-    from gpuenv.building import builder as build
-    from gpuenv.building import plan
+    from gpuenv.building import builder, plan, pull
     from gpuenv.engine import client as engine
     from gpuenv.project.project import open_project
 
@@ -101,17 +100,17 @@ def build_cmd(
         project = open_project(file, cached=True)  # a snapshot while nothing changed
         cells = project.select(patterns)
         bundle = project.ca_bundle(ca_bundle)
-        from gpuenv.building.registry import registry_from_env
-
         # A malformed $GPUENV_REGISTRY is an error before the engine; with one, the key a
         # pulled image must verify with is read now (a bad key is an error, not a build).
         vet = None
-        if registry_from_env() and not offline:
+        if pull.wanted(offline):
             from gpuenv.publish.attest.verify import vetting_from_env
 
             vet = vetting_from_env()
+        pull_from = pull.source(project, offline, vet, say)
         if dry_run:
-            the_plan = plan.dry_run(engine.connect(), project, cells, bundle, no_cache, vet)
+            the_plan = plan.make_plan(engine.connect(), project, cells, no_cache=no_cache,
+                                      pull_from=pull_from, vet=vet)  # fmt: skip
             if as_json:
                 print_json(the_plan.to_json())
             else:
@@ -122,10 +121,10 @@ def build_cmd(
 
         reporter = ConsoleReporter()
         try:
-            results = build.plan_and_build(
+            results = builder.plan_and_build(
                 engine.connect(), project, cells, reporter, ca_bundle=bundle, jobs=jobs,
                 keep_going=keep_going, no_cache=no_cache, reproducible=reproducible,
-                offline=offline, vet=vet,
+                offline=offline, pull_from=pull_from, vet=vet,
             )  # fmt: skip
         finally:
             reporter.close()
@@ -133,11 +132,15 @@ def build_cmd(
             print_json({"results": [r.to_json() for r in results]})
         else:
             summary(results)
-        build.ensure_no_failures(results)
-    if validate:
-        from gpuenv.cli.validate import validate_cmd
+        builder.ensure_no_failures(results)
+        if not validate:
+            return
+        from gpuenv.validate import session
 
-        validate_cmd(patterns=[c.name for c in cells], file=file)
+        report = session.validate(engine.connect(), project, cells, [], None)
+    from gpuenv.cli.validate import show
+
+    show(report)
 
 
 def register(app: typer.Typer) -> None:

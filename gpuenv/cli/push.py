@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from gpuenv.cli.common import (
-    CaOption,
     FileOption,
     JsonOption,
     Patterns,
@@ -30,7 +29,6 @@ def push_cmd(
         bool, typer.Option("--aliases/--no-aliases", help="Also push the matrix's aliases")
     ] = True,
     as_json: JsonOption = False,
-    ca_bundle: CaOption = None,
     attest: Annotated[
         bool,
         typer.Option(
@@ -68,8 +66,7 @@ def push_cmd(
         project = open_project(file)
         results = publish.push_cells(
             engine.connect(), project, project.select(patterns), registry=registry,
-            aliases=aliases, ca_bundle=project.ca_bundle(ca_bundle),
-            on_result=progress,
+            aliases=aliases, on_result=progress,
         )  # fmt: skip
         attested = []
         if signer is not None:

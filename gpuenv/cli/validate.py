@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +14,9 @@ HOST_ALONE = (
     "(say what it must hold with --cell NAME)"
 )
 CELL_WITH_HOST = "--cell goes with --host; to validate a cell's image: gpuenv validate CELL"
+
+if TYPE_CHECKING:
+    from gpuenv.validate.session import Report
 
 
 def validate_cmd(
@@ -62,14 +65,21 @@ def validate_cmd(
                 raise fail(HOST_ALONE, 2)
             report = session.validate_host(host, file, cell, request, junitxml, verbose)
         elif cell is not None:
-            raise fail(
-                "--cell goes with --host; to validate a cell's image: gpuenv validate CELL", 2
-            )
+            raise fail(CELL_WITH_HOST, 2)
         else:
+            from gpuenv.project.project import open_project
+
+            project = open_project(file) if patterns or not image else None
+            cells = project.select(patterns) if project is not None else []
             report = session.validate(
-                engine.connect(), file, patterns, image or [], request, junitxml,
+                engine.connect(), project, cells, image or [], request, junitxml,
                 record_sizes, verbose,
             )  # fmt: skip
+    show(report, as_json, junitxml)
+
+
+def show(report: Report, as_json: bool = False, junitxml: Path | None = None) -> None:
+    """A validation's outcome, per image; a failed check exits 1."""
     if as_json:
         print_json({"images": [o.to_json() for o in report.outcomes]})
     else:

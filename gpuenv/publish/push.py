@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuenv.building.pull import chunk_error
@@ -153,7 +152,6 @@ def push_cells(
     *,
     registry: str | None,
     aliases: bool,
-    ca_bundle: Path | None,
     on_result: Callable[[TagResult], None] = lambda result: None,
 ) -> list[TagResult]:
     """Tag and push each cell's image under its name and aliases; one result per tag, then
@@ -164,7 +162,7 @@ def push_cells(
     if registry is not None and registry_problem(registry):
         raise GpuenvError(f"--registry {registry_problem(registry)}", exit_code=2)
     alias_tags = aliases_by_cell(project.matrix, project.cells) if aliases else {}
-    plan = make_plan(engine, project, cells, ca_bundle=ca_bundle)
+    plan = make_plan(engine, project, cells)
     repo = target_repository(project.settings.name, registry)
     results: list[TagResult] = []
     for p in plan.cells:

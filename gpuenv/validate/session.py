@@ -19,6 +19,8 @@ from gpuenv.matrix.errors import GpuenvError
 if TYPE_CHECKING:
     from gpuenv.engine.client import Engine
     from gpuenv.gpu.gpus import GpuRequest
+    from gpuenv.matrix.cell import Cell
+    from gpuenv.project.project import Project
     from gpuenv.validate.runner import ImageSummary, Target
 
 
@@ -74,28 +76,27 @@ def _devices(target: Target, gpus: GpuRequest | None) -> str:
 
 def validate(
     engine: Engine,
-    file: Path | None,
-    patterns: list[str] | None,
+    project: Project | None,
+    cells: list[Cell],
     images: list[str],
     gpus: GpuRequest | None,
     junitxml: Path | None = None,
     record_sizes: bool = False,
     verbose: bool = False,
 ) -> Report:
+    """Validate the project's `cells` (their images) and the `images` named by reference."""
     from gpuenv.publish import push as publish
     from gpuenv.validate import expected, runner, sizes
 
     targets: list[runner.Target] = []
     baseline_path = None
-    if patterns or not images:
+    if project is not None:
         from gpuenv.project import lockfile
-        from gpuenv.project.project import open_project
 
-        project = open_project(file)
         baseline_path = sizes.baseline_path(project.path)
         baseline = sizes.load(baseline_path)
         lock = project.lock
-        for cell in project.select(patterns):
+        for cell in cells:
             entry = lock.cells.get(cell.name) if lock else None
             drift = lockfile.drift(lock, [cell]).get(cell.name) if lock else None
             exp = expected.from_cell(cell, None if drift else entry, drift)

@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from gpuenv.store.wheelhouse import index_key
+
 pytestmark = pytest.mark.engine
 
 OCI = "org.opencontainers.image"
@@ -60,7 +62,7 @@ def test_spec_hash_label_is_what_gpuenv_computes(shipped, inspect, shipped_matri
     project = open_project(shipped_matrix)
     cell = project.one_cell(shipped["cell"], "-i")
     # No CA bundle in it: the bundle serves gpuenv's own fetches and never reaches a build.
-    ctx = render.render(cell, project.settings.indexes(cell))
+    ctx = render.render(cell, index_key(project.settings.indexes(cell)))
     base_id = engine.connect().image(cell.base.image).id
     labels = inspect(shipped["image"])["Config"]["Labels"]
     assert labels[contract.SPEC_HASH] == plan.spec_hash(ctx.digest(), base_id)

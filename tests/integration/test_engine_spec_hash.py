@@ -33,6 +33,8 @@ from pathlib import Path
 import pytest
 from support.cells import test_repository
 
+from gpuenv.store.wheelhouse import index_key
+
 pytestmark = pytest.mark.engine
 
 CPU = "tf2.21-py3.11-cpu"
@@ -67,8 +69,7 @@ def _plan(path: Path, engine=None) -> dict[str, dict]:
     from gpuenv.engine import client as engines
 
     project, cells = _load(path)
-    bundle = project.ca_bundle(None)
-    the_plan = plan.make_plan(engine or engines.connect(), project, cells, ca_bundle=bundle)
+    the_plan = plan.make_plan(engine or engines.connect(), project, cells)
     return {p["cell"]: p for p in the_plan.to_json()["cells"]}
 
 
@@ -159,11 +160,11 @@ def test_gpu_only_template_change_rebuilds_only_the_gpu_cell(baseline, templates
     path, first = baseline
     project, cells = _load(path)
     settings = project.settings
-    before = {c.name: render.render(c, settings.indexes(c)).dockerfile for c in cells}
+    before = {c.name: render.render(c, index_key(settings.indexes(c))).dockerfile for c in cells}
     partial = templates / "partials" / "cuda-wheels.j2"
     partial.write_text(partial.read_text() + "ENV GPUENV_TEST_TEMPLATE=gpu-only\n")
     render._digest_of.cache_clear()
-    after = {c.name: render.render(c, settings.indexes(c)).dockerfile for c in cells}
+    after = {c.name: render.render(c, index_key(settings.indexes(c))).dockerfile for c in cells}
     assert after[CPU] == before[CPU] and after[GPU] != before[GPU]  # the premise
     assert actions(_plan(path)) == {
         CPU: ("up-to-date", []),
@@ -260,7 +261,7 @@ def test_lock_change_rebuilds_only_the_cells_whose_entry_changed(baseline, gpuen
         entries = plan.lock_entries(project, cells)
         return {
             c.name: plan.spec_hash(
-                render.render(c, settings.indexes(c), entries[c.name]).digest(), base_id
+                render.render(c, index_key(settings.indexes(c)), entries[c.name]).digest(), base_id
             )
             for c in cells
         }
@@ -284,9 +285,9 @@ def test_spec_hash_is_deterministic_and_keyed_on_its_inputs(baseline):
     path, _first = baseline
     project, cells = _load(path)
     settings = project.settings
-    ctx = render.render(cells[0], settings.indexes(cells[0]))
+    ctx = render.render(cells[0], index_key(settings.indexes(cells[0])))
     base_id = engine.connect().image(cells[0].base.image).id
     plain = plan.spec_hash(ctx.digest(), base_id)
-    again = render.render(_load(path)[1][0], settings.indexes(_load(path)[1][0]))
+    again = render.render(_load(path)[1][0], index_key(settings.indexes(_load(path)[1][0])))
     assert plan.spec_hash(again.digest(), base_id) == plain  # no timestamps, stable order
     assert plan.spec_hash(ctx.digest(), "sha256:" + "f" * 64) != plain

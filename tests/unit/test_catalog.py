@@ -25,6 +25,7 @@ import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+from rendering import key_of
 
 from gpuenv.building.render import render
 from gpuenv.catalog import compat, refresh
@@ -290,12 +291,15 @@ def test_walk_every_row_and_python(write_matrix, framework, minor, python):
     res = compat.resolve(matrix.load(write_matrix(text)))
     cpu = next(c for c in res.cells if not c.is_gpu)
     assert cpu.framework_version == row.version
-    assert render(cpu).dockerfile.startswith("# syntax=") or "FROM " in render(cpu).dockerfile
+    assert (
+        render(cpu, key_of(cpu)).dockerfile.startswith("# syntax=")
+        or "FROM " in render(cpu, key_of(cpu)).dockerfile
+    )
     if row.gpu_default is None:
         assert res.rejected and row.gpu_unsupported in res.rejected[0]["reason"]
         return
     gpu = next(c for c in res.cells if c.is_gpu)
-    assert "NVIDIA_REQUIRE_CUDA" in render(gpu).dockerfile
+    assert "NVIDIA_REQUIRE_CUDA" in render(gpu, key_of(gpu)).dockerfile
     # Every pin inside the framework's own Requires-Dist; every CUDA requirement pinned
     # (TensorRT excepted: gpuenv does not install it). Wheels no requirement names are
     # nvcc's companions only (nvidia-cuda-crt, nvidia-nvvm at the toolkit's release).

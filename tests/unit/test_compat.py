@@ -10,6 +10,7 @@ import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+from rendering import key_of
 
 from gpuenv.building.render import render
 from gpuenv.catalog import compat
@@ -124,7 +125,7 @@ def test_walk_every_row(write_matrix, tf, python):
     assert cpu.name == f"tf{tf}-py{python}-cpu"
     assert cpu.framework_version == version
     assert (cpu.cuda, cpu.cudnn, cpu.wheels) == (None, None, {})
-    cpu_df = render(cpu).dockerfile
+    cpu_df = render(cpu, key_of(cpu)).dockerfile
     assert f"FROM python:{python}-slim\n" in cpu_df
     assert install_words(cpu, cpu_df) == {f"tensorflow=={version}"}
 
@@ -154,7 +155,7 @@ def test_walk_every_row(write_matrix, tf, python):
     for package, pinned in gpu.wheels.items():
         assert re.fullmatch(r"\d+(\.\d+)+", pinned), (package, pinned)
         assert Version(pinned) in SpecifierSet(requires[package]), (package, pinned)
-    gpu_df = render(gpu).dockerfile
+    gpu_df = render(gpu, key_of(gpu)).dockerfile
     assert install_words(gpu, gpu_df) == {f"tensorflow=={version}"} | {
         f"{name}=={pin}" for name, pin in gpu.wheels.items()
     }
@@ -183,7 +184,7 @@ def test_tf_2_21_on_cuda_12_8_is_legal(write_matrix):
     assert gpu.cuda_release is not None and gpu.cuda_release.startswith("12.8.")
     assert gpu.wheels["nvidia-cuda-runtime-cu12"].startswith("12.8.")
     assert gpu.wheels["nvidia-cudnn-cu12"].startswith("9.10.")
-    dockerfile = render(gpu).dockerfile
+    dockerfile = render(gpu, key_of(gpu)).dockerfile
     assert 'NVIDIA_REQUIRE_CUDA="cuda>=12.0"' in dockerfile  # the major's floor, not 12.8
     assert any(r.startswith("nvidia-cuda-runtime-cu12==12.8.") for r in cuda_requirements(gpu))
 

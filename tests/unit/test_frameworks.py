@@ -13,6 +13,7 @@ import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+from rendering import key_of
 from test_matrix_errors import assert_rejected
 from test_render import _lint
 
@@ -122,7 +123,7 @@ def test_walk_every_row(write_matrix, framework, minor, python):
     assert cpu.framework_version == gpu.framework_version == version
 
     # CPU: jax from PyPI; torch's +cpu build from PyTorch's own index.
-    cpu_df = render(cpu).dockerfile
+    cpu_df = render(cpu, key_of(cpu)).dockerfile
     assert pins_on_run_lines(cpu_df) == set()
     if framework == "torch":
         assert install_words(cpu) == {f"torch=={version}+cpu"}
@@ -144,7 +145,7 @@ def test_walk_every_row(write_matrix, framework, minor, python):
         assert Version(gpu.wheels[package]) in SpecifierSet(spec), (package, spec)
     assert gpu.cuda_release == row["gpu"].get("release", CUDA["toolkits"][cuda]["release"])
     assert gpu.cudnn_wheel is not None and gpu.cudnn_wheel.startswith(f"{cudnn}.")
-    gpu_df = render(gpu).dockerfile
+    gpu_df = render(gpu, key_of(gpu)).dockerfile
     pins = {f"{n}=={v}" for n, v in gpu.wheels.items()}
     assert install_words(gpu) == {f"{framework}=={version}"} | pins
     assert pins_on_run_lines(gpu_df) == set()
@@ -298,7 +299,7 @@ def test_torch_cpu_index_mirror_replaces_pytorchs(write_matrix):
     options = Settings("t", extra_index_urls=("https://a.example/simple",))
     assert options.indexes(cpu) == ("https://a.example/simple/", f"{mirror}/", PYPI)
     assert TORCH_CPU_INDEX + "/" not in options.indexes(cpu)
-    dockerfile = render(cpu, options.indexes(cpu)).dockerfile
+    dockerfile = render(cpu, key_of(cpu, options)).dockerfile
     assert f"keyed {index_key(options.indexes(cpu))} " in dockerfile
     assert TORCH_CPU_INDEX not in dockerfile and mirror not in dockerfile
     assert cpu.to_json()["indexes"] == [mirror] and cpu.to_json()["install"] == "torch==2.11.0+cpu"
@@ -313,7 +314,7 @@ def test_torch_cpu_index_is_fetched_from_under_its_own_key(write_matrix):
     options = Settings("t")
     assert options.indexes(cpu)[0] == TORCH_CPU_INDEX + "/"
     assert index_key(options.indexes(cpu)) != index_key(options.indexes(gpu))
-    dockerfile = render(cpu, options.indexes(cpu)).dockerfile
+    dockerfile = render(cpu, key_of(cpu, options)).dockerfile
     assert f"keyed {index_key(options.indexes(cpu))} " in dockerfile
     assert index_key(options.indexes(gpu)) not in dockerfile
     assert TORCH_CPU_INDEX not in dockerfile and "INDEX_URL" not in dockerfile
@@ -341,7 +342,7 @@ def _cell(write_matrix, framework: str, minor: str, variant: str) -> Cell:
 )
 def test_golden(write_matrix, framework, minor, variant):
     cell = _cell(write_matrix, framework, minor, variant)
-    got = render(cell).dockerfile
+    got = render(cell, key_of(cell)).dockerfile
     path = GOLDEN / f"{cell.name}.Dockerfile"
     if os.environ.get("GPUENV_UPDATE_GOLDEN") == "1":
         path.write_text(got, encoding="utf-8")
@@ -367,7 +368,7 @@ def test_hadolint_reports_no_errors(tmp_path, write_matrix):
                     options = Settings("t", index_url="https://pypi.example/simple")
                     path = tmp_path / cell.name / "Dockerfile"
                     path.parent.mkdir()
-                    path.write_text(render(cell, options.indexes(cell)).dockerfile)
+                    path.write_text(render(cell, key_of(cell, options)).dockerfile)
                     paths.append(path)
     assert len(paths) == 4 * sum(len(rows) for rows in ROWS.values())
     result = _lint(paths)

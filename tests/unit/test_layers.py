@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from rendering import key_of
 
 from gpuenv.building import layers
 from gpuenv.building.render import render
@@ -124,7 +125,7 @@ def cells(write_matrix):
 def test_a_cell_with_packages_installs_them_last_above_the_cuda_wheels(cells):
     for variant, steps in (("cpu", ["python-env", "packages"]),
                            ("gpu", ["python-env", "cuda", "packages"])):  # fmt: skip
-        dockerfile = render(cells[variant], None, None).dockerfile
+        dockerfile = render(cells[variant], key_of(cells[variant]), None).dockerfile
         mounted = [line.split("source=")[1].split(",")[0] for line in dockerfile.splitlines()
                    if line.startswith("RUN --mount=type=bind")]  # fmt: skip
         assert mounted == steps, variant
@@ -147,7 +148,7 @@ def test_dry_run_names_the_first_layer_an_edit_rebuilds(cells, write_matrix):
     def inputs(text: str) -> dict[str, str]:
         cpu = next(c for c in compat.resolve(matrix.load(write_matrix(text))).cells
                    if c.variant == "cpu")  # fmt: skip
-        ctx = BuildContext(cpu, render(cpu, None, None).files)
+        ctx = BuildContext(cpu, render(cpu, key_of(cpu), None).files)
         return plan.input_digests(ctx, "sha256:b", None, Settings("t"))
 
     head = 'name: t/x\nmatrix: {tensorflow: ["2.21"], python: ["3.11"], variant: [cpu]}\n'

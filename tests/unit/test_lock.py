@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from rendering import key_of
 
 from gpuenv.building import lock as locks
 from gpuenv.building import sendable
@@ -239,7 +240,7 @@ def mounted(run: str) -> str | None:
 
 def test_cpu_cell_installs_exactly_the_lock(cells):
     cpu = cells["cpu"]
-    ctx = render(cpu, None, cell_lock(cpu))
+    ctx = render(cpu, key_of(cpu), cell_lock(cpu))
     assert ctx.files["requirements/python-env.txt"] == PYTHON_ENV
     assert "requirements/cuda.txt" not in ctx.files
     # The lock's entry is copied into the image after every install step (one layer).
@@ -254,7 +255,7 @@ def test_cpu_cell_installs_exactly_the_lock(cells):
 
 def test_gpu_cell_installs_the_cuda_wheels_from_the_lock(cells):
     gpu = cells["gpu"]
-    ctx = render(gpu, None, cell_lock(gpu))
+    ctx = render(gpu, key_of(gpu), cell_lock(gpu))
     assert ctx.files["requirements/python-env.txt"] == PYTHON_ENV
     assert ctx.files["requirements/cuda.txt"] == CUDA
     assert copies(ctx.dockerfile) == [("requirements/", f"{LOCK_DIR}/")]
@@ -272,19 +273,20 @@ def test_without_a_lock_nothing_is_copied_and_the_steps_are_the_same(cells):
     # An unlocked cell is resolved at build time (gpuenv/building/sendable.py, Sender.resolution)
     # and installed from its mounted part as a locked one is: hashes required, no index.
     for cell in cells.values():
-        ctx = render(cell)
+        ctx = render(cell, key_of(cell))
         assert set(ctx.files) == {"Dockerfile", "cell.json"}
         assert not copies(ctx.dockerfile)
-        assert runs(ctx.dockerfile) == runs(render(cell, None, cell_lock(cell)).dockerfile)
+        assert runs(ctx.dockerfile) == runs(render(cell, key_of(cell), cell_lock(cell)).dockerfile)
         assert "--require-hashes" in ctx.dockerfile and "tensorflow==" not in ctx.dockerfile
 
 
 def test_the_lock_is_part_of_the_spec_hash(cells):
     cpu = cells["cpu"]
-    plain = spec_hash(render(cpu).digest(), BASE_ID)
-    locked = spec_hash(render(cpu, lock=cell_lock(cpu)).digest(), BASE_ID)
+    plain = spec_hash(render(cpu, key_of(cpu)).digest(), BASE_ID)
+    locked = spec_hash(render(cpu, key_of(cpu), cell_lock(cpu)).digest(), BASE_ID)
     other = spec_hash(
-        render(cpu, lock=cell_lock(cpu, PYTHON_ENV.replace("2.3.1", "2.3.2"))).digest(), BASE_ID
+        render(cpu, key_of(cpu), cell_lock(cpu, PYTHON_ENV.replace("2.3.1", "2.3.2"))).digest(),
+        BASE_ID,
     )
     assert len({plain, locked, other}) == 3
 

@@ -38,7 +38,7 @@ def built(the_plan: plan.BuildPlan) -> dict[str, ImageInfo]:
 def make(fake_engine, path, images=None, **kw) -> plan.BuildPlan:
     project = open_project(path)
     engine = fake_engine(local=images if images is not None else {BASE: ImageInfo(id=BASE_ID)})
-    return plan.make_plan(engine, project, project.cells, ca_bundle=kw.pop("ca", None), **kw)
+    return plan.make_plan(engine, project, project.cells, **kw)
 
 
 def actions(the_plan: plan.BuildPlan) -> dict[str, tuple[str, list[str]]]:
@@ -78,7 +78,7 @@ def test_a_missing_base_is_said_and_there_is_no_spec_hash_yet(fake_engine, matri
 
 def test_an_unchanged_matrix_is_up_to_date(fake_engine, matrix, tmp_path):
     first = make(fake_engine, matrix)
-    again = make(fake_engine, matrix, images=built(first), ca=None)
+    again = make(fake_engine, matrix, images=built(first))
     assert actions(again) == {CPU: ("up-to-date", []), GPU: ("up-to-date", [])}
 
 
@@ -120,18 +120,6 @@ def test_a_package_for_one_cell_rebuilds_that_cell(fake_engine, write_matrix, mi
         CPU: ("build", ["packages changed"]),
         GPU: ("up-to-date", []),
     }
-
-
-def test_a_ca_bundle_rebuilds_nothing(fake_engine, matrix, tmp_path):
-    # The bundle is used by gpuenv's own fetches on the client; no build step sees it, so
-    # an image is the same with or without one (and it is no input of the plan).
-    first = make(fake_engine, matrix)
-    pem = tmp_path / "ca.pem"
-    pem.write_text("-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n")
-    again = make(fake_engine, matrix, images=built(first), ca=pem)
-    assert actions(again) == {CPU: ("up-to-date", []), GPU: ("up-to-date", [])}
-    assert [p.spec_hash for p in again.cells] == [p.spec_hash for p in first.cells]
-    assert all("ca" not in p.inputs for p in again.cells)
 
 
 def test_a_changed_lock_entry_rebuilds_only_that_cell(fake_engine, matrix, monkeypatch):

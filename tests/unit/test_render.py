@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rendering import key_of
 
 from gpuenv.building.render import render
 from gpuenv.catalog import compat
@@ -102,7 +103,7 @@ def pairs() -> Iterator[tuple[Cell, Cell]]:
 def every_rendering() -> Iterator[tuple[Cell, Settings, str]]:
     for cell in shipped_cells():
         for options in OPTIONS:
-            yield cell, options, render(cell, options.indexes(cell)).dockerfile
+            yield cell, options, render(cell, key_of(cell, options)).dockerfile
 
 
 # --------------------------------------------------------------------------- golden
@@ -111,7 +112,7 @@ def every_rendering() -> Iterator[tuple[Cell, Settings, str]]:
 @pytest.mark.parametrize("name", ["tf2.21-py3.11-cpu", "tf2.21-py3.11-cuda12.5-gpu"])
 def test_golden(name):
     # What gpuenv builds: the install steps install from their mounted part of the context.
-    got = render(shipped(name)).dockerfile
+    got = render(shipped(name), key_of(shipped(name))).dockerfile
     path = GOLDEN / f"{name}.Dockerfile"
     if os.environ.get("GPUENV_UPDATE_GOLDEN") == "1":
         path.parent.mkdir(exist_ok=True)
@@ -167,12 +168,12 @@ def test_install_steps_mount_their_part_and_name_no_index_or_ca():
 @pytest.mark.parametrize("options", OPTIONS, ids=["pypi", "private"])
 def test_gpu_cell_is_its_cpu_cell_plus_one_layer(options):
     for cpu, gpu in pairs():
-        cpu_ins = instructions(render(cpu, options.indexes(cpu)).dockerfile)
-        gpu_ins = instructions(render(gpu, options.indexes(gpu)).dockerfile)
+        cpu_ins = instructions(render(cpu, key_of(cpu, options)).dockerfile)
+        gpu_ins = instructions(render(gpu, key_of(gpu, options)).dockerfile)
         last_run = max(i for i, ins in enumerate(cpu_ins) if ins.startswith("RUN "))
         assert gpu_ins[: last_run + 1] == cpu_ins[: last_run + 1], (cpu.name, gpu.name)
-        cpu_runs = runs(render(cpu, options.indexes(cpu)).dockerfile)
-        gpu_runs = runs(render(gpu, options.indexes(gpu)).dockerfile)
+        cpu_runs = runs(render(cpu, key_of(cpu, options)).dockerfile)
+        gpu_runs = runs(render(gpu, key_of(gpu, options)).dockerfile)
         assert gpu_runs[: len(cpu_runs)] == cpu_runs
         assert len(gpu_runs) == len(cpu_runs) + 1
         # The one extra layer installs only the pinned CUDA wheels (its mounted part's
@@ -194,7 +195,10 @@ def test_cpu_and_gpu_install_the_same_tensorflow_wheel():
         assert not any("tensorflow" in r for r in cuda_requirements(gpu))
         assert not any("[and-cuda]" in r for r in env_requirements(gpu) + cuda_requirements(gpu))
         # The line installs what is mounted, never a package named on it.
-        assert pin not in render(cpu).dockerfile and pin not in render(gpu).dockerfile
+        assert (
+            pin not in render(cpu, key_of(cpu)).dockerfile
+            and pin not in render(gpu, key_of(gpu)).dockerfile
+        )
 
 
 # ------------------------------------------------------------------ GPU environment
@@ -285,19 +289,20 @@ def test_labels():
 def test_rendering_is_deterministic():
     for cell in shipped_cells():
         for options in OPTIONS:
-            a, b = render(cell, options.indexes(cell)), render(cell, options.indexes(cell))
+            a, b = render(cell, key_of(cell, options)), render(cell, key_of(cell, options))
             assert a.files == b.files
             assert a.digest() == b.digest()
     cpu, gpu = next(pairs())
-    assert render(cpu).digest() != render(gpu).digest()
+    assert render(cpu, key_of(cpu)).digest() != render(gpu, key_of(gpu)).digest()
     assert (
-        render(cpu, OPTIONS[0].indexes(cpu)).digest()
-        != render(cpu, OPTIONS[1].indexes(cpu)).digest()
+        render(cpu, key_of(cpu, OPTIONS[0])).digest()
+        != render(cpu, key_of(cpu, OPTIONS[1])).digest()
     )
 
 
 def test_build_context_is_written_under_the_cell_name(tmp_path):
-    ctx = render(shipped("tf2.21-py3.11-cpu"))
+    cell = shipped("tf2.21-py3.11-cpu")
+    ctx = render(cell, key_of(cell))
     target = ctx.write(tmp_path)
     assert target == tmp_path / "tf2.21-py3.11-cpu"
     assert (target / "Dockerfile").read_text() == ctx.dockerfile
@@ -322,12 +327,12 @@ def test_users_requirements_reach_no_run_line(write_matrix):
     # They are resolved and installed from the mounted requirements.txt: their shell
     # characters (`<` and `>` redirections, `[...]` a glob) never reach a shell.
     assert {"pandas<3", "numpy<2,>=1.26", "rich[jupyter]==13.9.4"} <= set(env_requirements(cell))
-    run = next(r for r in runs(render(cell).dockerfile) if "pip install" in r)
+    run = next(r for r in runs(render(cell, key_of(cell)).dockerfile) if "pip install" in r)
     lexer = shlex.shlex(run.removeprefix("RUN "), posix=True, punctuation_chars=True)
     tokens = list(lexer)
     assert not {"<", ">", ">="} & set(tokens)
     assert not any(t.startswith(("pandas", "numpy", "rich")) for t in tokens), tokens
-    apt = next(r for r in runs(render(cell).dockerfile) if "apt-get" in r)
+    apt = next(r for r in runs(render(cell, key_of(cell)).dockerfile) if "apt-get" in r)
     assert "git" in words(apt)
     assert "rm -rf /var/lib/apt/lists/*" in apt
 
@@ -389,7 +394,7 @@ def test_hadolint_reports_no_errors(tmp_path, write_matrix):
             )
             for cell in res.cells:
                 dockerfiles.append(
-                    (f"{cell.name}-sample", render(cell, options.indexes(cell)).dockerfile)
+                    (f"{cell.name}-sample", render(cell, key_of(cell, options)).dockerfile)
                 )
     paths = []
     for name, text in dockerfiles:
@@ -412,7 +417,7 @@ def test_the_index_key_follows_the_upstreams_and_names_none_of_them():
     for index_url, extras in ((None, ()), private):
         key = index_key(upstreams(index_url, extras))
         options = Settings("t", index_url=index_url, extra_index_urls=extras)
-        dockerfiles[key] = render(cell, options.indexes(cell)).dockerfile
+        dockerfiles[key] = render(cell, key_of(cell, options)).dockerfile
         assert f"keyed {key} " in dockerfiles[key]
         assert "example" not in dockerfiles[key] and "pypi.org" not in dockerfiles[key]
         for run in runs(dockerfiles[key]):
@@ -442,7 +447,7 @@ def test_a_torch_gpu_arm64_cell_renders_for_its_base_and_is_hadolint_clean(tmp_p
     --platform make it arm64; the CUDA wheels are the catalog's (aarch64 ones exist)."""
     (cell,) = compat.resolve(matrix.load(write_matrix(TORCH_ARM64))).cells
     assert cell.name == "torch2.11-py3.11-cuda13.0-gpu-arm64" and cell.platform == "linux/arm64"
-    dockerfile = render(cell).dockerfile
+    dockerfile = render(cell, key_of(cell)).dockerfile
     assert instructions(dockerfile)[0] == "FROM gpuenv/debian:bookworm-arm64"
     assert 'NVIDIA_REQUIRE_CUDA="cuda>=13.0"' in dockerfile
     assert "x86_64" not in dockerfile and "amd64" not in dockerfile

@@ -9,6 +9,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from rendering import key_of
 
 from gpuenv.building import sendable
 from gpuenv.building.render import render
@@ -98,7 +99,7 @@ def test_a_torch_gpu_cell_sends_its_cuda_wheels_with_the_framework(cells):
 def test_the_parts_sent_are_the_parts_the_dockerfile_mounts(cells):
     for cell in cells.values():
         mounts = re.findall(r"^RUN --mount=type=bind,source=([\w-]+),target=/mnt ",
-                            render(cell).dockerfile, re.M)  # fmt: skip
+                            render(cell, key_of(cell)).dockerfile, re.M)  # fmt: skip
         assert mounts == list(sendable.parts(cell, RESOLUTION)), cell.name
 
 
@@ -144,7 +145,7 @@ def _stored(tmp_path: Path, name: str, body: bytes, mode: int = 0o644) -> Path:
 
 def test_the_context_holds_the_rendered_files_and_each_parts_wheels_and_uv(cells, tmp_path):
     cell = cells["tf2.21-py3.11-cuda12.5-gpu"]
-    ctx = render(cell)
+    ctx = render(cell, key_of(cell))
     uv = _stored(tmp_path, "uv", b"\x7fELF uv", 0o755)
     six = _stored(tmp_path, "six", b"six wheel")
     cudnn = _stored(tmp_path, "cudnn", b"cudnn wheel")
@@ -205,7 +206,7 @@ def test_near_the_engine_public_wheels_are_named_and_private_ones_sent(cells, tm
         ("six-1.17.0-py2.py3-none-any.whl", stored["six"]),
     ]})  # fmt: skip
     near = Near(index, None, "probe: HTTP 200")
-    with sendable.assembled(tmp_path / "c", render(cell), MIXED_RESOLUTION, fetcher,
+    with sendable.assembled(tmp_path / "c", render(cell, key_of(cell)), MIXED_RESOLUTION, fetcher,
                             "0" * 16, stored["uv"], sendable.target_of(cell, "x86_64"),
                             near, PYPI) as here:  # type: ignore[arg-type]  # fmt: skip
         part = here / "python-env"
@@ -232,8 +233,9 @@ def test_a_wheel_that_cannot_be_had_stops_the_assembly(cells, tmp_path):
     cell = cells["tf2.21-py3.11-cpu"]
     uv = _stored(tmp_path, "uv", b"uv", 0o755)
     target = sendable.target_of(cell, "x86_64")
-    with pytest.raises(GpuenvError, match=r"six==1\.17\.0"):  # noqa: SIM117
-        with sendable.assembled(tmp_path / "c", render(cell), RESOLUTION, Failing(), "0" * 16,
+    with pytest.raises(GpuenvError, match=r"six==1\.17\.0"):
+        ctx = render(cell, key_of(cell))
+        with sendable.assembled(tmp_path / "c", ctx, RESOLUTION, Failing(), "0" * 16,
                                 uv, target):  # type: ignore[arg-type]  # fmt: skip
             pytest.fail("a context without its wheels was handed to the build")
 

@@ -42,17 +42,14 @@ def ship(
     from gpuenv.building.registry import target_repository
     from gpuenv.publish.push import push_cells, push_ref
 
-    results = push_cells(
-        engine, project, [cell], registry=registry, aliases=False,
-        ca_bundle=project.ca_bundle(None),
-    )  # fmt: skip
+    results = push_cells(engine, project, [cell], registry=registry, aliases=False)
     pushed = results[0]
     if pushed.status != "pushed" or not pushed.digest:
         raise KubeError(
             f"{pushed.ref} was not pushed ({pushed.status}: {pushed.error}); the cluster can "
             "only run an image gpuenv pushed"
         )
-    repo = target_repository(project.matrix.model.name, registry)
+    repo = target_repository(project.settings.name, registry)
     say(f"pushed {pushed.ref} ({pushed.digest})")
     if root is None:
         return Shipped(pushed.ref, pushed.digest, f"{repo}@{pushed.digest}")
