@@ -246,14 +246,6 @@ def plot(rows: list[Row], path: Path) -> None:
 # ---------------------------------------------------------------------------- measuring
 
 
-@dataclass
-class Target:
-    cell: str
-    image: str
-    is_gpu: bool
-    missing: str | None = None  # why this cell cannot be measured at all
-
-
 def plan(project: Project, patterns: list[str] | None) -> list[tuple[str, bool]]:
     """(cell, is_gpu) to measure: the patterns' cells, else the default CPU and GPU cells."""
     if patterns:

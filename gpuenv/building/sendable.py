@@ -61,7 +61,7 @@ MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64"
 
 
 @dataclass(frozen=True)
-class Target:
+class WheelTarget:
     """Where the wheels will run: the cell's Python on the cell's machine."""
 
     python: str
@@ -69,7 +69,7 @@ class Target:
     glibc: tuple[int, int]
 
 
-def target_of(cell: Cell, engine_arch: str) -> Target:
+def target_of(cell: Cell, engine_arch: str) -> WheelTarget:
     """The wheels are the cell's architecture's (an arm64 cell gets aarch64 wheels on an
     x86_64 engine, which runs its steps under emulation); the engine must be one gpuenv
     knows how to build on at all."""
@@ -80,7 +80,7 @@ def target_of(cell: Cell, engine_arch: str) -> Target:
         )
     machine = cell.machine
     glibc = GLIBC.get(cell.base.value, DEFAULT_GLIBC) if cell.base.kind == "debian" else None
-    return Target(cell.python, machine, glibc or DEFAULT_GLIBC)
+    return WheelTarget(cell.python, machine, glibc or DEFAULT_GLIBC)
 
 
 def parts(cell: Cell, resolution: CellLock) -> dict[str, str]:
@@ -100,7 +100,7 @@ def assembled(
     fetcher: Fetcher,
     key: str,
     uv: Path,
-    target: Target,
+    target: WheelTarget,
     near: Near | None = None,
     primary: str = "",
 ) -> Iterator[Path]:

@@ -139,12 +139,6 @@ LOCK_DIR = "/opt/gpuenv"  # the locked requirements the image was installed from
 USER = "gpuenv"
 UID = 1000
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Library directories of TensorFlow's nvidia-*-cu12 wheels (TF 2.16/2.17 need them on the
-# path). A cell's own are Cell.nvidia_lib_dirs, derived from the wheels it pins.
-NVIDIA_LIB_DIRS = (
-    "cublas", "cuda_cupti", "cuda_nvrtc", "cuda_runtime", "cudnn", "cufft",
-    "curand", "cusolver", "cusparse", "nccl", "nvjitlink",
-)  # fmt: skip
 
 
 def site_packages(python: str) -> str:

@@ -38,7 +38,6 @@ from gpuenv.matrix.requirements import pip_requirement
 if TYPE_CHECKING:
     from gpuenv.matrix.requirements import RequirementsFile
 
-DEFAULT_MATRIX = "matrix.yaml"
 FRAMEWORK_KEYS = ("tensorflow", "torch", "jax")
 AXES = (*FRAMEWORK_KEYS, "python", "variant", "arch")
 

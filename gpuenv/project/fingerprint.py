@@ -72,13 +72,3 @@ def dependency_state(path: Path) -> str:
     """A file's bytes and where it leads: a symlink pointed elsewhere (perhaps outside the
     matrix's directory, which loading refuses) misses even with the same bytes."""
     return f"{file_digest(path)}|{path.resolve()}"
-
-
-def file_signature(path: str) -> str:
-    """A file's identity without reading it (inode, size, mtime, ctime; tree_signature's
-    rule), or "absent"."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return "absent"
-    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"

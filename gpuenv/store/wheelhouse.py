@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 PYPI = "https://pypi.org/simple/"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 HTML_TYPE = "application/vnd.pypi.simple.v1+html"
-KEEP_DAYS = 30  # prune keeps what a build used this recently
 # Every stored file's modification time. uv records a local wheel's mtime in the installed
 # distribution (`*.dist-info/uv_cache.json`), so a wheel's download time would otherwise
 # reach the layer and make two builds of one lock differ. 1980-01-01, the zip epoch.

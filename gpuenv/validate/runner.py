@@ -28,7 +28,7 @@ TARGETS_ENV = "GPUENV_VALIDATE_TARGETS"
 
 
 @dataclass
-class Target:
+class Subject:
     id: str  # the cell name (or image reference), used as the pytest parameter id
     image: str
     expected: dict[str, Any]
@@ -107,7 +107,7 @@ def _largest_layers(engine: Engine, image: str, count: int = 5) -> list[dict[str
 
 def validate(
     engine: Engine | None,
-    targets: list[Target],
+    targets: list[Subject],
     gpus: GpuRequest | None,
     junitxml: Path | None,
     verbose: bool = False,
@@ -146,7 +146,7 @@ def validate(
 
 
 def _run_pytest(
-    targets: list[Target], gpus: GpuRequest | None, junitxml: Path | None, verbose: bool
+    targets: list[Subject], gpus: GpuRequest | None, junitxml: Path | None, verbose: bool
 ) -> list[ImageSummary]:
     with tempfile.TemporaryDirectory(prefix="gpuenv-validate-") as tmp:
         targets_file = Path(tmp) / "targets.json"

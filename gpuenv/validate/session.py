@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from gpuenv.gpu.gpus import GpuRequest
     from gpuenv.matrix.cell import Cell
     from gpuenv.project.project import Project
-    from gpuenv.validate.runner import ImageSummary, Target
+    from gpuenv.validate.runner import ImageSummary, Subject
 
 
 @dataclass
@@ -60,7 +60,7 @@ class Report:
         return sum(o.summary.failed for o in self.outcomes)
 
 
-def _devices(target: Target, gpus: GpuRequest | None) -> str:
+def _devices(target: Subject, gpus: GpuRequest | None) -> str:
     if target.host is not None and gpus is not None:
         return "checked"  # on the host as it is (failures, if any, are the device checks')
     if target.expected.get("variant") != "gpu":
@@ -88,7 +88,7 @@ def validate(
     from gpuenv.publish import push as publish
     from gpuenv.validate import expected, runner, sizes
 
-    targets: list[runner.Target] = []
+    targets: list[runner.Subject] = []
     baseline_path = None
     if project is not None:
         from gpuenv.project import lockfile
@@ -100,12 +100,12 @@ def validate(
             entry = lock.cells.get(cell.name) if lock else None
             drift = lockfile.drift(lock, [cell]).get(cell.name) if lock else None
             exp = expected.from_cell(cell, None if drift else entry, drift)
-            targets.append(runner.Target(cell.name, cell.image, exp, baseline.get(cell.name)))
+            targets.append(runner.Subject(cell.name, cell.image, exp, baseline.get(cell.name)))
     for ref in images:
         labels = engine.labels(ref)
         if labels is None:
             raise GpuenvError(f"image {ref} not found in the engine")
-        targets.append(runner.Target(ref, ref, expected.from_labels(ref, labels)))
+        targets.append(runner.Subject(ref, ref, expected.from_labels(ref, labels)))
     summaries = {s.id: s for s in runner.validate(engine, targets, gpus, junitxml, verbose)}
     report = Report()
     for t in targets:
@@ -171,7 +171,7 @@ def validate_host(
             "image labels to read), or check its devices with its own frameworks: --gpus all",
             exit_code=2,
         )
-    target = runner.Target(url, image, exp, host=url, info=info)
+    target = runner.Subject(url, image, exp, host=url, info=info)
     summaries = runner.validate(None, [target], gpus, junitxml, verbose)
     return Report([Outcome(summaries[0], image, "", _devices(target, gpus))])
 
@@ -216,7 +216,7 @@ def host_framework_targets(url: str) -> list[Any]:
         expect = {"name": f"{name}@{url}", "variant": "gpu", "framework": name,
                   "framework_version": str(version).split("+")[0],
                   "contents_unknown": CONTENTS_UNKNOWN}  # fmt: skip
-        targets.append(runner.Target(f"{name}@{url}", f"{name} {version} on {url}", expect,
+        targets.append(runner.Subject(f"{name}@{url}", f"{name} {version} on {url}", expect,
                                      host=url))  # fmt: skip
     return targets
 

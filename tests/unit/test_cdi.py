@@ -374,7 +374,7 @@ def test_validate_on_an_engine_without_a_gpu_path_fails_the_device_checks(
     eng.refs["img"], eng.images["sha256:1"] = "sha256:1", ImageInfo(id="sha256:1")
     monkeypatch.setattr(runner, "_run_pytest", lambda targets, gpus, junitxml, verbose: [])
     monkeypatch.setattr(runner, "_largest_layers", lambda engine, image: [])
-    target = runner.Target("img", "img", {"variant": "gpu"})
+    target = runner.Subject("img", "img", {"variant": "gpu"})
     runner.validate(eng, [target], parse_gpus("all"), None)
     assert target.gpu_container is None and "podman 4.0.3" in (target.gpu_error or "")
     assert "cannot give containers GPUs" in (target.gpu_error or "")

@@ -46,12 +46,12 @@ def cells(write_matrix) -> dict[str, Cell]:
 
 def test_a_debian_base_is_its_suites_glibc(cells):
     target = sendable.target_of(cells["tf2.21-py3.11-cpu"], "x86_64")
-    assert target == sendable.Target("3.11", "x86_64", (2, 36))
+    assert target == sendable.WheelTarget("3.11", "x86_64", (2, 36))
 
 
 def test_an_image_base_is_manylinux_2_28(cells):
     target = sendable.target_of(cells["tf2.21-py3.12-cpu"], "x86_64")
-    assert target == sendable.Target("3.12", "x86_64", (2, 28))
+    assert target == sendable.WheelTarget("3.12", "x86_64", (2, 28))
 
 
 @pytest.mark.parametrize("engine_says", ["x86_64", "amd64", "aarch64", "arm64"])

@@ -24,7 +24,6 @@ CODE_LABEL = "io.gpuenv.code"  # the code layer's content digest
 @dataclass(frozen=True)
 class Shipped:
     cell_ref: str  # REPO:CELL as pushed
-    cell_digest: str
     image: str  # what the pod runs: REPO@sha256:... (the code layer, or the cell's image)
     code: CodeContext | None = None
 
@@ -52,7 +51,7 @@ def ship(
     repo = target_repository(project.settings.name, registry)
     say(f"pushed {pushed.ref} ({pushed.digest})")
     if root is None:
-        return Shipped(pushed.ref, pushed.digest, f"{repo}@{pushed.digest}")
+        return Shipped(pushed.ref, f"{repo}@{pushed.digest}")
     ctx = build_context(root, pushed.ref, workdir, base_digest=pushed.digest)
     tag = f"{repo}:{cell.name}-code-{ctx.digest[:16]}"
     if engine.image(tag) is None:
@@ -69,4 +68,4 @@ def ship(
     if result.status != "pushed" or not result.digest:
         raise KubeError(f"pushing the code layer {tag} failed: {result.error}")
     say(f"pushed {tag} ({result.digest})")
-    return Shipped(pushed.ref, pushed.digest, f"{repo}@{result.digest}", ctx)
+    return Shipped(pushed.ref, f"{repo}@{result.digest}", ctx)

@@ -44,7 +44,6 @@ TTL_SECONDS = 86400  # finished Jobs (and their logs) stay a day for --attach/--
 SHM_MIN_GI = 2  # as local `gpuenv run` (run.SHM_SIZE)
 SHM_PER_GPU_GI = 2  # NCCL and per-GPU input pipelines
 MANAGED_BY = "app.kubernetes.io/managed-by"
-JOB_NAME_LABEL = "job-name"  # set by the Job controller on its pods (all versions)
 REQUIRES = "io.gpuenv.requires"  # annotation: the node requirements, in words
 IMAGE_ANNOTATION = "io.gpuenv.image"  # annotation: the cell's image, by tag
 
