@@ -100,7 +100,6 @@ class BenchOptions:
     gpus: GpuRequest | None = None
     workloads: list[Workload] = field(default_factory=lambda: list(WORKLOADS.values()))
     scale: float = 1.0
-    file: Path | None = None
     monitor: MonitorOptions | None = None
 
 
@@ -319,7 +318,7 @@ def measure(
 
 
 def bench(engine: Engine, project: Project, opts: BenchOptions, say: Say) -> list[Row]:
-    from gpuenv.run import local as run
+    from gpuenv.run import preflight, target
 
     rows: list[Row] = []
     with workload_dir() as cwd:
@@ -332,9 +331,9 @@ def bench(engine: Engine, project: Project, opts: BenchOptions, say: Say) -> lis
             image = ""
             if why is None:
                 try:
-                    target = run.target_for(engine, cell, is_gpu, opts.file)
-                    image = target.image
-                    run.gpu_preflight(engine, target, opts.gpus if is_gpu else None)
+                    chosen = target.target_for(engine, cell, is_gpu, project)
+                    image = chosen.image
+                    preflight.gpu_preflight(engine, chosen, opts.gpus if is_gpu else None)
                 except GpuenvError as exc:
                     why = exc.message
             for wl in wanted:

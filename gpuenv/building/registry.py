@@ -1,7 +1,7 @@
 """Where images are published: registry names, $GPUENV_REGISTRY, and an image's labels
 read from a registry without pulling it (pull before build compares spec hashes first).
 
-`--registry REG` (push, run --kube) and $GPUENV_REGISTRY (the registry `gpuenv build`
+`--registry REG` (push, kube run) and $GPUENV_REGISTRY (the registry `gpuenv build`
 pulls published images from before building) name HOST[:PORT][/NAMESPACE]; an image of the
 matrix `name: acme/tensorflow` goes to REG/tensorflow:<cell>.
 """

@@ -56,7 +56,7 @@ def bench_cmd(
             raise GpuenvError("--scale must be in (0, 1]", exit_code=2)
         opts = bench.BenchOptions(
             patterns=patterns, gpus=parse_gpus(gpus) if gpus else None,
-            workloads=bench.select_workloads(workload), scale=scale, file=file,
+            workloads=bench.select_workloads(workload), scale=scale,
             monitor=MonitorOptions.parse(monitor, None),
         )  # fmt: skip
         project = open_project(file)  # a wrong matrix is named before the engine is reached

@@ -12,32 +12,36 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from typer._click import exceptions as click_errors  # Typer's own copy of Click's
 from typer.core import TyperGroup
 
 from gpuenv.cli.signals import interrupted_code, interrupted_message, on_sigterm_raise
+
+# `run` and its front-ends for clusters: their usage errors exit 125, as docker run's do.
+RUN_VERBS = ("run", "kube", "slurm")
 
 
 class _Group(TyperGroup):
     """Click's errors as gpuenv's: one `error:` line, never a box or a traceback.
 
-    Usage errors exit 2, under `run` 125 (as `docker run` does for its own failures)."""
+    Usage errors exit 2, under RUN_VERBS 125 (as `docker run` does for its own failures)."""
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         argv = list(kwargs.get("args") or (args[0] if args else None) or sys.argv[1:])
         on_sigterm_raise()
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
-        except click_errors.NoArgsIsHelpError as exc:
-            exc.show()
-            code = exc.exit_code
-        except click_errors.ClickException as exc:
-            verb = argv[0] if argv and argv[0] in self.commands else ""
-            usage = isinstance(exc, click_errors.UsageError)
-            code = 125 if usage and argv[:1] == ["run"] else exc.exit_code
-            hint = f" (see gpuenv {verb + ' ' if verb else ''}-h)" if usage else ""
-            message = " ".join(exc.format_message().split())
-            print(f"error: {verb + ': ' if verb else ''}{message}{hint}", file=sys.stderr)
+        except typer.TyperException as exc:  # Click's errors (Typer's own copy of Click)
+            ctx = getattr(exc, "ctx", None)  # a usage error knows its command
+            if ctx is not None and exc.format_message() == ctx.get_help():
+                print(ctx.get_help(), file=sys.stderr)  # no_args_is_help: the help alone
+                code = exc.exit_code
+            else:
+                verb = _verb(ctx) or (argv[0] if argv and argv[0] in self.commands else "")
+                usage = exc.exit_code == 2  # Click's UsageError; its other errors exit 1
+                code = 125 if usage and argv[:1] and argv[0] in RUN_VERBS else exc.exit_code
+                hint = f" (see gpuenv {verb + ' ' if verb else ''}-h)" if usage else ""
+                message = " ".join(exc.format_message().split())
+                print(f"error: {verb + ': ' if verb else ''}{message}{hint}", file=sys.stderr)
         except typer.Abort as exc:
             code = interrupted_code(exc)
             print(interrupted_message(code), file=sys.stderr)
@@ -51,6 +55,15 @@ class _Group(TyperGroup):
         if standalone_mode:
             sys.exit(code)
         return code
+
+
+def _verb(ctx: Any) -> str:
+    """The verb (and sub-verb) a Click context parses: `cache prune`, not the program's name."""
+    names: list[str] = []
+    while ctx is not None and ctx.parent is not None:
+        names.insert(0, ctx.info_name)
+        ctx = ctx.parent
+    return " ".join(names)
 
 
 def out_of_space(exc: OSError) -> str:
@@ -176,33 +189,80 @@ def print_table(rows: list[tuple[str, ...]]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
 
 
-def _valued_options(verb: str) -> set[str]:
-    """The verb's options that take a value (the word after them is not the command), read
-    from its parser: a list kept by hand drifted (the Slurm options were missing from it).
-    `--monitor` takes its interval only with `=` and counts as a flag here."""
-    group: Any = typer.main.get_command(app)  # Typer's own Click: matched by shape, not type
+def _command(path: list[str]) -> Any:
+    """The command that `path` (verb, sub-verb) names, as Click parses it; None if none."""
+    command: Any = typer.main.get_command(app)  # Typer's own Click: matched by shape, not type
+    for name in path:
+        command = getattr(command, "commands", {}).get(name)
+    return command
+
+
+def _valued_options(command: Any) -> set[str]:
+    """The command's options that take a value (the word after them is not the command),
+    read from its parser: a list kept by hand drifted (the Slurm options were missing from
+    it). `--monitor` takes its interval only with `=` and counts as a flag here."""
     return {
         name
-        for p in group.commands[verb].params
+        for p in command.params
         if p.param_type_name == "option" and not p.is_flag and not p.count
         for name in p.opts
         if name != "--monitor"
     }
 
 
+def _options_end(args: list[str], start: int, valued: set[str]) -> int:
+    """Where a run's options end: at `--` or at the first word that is neither an option
+    nor an option's value (the command, whose own options follow it)."""
+    i = start
+    while i < len(args) and args[i] != "--" and args[i].startswith("-"):
+        i += 2 if args[i] in valued else 1
+    return i
+
+
+# `gpuenv run --kube/--slurm/--attach JOB/--logs JOB ...`, the spelling from before the
+# clusters' front-ends had verbs of their own, and the verb each is now.
+_FORWARDED = {"--slurm": ["slurm", "run"], "--attach": ["kube", "attach"],
+              "--logs": ["kube", "logs"], "--kube": ["kube", "run"]}  # fmt: skip
+
+
+def forwarded(args: list[str]) -> list[str]:
+    """`args` with an old spelling of a cluster run as its own verb: `run --kube -i C x.py`
+    is `kube run -i C x.py`, `run --kube --logs JOB` is `kube logs JOB`. Only the options
+    before the command are read (the command's own may be anything)."""
+    if args[:1] != ["run"]:
+        return args
+    fronts = (["run"], ["kube", "run"], ["kube", "attach"], ["slurm", "run"])
+    valued = {"--attach", "--logs"}.union(*(_valued_options(_command(f)) for f in fronts))
+    end = _options_end(args, 1, valued)
+    given = [flag for flag in _FORWARDED if flag in args[1:end]]
+    if not given:
+        return args
+    verb, options = _FORWARDED[given[0]], args[1:end]
+    job: list[str] = []
+    if given[0] in ("--attach", "--logs"):  # JOB, the option's value, is the verb's argument
+        at = options.index(given[0])
+        job, options = options[at + 1 : at + 2], options[:at] + options[at + 2 :]
+    return [*verb, *(o for o in options if o not in ("--kube", given[0])), *job, *args[end:]]
+
+
 def normalise_argv(args: list[str]) -> list[str]:
-    """`-it` (docker's spelling) would parse as `-i t`, because -i takes the image; a bare
-    `--monitor` takes the default interval (INTERVAL only with `=`, as in --monitor=2)."""
-    args = list(args)
+    """The old spellings of cluster runs as their verbs (forwarded); `-it` (docker's
+    spelling) as --interactive wherever -i takes a value (it would parse as `-i t`, an image
+    named t); a bare `--monitor` as the default interval (INTERVAL only with `=`, as in
+    --monitor=2)."""
+    args = forwarded(list(args))
     if args[:1] == ["bench"]:  # options and patterns interleave there; no command follows
         return [a if a != "--monitor" else "--monitor=default" for a in args]
-    if args[:1] == ["run"]:
-        valued = _valued_options("run")
-        for i, arg in enumerate(args):
-            if arg == "--" or (i > 0 and not arg.startswith("-") and args[i - 1] not in valued):
-                break
-            if arg in ("-it", "-ti"):
-                args[i] = "--interactive"
-            if arg == "--monitor":  # --monitor[=INTERVAL]: alone, the default interval
-                args[i] = "--monitor=default"
+    if not args or args[0] not in RUN_VERBS:
+        return args
+    path = args[:1] if args[0] == "run" else args[:2]  # run, or kube run, slurm run...
+    command = _command(path)
+    if command is None:
+        return args  # Click names the unknown sub-verb
+    valued = _valued_options(command)
+    for i in range(len(path), _options_end(args, len(path), valued)):
+        if args[i] in ("-it", "-ti") and "-i" in valued:
+            args[i] = "--interactive"
+        if args[i] == "--monitor":  # --monitor[=INTERVAL]: alone, the default interval
+            args[i] = "--monitor=default"
     return args

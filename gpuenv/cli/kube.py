@@ -1,160 +1,134 @@
-"""`gpuenv run --kube`'s options and its one call into gpuenv/run/kube/run.py (imported inside,
-so `gpuenv --help` imports neither it nor the kubernetes client)."""
+"""`gpuenv kube run|attach|logs`: `run`'s front-end for a Kubernetes cluster, with its own
+options; gpuenv/run/kube/run.py (and the kubernetes client) are imported inside, so that
+`gpuenv --help` imports neither."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from gpuenv.cli.common import user_errors
+from gpuenv.cli.common import FileOption, user_errors
+from gpuenv.cli.run import RUN_SETTINGS, Command, EnvOption
 
-_P = "Kubernetes (--kube)"
-KubeFlag = Annotated[
-    bool, typer.Option("--kube", help="Run as a Kubernetes Job", rich_help_panel=_P)
+kube_app = typer.Typer(
+    help="Run on a Kubernetes cluster: a workload as a Job, and the Jobs gpuenv created.",
+    no_args_is_help=True,
+)
+
+Context = Annotated[
+    str | None, typer.Option("--context", help="kubeconfig context [default: current]")
 ]
-KubeContext = Annotated[
-    str | None,
-    typer.Option("--context", help="kubeconfig context [default: current]", rich_help_panel=_P),
+Namespace = Annotated[
+    str | None, typer.Option("--namespace", help="Namespace [default: the context's]")
 ]
-KubeNamespace = Annotated[
-    str | None,
-    typer.Option("--namespace", help="Namespace [default: the context's]", rich_help_panel=_P),
-]
-KubeRegistry = Annotated[
-    str | None,
-    typer.Option(
-        "--registry",
-        help="Registry the cluster pulls from: HOST, HOST:PORT or HOST/NAMESPACE "
-        "[default: $GPUENV_REGISTRY]",
-        rich_help_panel=_P,
-        show_default=False,
-    ),
-]
-KubePvc = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--pvc", help="Mount a PersistentVolumeClaim: CLAIM:/PATH[:ro]", rich_help_panel=_P
-    ),
-]
-KubeTimeout = Annotated[
-    str | None,
-    typer.Option("--timeout", help="activeDeadlineSeconds: 3600, 90m, 2h30m", rich_help_panel=_P),
-]
-KubeRuntimeClass = Annotated[
-    str | None,
-    typer.Option("--runtime-class", help="runtimeClassName, e.g. nvidia", rich_help_panel=_P),
-]
-KubeShmSize = Annotated[
-    str | None,
-    typer.Option(
-        "--shm-size",
-        help="/dev/shm size [default: 2Gi per GPU, at least 2Gi]",
-        rich_help_panel=_P,
-        show_default=False,
-    ),
-]
-KubePullSecret = Annotated[
-    list[str] | None,
-    typer.Option("--pull-secret", help="imagePullSecrets entry", rich_help_panel=_P),
-]
-KubeNodeAffinity = Annotated[
-    bool,
-    typer.Option(
-        "--node-affinity/--no-node-affinity",
-        help="Require GPU Feature Discovery labels that say the node can run the cell",
-        rich_help_panel=_P,
-    ),
-]
-KubeCode = Annotated[
-    bool,
-    typer.Option(
-        "--code/--no-code", help="Ship the working directory as a code layer", rich_help_panel=_P
-    ),
-]
-KubeDetach = Annotated[
-    bool,
-    typer.Option(
-        "--detach",
-        help="Print the Job's name (--slurm: the job ID) and return",
-        rich_help_panel=_P,
-    ),
-]
-KubeDryRun = Annotated[
-    bool,
-    typer.Option(
-        "--dry-run",
-        help="Push the images, print the Job as YAML, create nothing (--slurm: print the "
-        "batch script, submit nothing)",
-        rich_help_panel=_P,
-    ),
-]
-KubeAttach = Annotated[
-    str | None,
-    typer.Option(
-        "--attach", help="Follow Job JOB created earlier", metavar="JOB", rich_help_panel=_P
-    ),
-]
-KubeLogs = Annotated[
-    str | None,
-    typer.Option("--logs", help="Print Job JOB's logs so far", metavar="JOB", rich_help_panel=_P),
-]
+Job = Annotated[str, typer.Argument(help="A Job gpuenv kube run created", metavar="JOB")]
 
 
-def kube_flags_given(**values: Any) -> list[str]:
-    """The --kube options given (to refuse them on a local run)."""
-    defaults = {"node_affinity": True, "code": True}
-    given = []
-    for key, value in values.items():
-        if value != defaults.get(key) and value not in ([], False):
-            flag = {"node_affinity": "--no-node-affinity", "code": "--no-code"}.get(
-                key, "--" + key.replace("_", "-")
-            )
-            given.append(flag)
-    return given
-
-
-def run_kube(command: list[str], local: dict[str, Any], *, file: Path | None, **kw: Any) -> int:
-    """Refuse the local options that mean nothing on a cluster, then submit, attach or show
-    logs; gpuenv's own failures are one `error:` line, exit 125."""
+@kube_app.command("run", context_settings=RUN_SETTINGS)
+def run_cmd(
+    command: Command = None,
+    image: Annotated[
+        str | None,
+        typer.Option("-i", "--image", help="Cell name (or glob matching one): it is pushed"),
+    ] = None,
+    gpus: Annotated[
+        str | None, typer.Option("--gpus", help="N: GPUs for the pod (the device plugin picks)")
+    ] = None,
+    env: EnvOption = None,
+    workdir: Annotated[
+        str | None, typer.Option("--workdir", help="Working directory [default: /workspace]")
+    ] = None,
+    context: Context = None,
+    namespace: Namespace = None,
+    registry: Annotated[
+        str | None,
+        typer.Option(
+            "--registry",
+            help="Registry the cluster pulls from: HOST, HOST:PORT or HOST/NAMESPACE "
+            "[default: $GPUENV_REGISTRY]",
+            show_default=False,
+        ),
+    ] = None,
+    pvc: Annotated[
+        list[str] | None,
+        typer.Option("--pvc", help="Mount a PersistentVolumeClaim: CLAIM:/PATH[:ro]"),
+    ] = None,
+    timeout: Annotated[
+        str | None, typer.Option("--timeout", help="activeDeadlineSeconds: 3600, 90m, 2h30m")
+    ] = None,
+    runtime_class: Annotated[
+        str | None, typer.Option("--runtime-class", help="runtimeClassName, e.g. nvidia")
+    ] = None,
+    shm_size: Annotated[
+        str | None,
+        typer.Option(
+            "--shm-size",
+            help="/dev/shm size [default: 2Gi per GPU, at least 2Gi]",
+            show_default=False,
+        ),
+    ] = None,
+    pull_secret: Annotated[
+        list[str] | None, typer.Option("--pull-secret", help="imagePullSecrets entry")
+    ] = None,
+    node_affinity: Annotated[
+        bool,
+        typer.Option(
+            "--node-affinity/--no-node-affinity",
+            help="Require GPU Feature Discovery labels that say the node can run the cell",
+        ),
+    ] = True,
+    code: Annotated[
+        bool, typer.Option("--code/--no-code", help="Ship the working directory as a code layer")
+    ] = True,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="Print the Job's name and return")
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Push the images, print the Job as YAML, create nothing"),
+    ] = False,
+    file: FileOption = None,
+) -> None:
+    """Run a script or command in a cell's image as a Kubernetes Job, the working directory
+    shipped as a layer of its own; follow it to its exit code (Ctrl-C deletes it)."""
     from gpuenv.run.kube import KubeError
     from gpuenv.run.kube import run as kube
 
     with user_errors(exit_code=125):
-        for flag, value in local.items():
-            if value:
-                raise KubeError(f"{flag} with --kube: {kube.REFUSED[flag]}")
-        if kw["attach"] and kw["logs"]:
-            raise KubeError("--attach and --logs: give one")
-        for which in ("attach", "logs"):
-            if kw[which] and command:
-                raise KubeError(f"--{which} JOB takes no command")
-        if kw["attach"]:
-            return kube.attach(kw["context"], kw["namespace"], kw["attach"])
-        if kw["logs"]:
-            return kube.logs(kw["context"], kw["namespace"], kw["logs"])
-        if kw["detach"] and kw["dry_run"]:
+        if detach and dry_run:
             raise KubeError("--detach and --dry-run: give one")
-        opts = kube.KubeOptions(
-            command=command,
-            image=kw["image"],
-            gpus=kw["gpus"],
-            env=kw["env"],
-            workdir=kw["workdir"],
-            context=kw["context"],
-            namespace=kw["namespace"],
-            registry=kw["registry"],
-            pvcs=kw["pvc"],
-            timeout=kw["timeout"],
-            runtime_class=kw["runtime_class"],
-            shm_size=kw["shm_size"],
-            pull_secrets=kw["pull_secret"],
-            node_affinity=kw["node_affinity"],
-            ship_code=kw["code"],
-            detach=kw["detach"],
-            dry_run=kw["dry_run"],
-            file=file,
-        )
-        return kube.submit(opts)
-    return 125  # not reached: user_errors raises
+        code_ = kube.submit(
+            kube.KubeOptions(
+                command=command or [], image=image, gpus=gpus, env=env or [], workdir=workdir,
+                context=context, namespace=namespace, registry=registry, pvcs=pvc or [],
+                timeout=timeout, runtime_class=runtime_class, shm_size=shm_size,
+                pull_secrets=pull_secret or [], node_affinity=node_affinity, ship_code=code,
+                detach=detach, dry_run=dry_run, file=file,
+            )
+        )  # fmt: skip
+    raise typer.Exit(code_)
+
+
+@kube_app.command("attach")
+def attach_cmd(job: Job, context: Context = None, namespace: Namespace = None) -> None:
+    """Follow a Job created earlier to its exit code (Ctrl-C deletes it, as in kube run)."""
+    from gpuenv.run.kube import run as kube
+
+    with user_errors(exit_code=125):
+        code = kube.attach(context, namespace, job)
+    raise typer.Exit(code)
+
+
+@kube_app.command("logs")
+def logs_cmd(job: Job, context: Context = None, namespace: Namespace = None) -> None:
+    """Print what a Job's pod wrote so far; exit with its code if it ended (0 while it runs)."""
+    from gpuenv.run.kube import run as kube
+
+    with user_errors(exit_code=125):
+        code = kube.logs(context, namespace, job)
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(kube_app, name="kube")

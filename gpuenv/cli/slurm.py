@@ -1,95 +1,77 @@
-"""`gpuenv run --slurm`'s options and its one call into gpuenv/run/slurm/run.py (imported
-inside, so `gpuenv --help` does not import it)."""
+"""`gpuenv slurm run`: `run`'s front-end for a Slurm cluster, with its own options;
+gpuenv/run/slurm/run.py is imported inside, so that `gpuenv --help` does not import it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from gpuenv.cli.common import user_errors
+from gpuenv.cli.common import FileOption, user_errors
+from gpuenv.cli.run import RUN_SETTINGS, Command, EnvOption, ImageOption
 
-_P = "Slurm (--slurm)"
-SlurmFlag = Annotated[
-    bool, typer.Option("--slurm", help="Run as a Slurm batch job", rich_help_panel=_P)
-]
-SlurmNodes = Annotated[
-    int | None, typer.Option("--nodes", help="Nodes [default: 1]", rich_help_panel=_P)
-]
-SlurmGpusPerNode = Annotated[
-    int | None,
-    typer.Option("--gpus-per-node", help="GPUs per node [default: 0]", rich_help_panel=_P),
-]
-SlurmPartition = Annotated[
-    str | None,
-    typer.Option("--partition", help="Partition [default: the cluster's]", rich_help_panel=_P),
-]
-SlurmTime = Annotated[
-    str | None,
-    typer.Option(
-        "--time",
-        help="Time limit in Slurm's syntax: 30 (minutes), 1:30:00, 2-00:00:00, UNLIMITED "
-        "[default: the partition's]",
-        rich_help_panel=_P,
-        show_default=False,
-    ),
-]
-SlurmRuntime = Annotated[
-    str | None,
-    typer.Option(
-        "--runtime",
-        help="charliecloud, apptainer, pyxis or podman [default: charliecloud]",
-        rich_help_panel=_P,
-        show_default=False,
-    ),
-]
-SlurmShared = Annotated[
-    str | None,
-    typer.Option(
-        "--shared",
-        help="Directory every node mounts at the same path: the image (a SquashFS per image "
-        "ID) and the jobs' output go there [default: $GPUENV_SLURM_SHARED]",
-        rich_help_panel=_P,
-        show_default=False,
-        metavar="DIR",
-    ),
-]
+slurm_app = typer.Typer(help="Run on a Slurm cluster: a workload as a batch job.",
+                        no_args_is_help=True)  # fmt: skip
 
 
-def slurm_flags_given(**values: Any) -> list[str]:
-    """The --slurm options given (to refuse them elsewhere)."""
-    return ["--" + key.replace("_", "-") for key, value in values.items() if value is not None]
-
-
-def run_slurm(command: list[str], refused: dict[str, Any], *, file: Path | None,
-              **kw: Any) -> int:  # fmt: skip
-    """Refuse the options that mean nothing on a Slurm node, then submit (and follow);
-    gpuenv's own failures are one `error:` line, exit 125."""
-    from gpuenv.run.slurm import SlurmError
+@slurm_app.command("run", context_settings=RUN_SETTINGS)
+def run_cmd(
+    command: Command = None,
+    image: ImageOption = None,
+    env: EnvOption = None,
+    nodes: Annotated[int, typer.Option("--nodes", help="Nodes")] = 1,
+    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node")] = 0,
+    partition: Annotated[
+        str | None, typer.Option("--partition", help="Partition [default: the cluster's]")
+    ] = None,
+    time: Annotated[
+        str | None,
+        typer.Option(
+            "--time",
+            help="Time limit in Slurm's syntax: 30 (minutes), 1:30:00, 2-00:00:00, UNLIMITED "
+            "[default: the partition's]",
+            show_default=False,
+        ),
+    ] = None,
+    runtime: Annotated[
+        str | None,
+        typer.Option(
+            "--runtime",
+            help="charliecloud, apptainer, pyxis or podman [default: charliecloud]",
+            show_default=False,
+        ),
+    ] = None,
+    shared: Annotated[
+        str | None,
+        typer.Option(
+            "--shared",
+            help="Directory every node mounts at the same path: the image (a SquashFS per "
+            "image ID) and the jobs' output go there [default: $GPUENV_SLURM_SHARED]",
+            show_default=False,
+            metavar="DIR",
+        ),
+    ] = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Print the job ID and return")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the batch script, submit nothing")
+    ] = False,
+    file: FileOption = None,
+) -> None:
+    """Run a script or command in a cell's image as a Slurm batch job on every node, the
+    working directory bound there; follow its output to its exit code (Ctrl-C cancels it)."""
     from gpuenv.run.slurm import run as slurm
 
     with user_errors(exit_code=125):
-        for flag, value in refused.items():
-            if not value:
-                continue
-            if flag in ("--kube", "--attach", "--logs"):
-                raise SlurmError(f"{flag} and --slurm: give one (--{flag[2:]} is for Kubernetes)")
-            reason = slurm.REFUSED.get(flag, "it is an option of --kube")
-            raise SlurmError(f"{flag} with --slurm: {reason}")
-        opts = slurm.SlurmOptions(
-            command=command,
-            image=kw["image"],
-            env=kw["env"],
-            nodes=1 if kw["nodes"] is None else kw["nodes"],
-            gpus_per_node=kw["gpus_per_node"] or 0,
-            partition=kw["partition"],
-            time=kw["time"],
-            runtime=kw["runtime"] or slurm.DEFAULT_RUNTIME,
-            shared=kw["shared"],
-            detach=kw["detach"],
-            dry_run=kw["dry_run"],
-            file=file,
-        )
-        return slurm.submit(opts)
-    return 125  # not reached: user_errors raises
+        code = slurm.submit(
+            slurm.SlurmOptions(
+                command=command or [], image=image, env=env or [], nodes=nodes,
+                gpus_per_node=gpus_per_node, partition=partition, time=time,
+                runtime=runtime or slurm.DEFAULT_RUNTIME,
+                shared=shared, detach=detach, dry_run=dry_run, file=file,
+            )
+        )  # fmt: skip
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(slurm_app, name="slurm")

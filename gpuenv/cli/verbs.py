@@ -11,19 +11,21 @@ from gpuenv.cli import (
     diff,
     doctor,
     init,
+    kube,
     lock,
     matrix,
     monitor,
     notebook,
     push,
     run,
+    slurm,
     validate,
 )
 from gpuenv.cli.common import app, normalise_argv
 
 VERB_MODULES = (
-    init, matrix, build, run, notebook, bench, monitor, validate, lock, diff, push, attest, doctor,
-    cache, catalog,
+    init, matrix, build, run, kube, slurm, notebook, bench, monitor, validate, lock, diff, push,
+    attest, doctor, cache, catalog,
 )  # fmt: skip
 for _verbs in VERB_MODULES:
     _verbs.register(app)

@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuenv.matrix import contract
 from gpuenv.matrix.errors import GpuenvError
-from gpuenv.run import local
+from gpuenv.run import local, target
 
 WORKSPACE = "/workspace"
 SCHEMA = "https://raw.githubusercontent.com/devcontainers/spec/main/schemas/devContainer.base.schema.json"
@@ -59,9 +59,9 @@ def write(pattern: str | None, file: Path | None, gpu: bool = False,
     if pattern is not None:
         project.one_cell(pattern, "CELL")  # its errors name the argument, before the engine
     engine = client.connect()
-    target = local.target_for(engine, pattern, gpu, file, project)
-    assert target.cell is not None
-    text = json.dumps(document(target.cell.name, target.image, target.cell.is_gpu), indent=2)
+    chosen = target.target_for(engine, pattern, gpu, project)
+    assert chosen.cell is not None
+    text = json.dumps(document(chosen.cell.name, chosen.image, chosen.cell.is_gpu), indent=2)
     path.parent.mkdir(exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w") as fh:

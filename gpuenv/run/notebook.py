@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, BinaryIO, cast
 from urllib.parse import urlsplit
 
 from gpuenv.matrix.errors import GpuenvError
-from gpuenv.run import jupyter, local
+from gpuenv.run import console, jupyter, local, preflight, target
 
 if TYPE_CHECKING:
     from gpuenv.engine.client import Engine
@@ -146,7 +146,7 @@ def _announce(engine: Engine, url: str, token: str, where: Placement, log: Serve
         deadline = time.monotonic() + ANSWER_TIMEOUT
         while not done.is_set() and not answers(url, token):
             if time.monotonic() > deadline:
-                local.warn(f"JupyterLab has not answered at {url} after {ANSWER_TIMEOUT} s")
+                console.warn(f"JupyterLab has not answered at {url} after {ANSWER_TIMEOUT} s")
                 return
             done.wait(0.5)
         if done.is_set():
@@ -159,7 +159,7 @@ def _announce(engine: Engine, url: str, token: str, where: Placement, log: Serve
             return
         print(f"JupyterLab in {name}, on {engine.url}'s loopback only: {link}", flush=True)
         print(f"  reach it from here with: {tunnel_hint(engine.url, where.port)}", flush=True)
-    local.say("Ctrl-C stops the server")
+    console.say("Ctrl-C stops the server")
 
 
 def serve(
@@ -183,12 +183,12 @@ def serve(
     if pattern is not None:
         project.one_cell(pattern, "CELL")  # its errors name the argument, before the engine
     engine = client.connect()
-    target = local.target_for(engine, pattern, request is not None, file, project, request)
-    assert target.cell is not None  # a cell name: checked above
-    local.gpu_preflight(engine, target, request)
-    layer = jupyter.ensure(engine, project, target.cell, local.say)
+    cell_target = target.target_for(engine, pattern, request is not None, project, request)
+    assert cell_target.cell is not None  # a cell name: checked above
+    preflight.gpu_preflight(engine, cell_target, request)
+    layer = jupyter.ensure(engine, project, cell_target.cell, console.say)
     if not layer.built:
-        local.say(f"notebook layer {layer.image} (up to date)")
+        console.say(f"notebook layer {layer.image} (up to date)")
     chosen = port or (free_port() if engine.is_local else random.randint(*REMOTE_PORTS))
     where = placement(engine.network_names(), host_network, chosen)
     token = secrets.token_hex(24)
@@ -200,7 +200,7 @@ def serve(
     done = threading.Event()
     url = f"http://127.0.0.1:{where.port}"
     announcer = threading.Thread(
-        target=_announce, args=(engine, url, token, where, log, done, target.cell.name),
+        target=_announce, args=(engine, url, token, where, log, done, cell_target.cell.name),
         name="gpuenv-notebook-url", daemon=True,
     )  # fmt: skip
     announcer.start()

@@ -1,7 +1,7 @@
 """Writing where other users can write too: gpuenv keeps a directory of its own there and
 trusts nothing else in that place.
 
-A shared filesystem (`run --slurm --shared DIR`) and the temporary directory (the wheel store
+A shared filesystem (`slurm run --shared DIR`) and the temporary directory (the wheel store
 of a uid with no HOME) are places gpuenv does not own. Anything in them may have been put
 there by another user: a file under the name gpuenv would reuse, a symlink where it would
 write, a directory under the name gpuenv would make. So gpuenv writes there only through

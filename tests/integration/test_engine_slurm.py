@@ -1,7 +1,7 @@
-"""`gpuenv run --slurm` on a real Slurm cluster (support/slurm_cluster.py: munged on a
-private socket, slurmctld and two slurmd nodes with four fake-device GPUs each) with
-Charliecloud: the image is written once as a SquashFS to a shared directory and the job runs
-in it on both nodes.
+"""`gpuenv run --slurm` (the older spelling of `slurm run`, forwarded to it) on a real Slurm
+cluster (support/slurm_cluster.py: munged on a private socket, slurmctld and two slurmd
+nodes with four fake-device GPUs each) with Charliecloud: the image is written once as a
+SquashFS to a shared directory and the job runs in it on both nodes.
 
 The image is the smallest that proves it: the 125 MB base with one file and one ENV added
 (`docker commit`, no build), so the tasks show they run inside the image and that its ENV
@@ -152,7 +152,7 @@ def test_no_slurm_on_path(lab, probe_image, shared, work):
                           env={**lab.env(), "PATH": str(work / "tmp")})  # fmt: skip
     assert proc.returncode == 125, output(proc)
     assert len(proc.stderr.splitlines()) == 1, output(proc)
-    assert proc.stderr.startswith("error: --slurm: sbatch, scontrol, scancel not found on PATH")
+    assert proc.stderr.startswith("error: slurm run: sbatch, scontrol, scancel not found on PATH")
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

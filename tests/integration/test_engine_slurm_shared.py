@@ -145,7 +145,7 @@ def test_a_directory_others_may_rename_in_is_refused(mallory, project):
     hours later): refused, as one error line, before anything is written."""
     project.chmod(0o770)
     proc = subprocess.run(
-        [*GPUENV, "run", "--slurm", "--dry-run", "--shared", str(project), "-i", BASE_IMAGE,
+        [*GPUENV, "slurm", "run", "--dry-run", "--shared", str(project), "-i", BASE_IMAGE,
          "--", "true"],
         capture_output=True, text=True, timeout=60, cwd="/tmp",
         env={**os.environ, "PATH": str(project)},  # no Slurm: a dry run needs none

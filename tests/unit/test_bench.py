@@ -13,6 +13,7 @@ from gpuenv.bench import benchmark as bench
 from gpuenv.gpu.gpus import parse_gpus
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.run import local as run
+from gpuenv.run import preflight, target
 
 CPU, GPU = "tf2.21-py3.11-cpu", "tf2.21-py3.11-cuda12.5-gpu"
 REPO = Path(__file__).resolve().parents[2]
@@ -176,9 +177,9 @@ def _bench(engine_class, monkeypatch, gpus, outcome):
 
     fake_engine = engine_class()
     fake_engine.outcomes[f"gpuenv/tensorflow:{CPU}"] = outcome
-    monkeypatch.setattr(run, "target_for", lambda eng, cell, gpu, file: run.Target(
+    monkeypatch.setattr(target, "target_for", lambda eng, cell, gpu, project: target.Target(
         f"gpuenv/tensorflow:{cell}", {}))  # fmt: skip
-    monkeypatch.setattr(run, "gpu_preflight", lambda *a: None)
+    monkeypatch.setattr(preflight, "gpu_preflight", lambda *a: None)
     opts = bench.BenchOptions(gpus=gpus, workloads=bench.select_workloads(["lstm", "lstm-cudnn"]),
                               scale=0.1)  # fmt: skip
     said = []
@@ -223,9 +224,9 @@ def test_gpu_rows_the_engine_refuses_say_why(fake_engine, monkeypatch):
 
     result = {"workload": "lstm", "ms_per_step": 14.0}
     fake_engine.outcomes[f"gpuenv/tensorflow:{CPU}"] = (0, json.dumps(result))
-    monkeypatch.setattr(run, "target_for", lambda eng, cell, gpu, file: run.Target(
+    monkeypatch.setattr(target, "target_for", lambda eng, cell, gpu, project: target.Target(
         f"gpuenv/tensorflow:{cell}", {}))  # fmt: skip
-    monkeypatch.setattr(run, "gpu_preflight", refuse)
+    monkeypatch.setattr(preflight, "gpu_preflight", refuse)
     from gpuenv.project.project import open_project
 
     opts = bench.BenchOptions(gpus=parse_gpus("all"), workloads=bench.select_workloads(None))

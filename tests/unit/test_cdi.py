@@ -339,13 +339,13 @@ def podman(fake_engine: type, version: str = "4.3.1"):
 
 
 def test_probe_and_run_ask_podman_for_cdi_devices(tmp_path, monkeypatch, fake_engine) -> None:
-    from gpuenv.run import local
+    from gpuenv.run import local, preflight
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("GPUENV_REPROBE", "1")
     eng = podman(fake_engine)
     eng.outcomes["img"] = (0, "560.35.03, NVIDIA H100 80GB HBM3, 9.0\n")
-    local.probe_gpus(eng, "img", parse_gpus("device=1"))
+    preflight.probe_gpus(eng, "img", parse_gpus("device=1"))
     local.run(eng, local.RunOptions("img", ["ls", "/dev"], gpus=parse_gpus("2"), cwd=tmp_path))
     probe, workload = eng.created[0], eng.created[-1]  # between them: run's directory probe
     assert workload.command == ["ls", "/dev"]

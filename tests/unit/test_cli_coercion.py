@@ -33,7 +33,7 @@ def test_a_bad_value_is_one_error_naming_the_option(argv, option, says, capsys, 
     code, out, err = _invoke([*argv, "-f", str(tmp_path / "none.yaml")], capsys)
     assert code == 2 and out == ""
     [line] = err.splitlines()
-    verb = argv[0]
+    verb = " ".join(w for w in argv[:2] if not w.startswith("-"))  # `cache prune`: both
     assert line.startswith(f"error: {verb}: Invalid value for {option}: "), line
     assert says in line and line.endswith(f"(see gpuenv {verb} -h)"), line
 
@@ -60,15 +60,48 @@ def test_the_entry_point_reads_docker_spelling(tmp_path):
     assert "'t'" not in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_run_options_that_take_a_value_come_from_the_parser():
+def test_run_options_that_take_a_value_come_from_the_parser(capsys, tmp_path, monkeypatch):
     """The architecture review's drift case: Slurm's --partition was missing from a list kept
-    by hand, so `-it` after it parsed as `-i t` and gave an unrelated error."""
-    from gpuenv.cli.common import _valued_options, normalise_argv
-    from gpuenv.cli.verbs import app  # registers the verbs
+    by hand, so `-it` after it parsed as `-i t` and gave an unrelated error. Now each
+    front-end's own parser says which of its options take a value, and `-it` is refused by
+    Slurm's front-end, which has no terminal to give."""
+    from gpuenv.cli.common import _command, _valued_options, normalise_argv
 
-    assert app is not None
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
     args = ["run", "--slurm", "--partition", "gpu", "--dry-run", "-it", "train.py"]
-    assert normalise_argv(args)[5] == "--interactive"
-    valued = _valued_options("run")
-    assert {"--partition", "--nodes", "--time", "-i", "--gpus", "-v"} <= valued
-    assert not {"--slurm", "--kube", "--dry-run", "--interactive", "--monitor"} & valued
+    argv = normalise_argv(args)
+    assert argv == ["slurm", "run", "--partition", "gpu", "--dry-run", "--interactive",
+                    "train.py"]  # fmt: skip
+    code, out, err = _invoke(argv, capsys)
+    assert (code, out) == (125, "")
+    assert err == "error: slurm run: No such option: --interactive (see gpuenv slurm run -h)\n"
+    valued = _valued_options(_command(["slurm", "run"]))
+    assert {"--partition", "--nodes", "--time", "--gpus-per-node", "-i", "-e"} <= valued
+    assert not {"--detach", "--dry-run", "--interactive"} & valued
+    local = _valued_options(_command(["run"]))
+    assert {"-i", "--gpus", "-v", "-p", "--workdir"} <= local
+    assert not {"--partition", "--interactive", "--monitor"} & local
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (["run", "--kube", "-i", "c", "--timeout", "15m", "check.py", "--kube"],
+         ["kube", "run", "-i", "c", "--timeout", "15m", "check.py", "--kube"]),
+        (["run", "-i", "c", "--kube", "--dry-run", "--", "python", "-V"],
+         ["kube", "run", "-i", "c", "--dry-run", "--", "python", "-V"]),
+        (["run", "--kube", "--context", "prod", "--attach", "job-1"],
+         ["kube", "attach", "--context", "prod", "job-1"]),
+        (["run", "--kube", "--logs", "job-1", "--namespace", "ns"],
+         ["kube", "logs", "--namespace", "ns", "job-1"]),
+        (["run", "--nodes", "2", "--slurm", "-ti", "x.py"],
+         ["slurm", "run", "--nodes", "2", "--interactive", "x.py"]),
+        (["run", "-it", "-i", "c", "python", "--slurm"],  # the command's own --slurm
+         ["run", "--interactive", "-i", "c", "python", "--slurm"]),
+    ],
+)  # fmt: skip
+def test_the_old_spellings_of_cluster_runs_reach_their_front_ends(old, new):
+    from gpuenv.cli.common import normalise_argv
+
+    assert normalise_argv(old) == new

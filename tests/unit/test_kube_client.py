@@ -191,30 +191,31 @@ def gpuenv(args, cwd: Path, **env):
                           capture_output=True, text=True, timeout=60)  # fmt: skip
 
 
-@pytest.mark.parametrize("flags, needle", [
-    (["-v", "/data:/data"], "-v/--volume with --kube: a host path is not on the cluster's nodes"
-                            "; mount a PersistentVolumeClaim with --pvc"),
-    (["-p", "8888:8888"], "-p/--publish with --kube: use kubectl port-forward"),
-    (["--ipc", "host"], "--ipc with --kube"),
-    (["--network", "host"], "--network with --kube"),
-    (["--gpus", "all"], "--gpus 'all' with --kube"),
+@pytest.mark.parametrize("flags, line", [
+    (["-v", "/data:/data"], "kube run: No such option: -v (see gpuenv kube run -h)"),
+    (["-p", "8888:8888"], "kube run: No such option: -p (see gpuenv kube run -h)"),
+    (["--gpus", "all"], "--gpus 'all': a pod asks for a number of GPUs, --gpus N (the device "
+                        "plugin picks which; 'all' and device= mean nothing on a cluster)"),
 ])  # fmt: skip
-def test_local_only_flags_are_refused_with_kube(tmp_path, flags, needle):
-    proc = gpuenv(["run", "--kube", *flags, "python", "-V"], tmp_path)
-    assert proc.returncode == 125
-    assert proc.stderr.strip() == f"error: {proc.stderr.strip()[7:]}"
-    assert needle in proc.stderr and proc.stderr.count("\n") == 1
+def test_what_a_cluster_cannot_do_is_one_error(tmp_path, flags, line):
+    """kube run's parser has its own options: a local one is Click's error there, by the
+    old spelling (run --kube) too."""
+    for argv in (["kube", "run", *flags, "python", "-V"], ["run", "--kube", *flags, "python"]):
+        proc = gpuenv(argv, tmp_path, GPUENV_REGISTRY="localhost:5001")
+        assert (proc.returncode, proc.stderr) == (125, f"error: {line}\n")
 
 
-def test_kube_flags_are_refused_without_kube(tmp_path):
+def test_kube_options_mean_nothing_to_a_local_run(tmp_path):
     proc = gpuenv(["run", "--pvc", "data:/data", "--timeout", "1h", "python", "-V"], tmp_path)
     assert proc.returncode == 125
-    assert proc.stderr == "error: --pvc, --timeout: only with --kube\n"
+    assert proc.stderr == (
+        "error: no such option: --pvc (put the command after --, or fix the option)\n"
+    )
 
 
 def test_no_registry_and_no_cluster(tmp_path):
-    proc = gpuenv(["run", "--kube", "python", "-V"], tmp_path)
-    assert (proc.returncode, proc.stderr) == (125, "error: --kube needs a registry the cluster "
+    proc = gpuenv(["kube", "run", "python", "-V"], tmp_path)
+    assert (proc.returncode, proc.stderr) == (125, "error: kube run needs a registry the cluster "
         "can pull from: --registry HOST[:PORT][/NAMESPACE] or $GPUENV_REGISTRY\n")  # fmt: skip
     proc = gpuenv(["run", "--kube", "python", "-V"], tmp_path, GPUENV_REGISTRY="localhost:5001",
                   KUBERNETES_SERVICE_HOST="")  # fmt: skip
@@ -224,14 +225,16 @@ def test_no_registry_and_no_cluster(tmp_path):
 
 def test_attach_to_a_context_that_does_not_exist(tmp_path):
     (tmp_path / "none").write_text(KUBECONFIG)
-    proc = gpuenv(["run", "--kube", "--context", "prod", "--attach", "gpuenv-x-1"], tmp_path)
-    assert proc.returncode == 125
-    assert proc.stderr.startswith("error: Kubernetes context 'prod' does not exist")
+    for argv in (["kube", "attach", "--context", "prod", "gpuenv-x-1"],
+                 ["run", "--kube", "--context", "prod", "--attach", "gpuenv-x-1"]):  # fmt: skip
+        proc = gpuenv(argv, tmp_path)
+        assert proc.returncode == 125
+        assert proc.stderr.startswith("error: Kubernetes context 'prod' does not exist")
 
 
 def test_help_does_not_import_the_kubernetes_client():
     code = (
-        "import sys, gpuenv.cli as c; sys.argv=['gpuenv','run','--help'];\n"
+        "import sys, gpuenv.cli as c; sys.argv=['gpuenv','kube','run','--help'];\n"
         "try:\n    c.main()\nexcept SystemExit:\n    pass\n"
         "assert 'kubernetes' not in sys.modules and 'gpuenv.run.kube' not in sys.modules"
     )

@@ -11,6 +11,7 @@ import pytest
 from gpuenv.gpu.gpus import parse_gpus
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.run import local as run
+from gpuenv.run import options as run_options
 from gpuenv.validate import runner
 
 SECRET = "s3cr3t-Value-that-must-never-be-printed"
@@ -78,7 +79,7 @@ def test_validation_containers_have_no_network_and_the_image_user(fake_engine):
 def test_env_errors_never_print_the_value(item, monkeypatch):
     monkeypatch.setenv("TOKEN", SECRET)
     with pytest.raises(GpuenvError) as caught:
-        run.parse_env(["TOKEN", item])
+        run_options.parse_env(["TOKEN", item])
     assert SECRET not in caught.value.message
     assert caught.value.exit_code == 125
 

@@ -1,5 +1,6 @@
-"""gpuenv.run.local's pure parts: the container spec, the command, -e/-v/-p, grace period,
-preflight verdict wiring and the driver cache (no engine needed).
+"""A run on this engine, its pure parts: the command and -e/-v/-p (gpuenv/run/options.py),
+the container spec and grace period (local.py), the target (target.py), the preflight
+verdict wiring and the driver cache (preflight.py); no engine needed.
 
 (Test modules need unique basenames: the test directories are not packages. The
 integration modules are therefore named test_engine_*.)
@@ -17,6 +18,8 @@ from gpuenv.gpu.gpus import GpuInfo, parse_gpus
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.project.project import looks_like_image
 from gpuenv.run import local as run
+from gpuenv.run import options, preflight, target
+from gpuenv.run.target import Target
 from gpuenv.store import cache
 
 
@@ -91,32 +94,32 @@ def test_py_script_runs_with_the_images_python(tmp_path):
     (tmp_path / "train.py").write_text("")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "eval.py").write_text("")
-    assert run.command_for(["train.py", "--epochs", "3"], tmp_path) == [
+    assert options.command_for(["train.py", "--epochs", "3"], tmp_path) == [
         "python",
         "train.py",
         "--epochs",
         "3",
     ]
-    assert run.command_for(["sub/eval.py"], tmp_path) == ["python", "sub/eval.py"]
+    assert options.command_for(["sub/eval.py"], tmp_path) == ["python", "sub/eval.py"]
 
 
 @pytest.mark.parametrize(
     "args", [["nvidia-smi"], ["python", "-c", "pass"], ["bash", "-lc", "x.py"], ["jupyter"]]
 )
 def test_anything_else_runs_as_a_command(tmp_path, args):
-    assert run.command_for(args, tmp_path) == args
+    assert options.command_for(args, tmp_path) == args
 
 
 def test_missing_script_is_127(tmp_path):
     with pytest.raises(GpuenvError) as err:
-        run.command_for(["train.py"], tmp_path)
+        options.command_for(["train.py"], tmp_path)
     assert err.value.exit_code == 127
     assert f"train.py: no such file in {tmp_path}" in err.value.message
 
 
 def test_nothing_to_run_is_125(tmp_path):
     with pytest.raises(GpuenvError) as err:
-        run.command_for([], tmp_path)
+        options.command_for([], tmp_path)
     assert err.value.exit_code == 125
 
 
@@ -126,7 +129,7 @@ def test_nothing_to_run_is_125(tmp_path):
 def test_parse_env(monkeypatch):
     monkeypatch.setenv("FROM_HOST", "host value")
     monkeypatch.delenv("NOT_SET", raising=False)
-    assert run.parse_env(["A=1", "B=", "C=x=y", "FROM_HOST", "NOT_SET", "D=a b"]) == {
+    assert options.parse_env(["A=1", "B=", "C=x=y", "FROM_HOST", "NOT_SET", "D=a b"]) == {
         "A": "1",
         "B": "",
         "C": "x=y",
@@ -138,7 +141,7 @@ def test_parse_env(monkeypatch):
 @pytest.mark.parametrize("item", ["=1", "", "A=1\nB=2"])
 def test_parse_env_errors(item):
     with pytest.raises(GpuenvError) as err:
-        run.parse_env([item])
+        options.parse_env([item])
     assert err.value.exit_code == 125
     assert "expected KEY=VALUE or KEY" in err.value.message
 
@@ -149,17 +152,19 @@ def test_parse_env_errors(item):
 def test_parse_volume(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     cwd = tmp_path / "proj"
-    assert run.parse_volume("./data:/data", cwd) == f"{cwd}/data:/data"
-    assert run.parse_volume("../shared:/shared:ro", cwd) == f"{tmp_path}/shared:/shared:ro"
-    assert run.parse_volume("/abs/path:/x:rw", cwd) == "/abs/path:/x:rw"
-    assert run.parse_volume("~/datasets:/datasets", cwd) == f"{tmp_path}/home/datasets:/datasets"
-    assert run.parse_volume("cache:/root/.cache", cwd) == "cache:/root/.cache"  # named volume
+    assert options.parse_volume("./data:/data", cwd) == f"{cwd}/data:/data"
+    assert options.parse_volume("../shared:/shared:ro", cwd) == f"{tmp_path}/shared:/shared:ro"
+    assert options.parse_volume("/abs/path:/x:rw", cwd) == "/abs/path:/x:rw"
+    assert (
+        options.parse_volume("~/datasets:/datasets", cwd) == f"{tmp_path}/home/datasets:/datasets"
+    )
+    assert options.parse_volume("cache:/root/.cache", cwd) == "cache:/root/.cache"  # named volume
 
 
 @pytest.mark.parametrize("item", ["data", "./data:relative", ":/x", "a:/b:ro:extra", "./d:"])
 def test_parse_volume_errors(item):
     with pytest.raises(GpuenvError) as err:
-        run.parse_volume(item, Path("/proj"))
+        options.parse_volume(item, Path("/proj"))
     assert err.value.exit_code == 125
     assert "expected SRC:DST[:ro|rw] with an absolute DST" in err.value.message
 
@@ -168,17 +173,17 @@ def test_parse_volume_errors(item):
 
 
 def test_parse_ports():
-    assert run.parse_ports(["8888:8888"]) == {"8888/tcp": 8888}
-    assert run.parse_ports(["127.0.0.1:6006:6006"]) == {"6006/tcp": ("127.0.0.1", 6006)}
-    assert run.parse_ports(["5000:5000/udp"]) == {"5000/udp": 5000}
-    assert run.parse_ports(["9000"]) == {"9000/tcp": None}  # a port the engine picks
-    assert run.parse_ports(["1:2", "3:4"]) == {"2/tcp": 1, "4/tcp": 3}
+    assert options.parse_ports(["8888:8888"]) == {"8888/tcp": 8888}
+    assert options.parse_ports(["127.0.0.1:6006:6006"]) == {"6006/tcp": ("127.0.0.1", 6006)}
+    assert options.parse_ports(["5000:5000/udp"]) == {"5000/udp": 5000}
+    assert options.parse_ports(["9000"]) == {"9000/tcp": None}  # a port the engine picks
+    assert options.parse_ports(["1:2", "3:4"]) == {"2/tcp": 1, "4/tcp": 3}
 
 
 @pytest.mark.parametrize("item", ["", "8888:", "x:8888", "8888:y", "a:b:c", "8888:http"])
 def test_parse_ports_errors(item):
     with pytest.raises(GpuenvError) as err:
-        run.parse_ports([item])
+        options.parse_ports([item])
     assert err.value.exit_code == 125
     assert "expected [IP:]HOST_PORT:CONTAINER_PORT" in err.value.message
 
@@ -246,14 +251,16 @@ GPU_LABELS = {"io.gpuenv.variant": "gpu", "io.gpuenv.cuda": "12.5"}
 
 
 def test_gpu_image_without_gpus_warns(fake_engine, capsys):
-    run.gpu_preflight(fake_engine(), run.Target("acme/tf:gpu", GPU_LABELS), None)
+    preflight.gpu_preflight(fake_engine(), Target("acme/tf:gpu", GPU_LABELS), None)
     err = capsys.readouterr().err
     assert err.startswith("warning: acme/tf:gpu is a GPU image but no --gpus")
     assert "fall back to the CPU" in err
 
 
 def test_cpu_image_without_gpus_is_quiet(fake_engine, capsys):
-    run.gpu_preflight(fake_engine(), run.Target("acme/tf:cpu", {"io.gpuenv.variant": "cpu"}), None)
+    preflight.gpu_preflight(
+        fake_engine(), Target("acme/tf:cpu", {"io.gpuenv.variant": "cpu"}), None
+    )
     assert capsys.readouterr().err == ""
 
 
@@ -265,15 +272,15 @@ def test_gpu_preflight_applies_the_driver_verdicts(
     fake_engine, monkeypatch, capsys, driver, outcome
 ):
     found = [GpuInfo(driver, "NVIDIA A100-SXM4-80GB", "8.0")] if driver else None
-    monkeypatch.setattr(run, "probe_gpus", lambda engine, image, gpus: found)
-    target = run.Target("acme/tf:gpu", GPU_LABELS)
+    monkeypatch.setattr(preflight, "probe_gpus", lambda engine, image, gpus: found)
+    target = Target("acme/tf:gpu", GPU_LABELS)
     if outcome == "error":
         with pytest.raises(GpuenvError) as err:
-            run.gpu_preflight(fake_engine(), target, parse_gpus("all"))
+            preflight.gpu_preflight(fake_engine(), target, parse_gpus("all"))
         assert err.value.exit_code == 125
         assert "470.256.02" in err.value.message and "525.60.13" in err.value.message
         return
-    run.gpu_preflight(fake_engine(), target, parse_gpus("all"))
+    preflight.gpu_preflight(fake_engine(), target, parse_gpus("all"))
     err = capsys.readouterr().err
     if outcome == "warning":
         assert err.startswith("warning: the host's NVIDIA driver 535.104.05")
@@ -284,9 +291,9 @@ def test_gpu_preflight_applies_the_driver_verdicts(
 
 def test_cpu_image_with_gpus_warns_and_goes_on(fake_engine, monkeypatch, capsys):
     found = [GpuInfo("560.35.03", "NVIDIA A100-SXM4-80GB", "8.0")]
-    monkeypatch.setattr(run, "probe_gpus", lambda engine, image, gpus: found)
-    target = run.Target("acme/tf:cpu", {"io.gpuenv.variant": "cpu"})
-    run.gpu_preflight(fake_engine(), target, parse_gpus("all"))
+    monkeypatch.setattr(preflight, "probe_gpus", lambda engine, image, gpus: found)
+    target = Target("acme/tf:cpu", {"io.gpuenv.variant": "cpu"})
+    preflight.gpu_preflight(fake_engine(), target, parse_gpus("all"))
     assert "is a CPU image: the framework in it cannot use the GPUs" in capsys.readouterr().err
 
 
@@ -307,13 +314,13 @@ def test_probe_learns_the_driver_once_and_caches_it(tmp_path, monkeypatch, fake_
     monkeypatch.delenv("GPUENV_REPROBE", raising=False)
     eng = fake_engine()
     eng.outcomes[GPU_IMAGE] = (0, NVIDIA_SMI)
-    assert drivers(run.probe_gpus(eng, GPU_IMAGE, parse_gpus("all"))) == "560.35.03"
+    assert drivers(preflight.probe_gpus(eng, GPU_IMAGE, parse_gpus("all"))) == "560.35.03"
     assert len(eng.created) == 1 and eng.containers == {}  # the probe container is removed
     probe = eng.created[0]
     assert probe.device_requests == [parse_gpus("all").as_api()]
     assert probe.network == "none" and probe.labels == {"io.gpuenv.probe": "1"}
     eng.outcomes[GPU_IMAGE] = (0, NVIDIA_SMI.replace("560.35.03", "999.1"))
-    assert drivers(run.probe_gpus(eng, GPU_IMAGE, parse_gpus("all"))) == "560.35.03"  # cached
+    assert drivers(preflight.probe_gpus(eng, GPU_IMAGE, parse_gpus("all"))) == "560.35.03"  # cached
     assert len(eng.created) == 1
 
 
@@ -332,16 +339,16 @@ def test_a_cached_driver_that_may_be_stale_is_probed_again(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("GPUENV_REPROBE", raising=False)
     eng = fake_engine()
-    run.remember_gpus(eng, [GpuInfo("535.104.05", "Tesla T4", "7.5")])
+    preflight.remember_gpus(eng, [GpuInfo("535.104.05", "Tesla T4", "7.5")])
     if "kernel" in change:
         eng._info["KernelVersion"] = change["kernel"]
     if "age" in change:
-        assert run.cached_gpus(eng, now=time.time() + change["age"]) is None
+        assert preflight.cached_gpus(eng, now=time.time() + change["age"]) is None
         return
     if change.get("reprobe"):
         monkeypatch.setenv("GPUENV_REPROBE", "1")
     eng.outcomes[GPU_IMAGE] = (0, NVIDIA_SMI)
-    found = drivers(run.probe_gpus(eng, GPU_IMAGE, parse_gpus("all")))
+    found = drivers(preflight.probe_gpus(eng, GPU_IMAGE, parse_gpus("all")))
     assert found == ("560.35.03" if reprobes else "535.104.05")
     assert len(eng.created) == (1 if reprobes else 0)
 
@@ -354,7 +361,7 @@ def test_a_cache_that_is_not_understood_means_probing(tmp_path, monkeypatch, fak
     (tmp_path / "gpuenv" / "drivers.json").write_text(content)
     eng = fake_engine()
     eng.outcomes[GPU_IMAGE] = (0, NVIDIA_SMI)
-    assert drivers(run.probe_gpus(eng, GPU_IMAGE, parse_gpus("all"))) == "560.35.03"
+    assert drivers(preflight.probe_gpus(eng, GPU_IMAGE, parse_gpus("all"))) == "560.35.03"
 
 
 def test_a_probe_that_finds_no_gpu_warns_and_skips_the_driver_check(
@@ -363,7 +370,7 @@ def test_a_probe_that_finds_no_gpu_warns_and_skips_the_driver_check(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     eng = fake_engine()
     eng.outcomes[GPU_IMAGE] = (9, "NVIDIA-SMI has failed")
-    assert run.probe_gpus(eng, GPU_IMAGE, parse_gpus("all")) is None
+    assert preflight.probe_gpus(eng, GPU_IMAGE, parse_gpus("all")) is None
     assert "nvidia-smi in a probe container exited 9" in capsys.readouterr().err
     assert cache.read_record("drivers.json") == {}
 
@@ -395,16 +402,16 @@ def test_no_cache_for_a_uid_without_home(monkeypatch):
 def test_gpu_preflight_judges_the_compute_capability(
     fake_engine, monkeypatch, capsys, gpu, outcome
 ):
-    monkeypatch.setattr(run, "probe_gpus", lambda engine, image, gpus: [gpu])
+    monkeypatch.setattr(preflight, "probe_gpus", lambda engine, image, gpus: [gpu])
     labels = {**GPU_LABELS, "io.gpuenv.framework": "tensorflow",
               "io.gpuenv.framework-version": "2.21.0"}  # fmt: skip
-    target = run.Target("acme/tf:gpu", labels)
+    target = Target("acme/tf:gpu", labels)
     if outcome == "error":
         with pytest.raises(GpuenvError) as err:
-            run.gpu_preflight(fake_engine(), target, parse_gpus("all"))
+            preflight.gpu_preflight(fake_engine(), target, parse_gpus("all"))
         assert err.value.exit_code == 125 and "sm_37" in err.value.message
         return
-    run.gpu_preflight(fake_engine(), target, parse_gpus("all"))
+    preflight.gpu_preflight(fake_engine(), target, parse_gpus("all"))
     err = capsys.readouterr().err
     assert ("PTX JIT" in err) if outcome == "warning" else err == ""
 
@@ -441,14 +448,14 @@ def test_a_missing_gpu_cell_is_built_only_on_an_engine_that_gives_gpus(
     if not gives_gpus:
         engine.outcomes[cell.base.image] = EngineError(f"500 Server Error: {REFUSED}")
     built = []
-    monkeypatch.setattr(run, "_build_for_run", lambda e, p, c: built.append(c.name))
+    monkeypatch.setattr(target, "_build_for_run", lambda e, p, c: built.append(c.name))
     gpus = parse_gpus("all")
     if gives_gpus:
-        run.target_for(engine, None, True, shipped_matrix, project, gpus)
+        target.target_for(engine, None, True, project, gpus)
         assert built == [cell.name]
     else:
         with pytest.raises(GpuenvError) as exc:
-            run.target_for(engine, None, True, shipped_matrix, project, gpus)
+            target.target_for(engine, None, True, project, gpus)
         assert exc.value.exit_code == 125 and "\n" not in exc.value.message
         assert "cannot give containers GPUs" in exc.value.message and REFUSED in exc.value.message
         assert built == [], "the cell was built before the refusal"

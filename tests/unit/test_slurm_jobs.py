@@ -88,7 +88,7 @@ def test_submitted_job_id():
 
 def test_no_slurm_on_path(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(SlurmError, match=r"^--slurm: sbatch, scontrol, scancel not found on PATH"):
+    with pytest.raises(SlurmError, match=r"^slurm run: sbatch, scontrol, scancel not found"):
         Slurm.find()
 
 

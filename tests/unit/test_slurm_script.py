@@ -1,4 +1,4 @@
-"""The batch script of `gpuenv run --slurm` (gpuenv/run/slurm/script.py): --time's syntax, the
+"""The batch script of `gpuenv slurm run` (gpuenv/run/slurm/script.py): --time's syntax, the
 names and paths it carries, and one golden script per runtime. Set GPUENV_UPDATE_GOLDEN=1
 to rewrite the golden files (then read the diff). The lab cluster runs the charliecloud
 script and passes every runtime's through `sbatch --test-only`

@@ -1,4 +1,4 @@
-"""`gpuenv run --kube`: the same workload as a Kubernetes Job.
+"""`gpuenv kube run`: the same workload as a Kubernetes Job.
 
 - `manifest.py`: the Job, generated (pure) from the cell, its pushed image and the options;
   node affinity from the same verdict rules as doctor (gpuenv/gpu/capability.py,

@@ -1,7 +1,7 @@
 """The cluster, through the official `kubernetes` client (imported inside functions only).
 
 `connect()` reads the kubeconfig (or the in-cluster service account) and gives a `KubeApi`:
-the handful of calls `gpuenv run --kube` makes, returning the client's own model objects
+the handful of calls `gpuenv kube run` makes, returning the client's own model objects
 (V1Job, V1Pod, CoreV1Event). Every refusal leaves here as one KubeError line (exit 125):
 no cluster configured, a context that does not exist, 401/403, a missing namespace, an
 unreachable API server.
@@ -24,7 +24,7 @@ def _kubernetes() -> Any:
     try:
         import kubernetes
     except ImportError:
-        raise KubeError(f"--kube needs the kubernetes client: {INSTALL}") from None
+        raise KubeError(f"gpuenv kube needs the kubernetes client: {INSTALL}") from None
     return kubernetes
 
 

@@ -1,6 +1,6 @@
-"""The Job `gpuenv run --kube` creates, generated from the cell and its pushed image. Pure.
+"""The Job `gpuenv kube run` creates, generated from the cell and its pushed image. Pure.
 
-Same inputs, same bytes: `gpuenv run --kube --dry-run` prints `to_yaml(job_manifest(...))`,
+Same inputs, same bytes: `gpuenv kube run --dry-run` prints `to_yaml(job_manifest(...))`,
 and a live run creates the same object with a unique suffix on its name.
 
 What every Job gets (docs: docs/kubernetes.md):
@@ -40,7 +40,7 @@ from gpuenv.run.kube import KubeError
 WORKSPACE = "/workspace"
 CONTAINER = "workload"
 GPU_RESOURCE = "nvidia.com/gpu"
-TTL_SECONDS = 86400  # finished Jobs (and their logs) stay a day for --attach/--logs
+TTL_SECONDS = 86400  # finished Jobs (and their logs) stay a day for kube attach/logs
 SHM_MIN_GI = 2  # as local `gpuenv run` (run.SHM_SIZE)
 SHM_PER_GPU_GI = 2  # NCCL and per-GPU input pipelines
 MANAGED_BY = "app.kubernetes.io/managed-by"

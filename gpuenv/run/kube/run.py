@@ -1,4 +1,4 @@
-"""`gpuenv run --kube`: options checked, images pushed, the Job created and followed.
+"""`gpuenv kube run`: options checked, images pushed, the Job created and followed.
 
 Exit codes as local `gpuenv run`: the container's, 125 for gpuenv's own failures (no
 cluster, refused by the API, a pull the cluster cannot make), 127 for a script that is not
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuenv.matrix import contract
+from gpuenv.run.console import say, warn
 from gpuenv.run.interrupts import Interrupted, raising_interrupted
 from gpuenv.run.kube import KubeError
 from gpuenv.run.kube.manifest import (
@@ -33,7 +34,6 @@ from gpuenv.run.kube.manifest import (
     parse_timeout,
     to_yaml,
 )
-from gpuenv.run.local import say, warn
 
 
 @dataclass
@@ -59,21 +59,6 @@ class KubeOptions:
     cwd: Path = field(default_factory=Path.cwd)
 
 
-# Local options that mean nothing on a cluster node, and what to use instead.
-REFUSED = {
-    "-v/--volume": "a host path is not on the cluster's nodes; mount a PersistentVolumeClaim "
-    "with --pvc CLAIM:/data (the working directory travels in the image)",
-    "-p/--publish": "use kubectl port-forward to reach a port of the pod",
-    "--network": "a pod uses the cluster's network",
-    "--ipc": "/dev/shm is a memory-backed volume; size it with --shm-size",
-    "--interactive/-it": "follow the logs, or kubectl exec into the pod",
-}
-# Options of --kube that mean nothing locally.
-KUBE_ONLY = ("--context", "--namespace", "--pvc", "--timeout", "--runtime-class",
-             "--shm-size", "--pull-secret", "--detach", "--dry-run", "--attach", "--logs",
-             "--no-node-affinity", "--no-code", "--registry")  # fmt: skip
-
-
 def parse_gpu_count(spec: str | None) -> int:
     """A pod asks for a number of GPUs: --gpus N (or count=N); which devices is the device
     plugin's choice."""
@@ -83,7 +68,7 @@ def parse_gpu_count(spec: str | None) -> int:
     if text.isdigit() and int(text) > 0:
         return int(text)
     raise KubeError(
-        f"--gpus {spec!r} with --kube: a pod asks for a number of GPUs, --gpus N (the device "
+        f"--gpus {spec!r}: a pod asks for a number of GPUs, --gpus N (the device "
         "plugin picks which; 'all' and device= mean nothing on a cluster)"
     )
 
@@ -91,20 +76,21 @@ def parse_gpu_count(spec: str | None) -> int:
 def submit(opts: KubeOptions) -> int:
     from gpuenv.building.registry import registry_from_env, registry_problem
     from gpuenv.engine import client as engine
-    from gpuenv.run import local as run
+    from gpuenv.project.project import open_project
+    from gpuenv.run import options, target
     from gpuenv.run.kube import client, images
 
     gpus = parse_gpu_count(opts.gpus)
     registry = opts.registry or registry_from_env()
     if not registry:
         raise KubeError(
-            "--kube needs a registry the cluster can pull from: --registry "
+            "kube run needs a registry the cluster can pull from: --registry "
             "HOST[:PORT][/NAMESPACE] or $GPUENV_REGISTRY"
         )
     if registry_problem(registry):
         raise KubeError(f"--registry {registry_problem(registry)}")
-    argv = run.command_for(opts.command, opts.cwd)
-    env = check_env(run.parse_env(opts.env))
+    argv = options.command_for(opts.command, opts.cwd)
+    env = check_env(options.parse_env(opts.env))
     pvcs = tuple(parse_pvc(p) for p in opts.pvcs)
     deadline = parse_timeout(opts.timeout) if opts.timeout else None
     shm = parse_shm_size(opts.shm_size) if opts.shm_size else None
@@ -119,30 +105,28 @@ def submit(opts: KubeOptions) -> int:
         raise KubeError(f"--workdir {workdir!r}: an absolute path inside the image")
     if opts.image is not None and any(c in opts.image for c in ":/@"):
         raise KubeError(
-            f"-i {opts.image}: --kube runs cells (it pushes them through gpuenv push); give a "
+            f"-i {opts.image}: kube run runs cells (it pushes them through gpuenv push); give a "
             "cell name"
         )
     # The cluster first: no point pushing gigabytes to find out there is no cluster.
     api = None if opts.dry_run else client.connect(opts.context, opts.namespace)
     namespace = api.where.namespace if api else opts.namespace
 
+    project = open_project(opts.file)  # whole (not from its snapshot): the push reads it all
     eng = engine.connect()
     try:
-        target = run.target_for(eng, opts.image, gpus > 0, opts.file)
-        assert target.cell is not None  # cells only (checked above)
-        claims = contract.ImageLabels(target.labels)
+        chosen = target.target_for(eng, opts.image, gpus > 0, project)
+        assert chosen.cell is not None  # cells only (checked above)
+        claims = contract.ImageLabels(chosen.labels)
         if claims.is_gpu and not gpus:
-            warn(f"{target.image} is a GPU image but no --gpus N: its framework will use the CPU")
+            warn(f"{chosen.image} is a GPU image but no --gpus N: its framework will use the CPU")
         if gpus and not claims.is_gpu:
-            warn(f"{target.image} is a CPU image: the framework in it cannot use the GPUs")
-        from gpuenv.project.project import open_project
-
-        project = open_project(opts.file)
+            warn(f"{chosen.image} is a CPU image: the framework in it cannot use the GPUs")
         root = opts.cwd if opts.ship_code else None
-        shipped = images.ship(eng, project, target.cell, registry, root, workdir, say)
+        shipped = images.ship(eng, project, chosen.cell, registry, root, workdir, say)
     finally:
         eng.close()
-    cell = target.cell
+    cell = chosen.cell
     inputs = JobInputs(
         cell=cell.name, spec_hash=claims.spec_hash or "", image=shipped.image,
         command=tuple(argv), cell_image=shipped.cell_ref, gpus=gpus, gpu_image=cell.is_gpu,
@@ -177,7 +161,8 @@ def _job_gpus(job: Any) -> int:
 
 
 def attach(context: str | None, namespace: str | None, name: str) -> int:
-    """`--attach JOB`: follow a Job gpuenv created earlier (Ctrl-C deletes it, as in run)."""
+    """`gpuenv kube attach JOB`: follow a Job gpuenv created earlier (Ctrl-C deletes it, as
+    in run)."""
     from gpuenv.run.kube import client
 
     api = client.connect(context, namespace)
@@ -187,7 +172,7 @@ def attach(context: str | None, namespace: str | None, name: str) -> int:
 
 
 def logs(context: str | None, namespace: str | None, name: str) -> int:
-    """`--logs JOB`: print what the Job's pod wrote so far; exit with its code if it ended
+    """`gpuenv kube logs JOB`: print what the Job's pod wrote so far; exit with its code if it ended
     (0 while it still runs). Deletes nothing."""
     from gpuenv.run.kube import client
     from gpuenv.run.kube.follow import _newest, observe
@@ -248,4 +233,4 @@ def _delete(api: Any, namespace: str, name: str) -> None:
         say(f"deleted Job {name} and its pods")
 
 
-__all__ = ["KUBE_ONLY", "REFUSED", "KubeOptions", "attach", "job_name", "logs", "submit"]
+__all__ = ["KubeOptions", "attach", "job_name", "logs", "submit"]

@@ -1,4 +1,4 @@
-"""`gpuenv run --slurm`: the same workload as a Slurm batch job.
+"""`gpuenv slurm run`: the same workload as a Slurm batch job.
 
 - `script.py`: the batch script, generated (pure) from the job's inputs, one launcher per
   container runtime (charliecloud, apptainer, pyxis, podman); --time's syntax.

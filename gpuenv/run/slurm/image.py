@@ -98,7 +98,7 @@ def shared_dir(option: str | None) -> Shared:
     text = option or os.environ.get(SHARED_ENV, "")
     if not text:
         raise SlurmError(
-            f"--slurm needs a directory every node sees at the same path: --shared DIR or "
+            f"slurm run needs a directory every node sees at the same path: --shared DIR or "
             f"${SHARED_ENV}"
         )
     where = "--shared" if option else f"${SHARED_ENV}"

@@ -144,7 +144,7 @@ class Slurm:
         missing = [name for name, path in paths.items() if path is None]
         if missing:
             raise SlurmError(
-                f"--slurm: {', '.join(missing)} not found on PATH: run gpuenv on a login node "
+                f"slurm run: {', '.join(missing)} not found on PATH: run gpuenv on a login node "
                 "of the cluster (Slurm's client commands, with $SLURM_CONF if its "
                 "configuration is not in /etc/slurm)"
             )

@@ -1,4 +1,4 @@
-"""`gpuenv run --slurm`: options checked, the image written to shared storage, the batch
+"""`gpuenv slurm run`: options checked, the image written to shared storage, the batch
 job submitted and followed.
 
 Exit codes as local `gpuenv run`: the job's (its first failing task's, 128+N for a signal),
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from gpuenv.run.console import say, warn
 from gpuenv.run.interrupts import Interrupted, raising_interrupted
-from gpuenv.run.local import say, warn
 from gpuenv.run.slurm import SlurmError
 from gpuenv.run.slurm.jobs import NEVER, Job, Slurm
 from gpuenv.run.slurm.script import (
@@ -58,21 +58,6 @@ class SlurmOptions:
     cwd: Path = field(default_factory=Path.cwd)
 
 
-# Local options that mean nothing on a Slurm node, and what to use instead.
-REFUSED = {
-    "--gpus": "GPUs are asked per node: --gpus-per-node N",
-    "-v/--volume": "a host path is not on the cluster's nodes; the working directory is "
-    "bound on every node (put data on shared storage under it)",
-    "-p/--publish": "a job's ports are on its nodes",
-    "--network": "a task uses its node's network",
-    "--ipc": "a task shares its node's IPC namespace already",
-    "--interactive/-it": "follow the output, or srun --jobid JOB --pty into the allocation",
-    "--workdir": "the working directory is the current one, bound on every node",
-    "--monitor": "GPU sampling runs on the local engine only",
-    "--monitor-out": "GPU sampling runs on the local engine only",
-}
-
-
 def check(opts: SlurmOptions) -> tuple[str | None, str | None]:
     """Every option, before Slurm or the engine are reached: (--time, --partition)."""
     if opts.nodes < 1:
@@ -95,29 +80,30 @@ def check(opts: SlurmOptions) -> tuple[str | None, str | None]:
 def submit(opts: SlurmOptions) -> int:
     from gpuenv.engine import client as engine
     from gpuenv.matrix import contract
-    from gpuenv.run import local as run
+    from gpuenv.run import options, target
     from gpuenv.run.slurm import image
 
     time_limit, partition = check(opts)
-    argv = run.command_for(opts.command, opts.cwd)
-    env = run.parse_env(opts.env)
+    argv = options.command_for(opts.command, opts.cwd)
+    env = options.parse_env(opts.env)
     # Slurm first: no point writing gigabytes to find out there is no cluster. A dry run
     # needs none (it still asks sbatch --test-only when there is one).
     slurm = _find_slurm(required=not opts.dry_run)
     shared = image.shared_dir(opts.shared)
+    project = target.project_for(opts.image, opts.file)
     eng = engine.connect()
     try:
-        target = run.target_for(eng, opts.image, opts.gpus_per_node > 0, opts.file)
-        info = eng.image(target.image)
+        chosen = target.target_for(eng, opts.image, opts.gpus_per_node > 0, project)
+        info = eng.image(chosen.image)
         if info is None:
-            raise SlurmError(f"image {target.image} not found in the engine")
-        claims = contract.ImageLabels(target.labels)
+            raise SlurmError(f"image {chosen.image} not found in the engine")
+        claims = contract.ImageLabels(chosen.labels)
         if claims.is_gpu and not opts.gpus_per_node:
-            warn(f"{target.image} is a GPU image but no --gpus-per-node: its framework will use "
+            warn(f"{chosen.image} is a GPU image but no --gpus-per-node: its framework will use "
                  "the CPU")  # fmt: skip
         if opts.gpus_per_node and claims.is_gpuenv and not claims.is_gpu:
-            warn(f"{target.image} is a CPU image: the framework in it cannot use the GPUs")
-        what = target.cell.name if target.cell else target.image
+            warn(f"{chosen.image} is a CPU image: the framework in it cannot use the GPUs")
+        what = chosen.cell.name if chosen.cell else chosen.image
         inputs = JobInputs(
             name=job_name(what), command=tuple(argv), image=shared.files(info.id),
             image_id=info.id, what=what, cwd=str(opts.cwd), jobs_dir=str(shared.jobs),
@@ -134,7 +120,7 @@ def submit(opts: SlurmOptions) -> int:
             if verdict:
                 say(f"sbatch --test-only: {verdict}")
             return 0
-        files = image.ensure(eng, target.image, info, shared, say, str(opts.cwd))
+        files = image.ensure(eng, chosen.image, info, shared, say, str(opts.cwd))
     finally:
         eng.close()
     if opts.runtime == "charliecloud":
@@ -280,4 +266,4 @@ def _copy_new(path: Path, offset: int, out: BinaryIO) -> int:
     return offset
 
 
-__all__ = ["REFUSED", "SlurmOptions", "attach", "exit_code", "follow", "submit"]
+__all__ = ["SlurmOptions", "attach", "exit_code", "follow", "submit"]

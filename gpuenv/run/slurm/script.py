@@ -1,4 +1,4 @@
-"""The batch script `gpuenv run --slurm` submits: generated from the job's inputs alone.
+"""The batch script `gpuenv slurm run` submits: generated from the job's inputs alone.
 
 One task per node (`--ntasks-per-node=1`): a launcher such as torchrun starts one process
 per GPU inside it. Every task runs the workload in the image through the chosen runtime,
@@ -130,7 +130,7 @@ def check_env(env: tuple[tuple[str, str], ...]) -> None:
     for key, _ in env:
         if not _ENV_NAME.fullmatch(key):
             raise SlurmError(
-                f"-e {key[:80]!r}: under --slurm a name is a shell variable's (letters, digits "
+                f"-e {key[:80]!r}: under slurm run a name is a shell variable's (letters, digits "
                 "and _, not starting with a digit)"
             )
 
@@ -271,7 +271,7 @@ def batch_script(job: JobInputs) -> str:
         f"#SBATCH --output={output_path(job.jobs_dir, '%j')}",
         f"#SBATCH --chdir={job.cwd}",
         f"#SBATCH --export={','.join(EXPORTED)}",
-        f"# gpuenv run --slurm: {job.what} ({job.image_id}), runtime {job.runtime}",
+        f"# gpuenv slurm run: {job.what} ({job.image_id}), runtime {job.runtime}",
         "",
         'export USER="${USER:-$(id -un)}"  # ch-run and enroot refuse to start without it',
         "# torch.distributed's rendezvous: the allocation's first node (JAX's",

@@ -8,7 +8,7 @@
 #SBATCH --output=/shared/gpuenv-1000/jobs/gpuenv-%j.out
 #SBATCH --chdir=/home/ada/project
 #SBATCH --export=PATH,HOME,USER,LOGNAME,LANG,LC_ALL,TZ,TMPDIR,XDG_RUNTIME_DIR
-# gpuenv run --slurm: tf2.21-py3.11-cuda12.5-gpu (sha256:ab12), runtime charliecloud
+# gpuenv slurm run: tf2.21-py3.11-cuda12.5-gpu (sha256:ab12), runtime charliecloud
 
 export USER="${USER:-$(id -un)}"  # ch-run and enroot refuse to start without it
 # torch.distributed's rendezvous: the allocation's first node (JAX's

@@ -1,0 +1,107 @@
+"""The image a run uses: -i IMAGE as it is, else a cell of the matrix, built first when it is
+missing (after asking the engine whether it gives containers GPUs at all)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuenv.engine.client import ContainerSpec, Engine, EngineError
+from gpuenv.gpu.cdi import devices_for
+from gpuenv.gpu.gpus import GpuRequest, explain_start_error
+from gpuenv.matrix import contract
+from gpuenv.run.console import fail, say
+
+if TYPE_CHECKING:
+    from gpuenv.matrix.cell import Cell
+    from gpuenv.project.project import Project
+
+
+@dataclass
+class Target:
+    image: str
+    labels: dict[str, str]
+    cell: Cell | None = None  # when chosen from the matrix
+
+
+def project_for(image: str | None, file: Path | None) -> Project | None:
+    """The matrix a run reads, opened once by its front-end (from its snapshot when it is
+    unchanged, without the schema or the catalog), so that a bad one is an error before the
+    engine is reached; None for -i IMAGE, an image reference, which needs no matrix."""
+    from gpuenv.project.project import looks_like_image, open_project
+
+    if image is not None and looks_like_image(image):
+        return None
+    return open_project(file, cached=True)
+
+
+def target_for(
+    engine: Engine,
+    image: str | None,
+    want_gpu: bool,
+    project: Project | None,
+    gpus: GpuRequest | None = None,
+) -> Target:
+    """The image a run uses: -i IMAGE as is when there is no `project` (project_for), else a
+    cell (the default CPU or GPU cell without -i), built first if it is missing. `gpus`: the
+    workload's request on this engine, checked before a missing cell is built."""
+    if project is None:
+        assert image is not None  # project_for opens the matrix for everything but a reference
+        labels = engine.labels(image)
+        if labels is None:
+            raise fail(f"image {image} not found in the engine")
+        return Target(image, labels)
+    cell = project.default_cell(want_gpu) if image is None else project.one_cell(image, "-i")
+    labels = engine.labels(cell.image)
+    if labels is None:
+        if gpus is not None:
+            check_engine_gives_gpus(engine, cell, gpus)
+        _build_for_run(engine, project, cell)
+        labels = engine.labels(cell.image) or {}
+    return Target(cell.image, labels, cell)
+
+
+def check_engine_gives_gpus(engine: Engine, cell: Cell, gpus: GpuRequest) -> None:
+    """Before building a cell (a GPU cell is gigabytes) for `run --gpus`: does this engine
+    give containers GPUs at all? Asked of the engine itself, by starting a container with
+    the request from an image it already has (the cell's base): the API reports no NVIDIA
+    hook, and dockerd finds one on its own PATH, not gpuenv's (doctor's host-side checks
+    cannot see that, nor a remote engine's host). An engine without the runtime, CDI or
+    hook refuses the start at once: that refusal, explained, is the one error, and nothing
+    is built. Anything else (the start works, no base to ask with yet, another error) is
+    left to the driver probe after the build (gpu_preflight)."""
+    image = cell.base.image
+    if engine.image(image) is None:
+        return
+    spec = ContainerSpec(image, ["true"], **devices_for(engine, gpus), network="none",
+                         labels=contract.container_labels("probe"), init=False)  # fmt: skip
+    cid = engine.create(spec)
+    try:
+        engine.start(cid)
+    except EngineError as exc:
+        explained = explain_start_error(exc.detail, cell.image)
+        if explained:
+            raise fail(explained) from None
+    finally:
+        engine.remove_container(cid)
+
+
+def _build_for_run(engine: Engine, project: Project, cell: Cell) -> None:
+    from gpuenv.building import builder as build
+    from gpuenv.building.progress import ConsoleReporter
+
+    say(f"{cell.image} is not built yet; building it first")
+    reporter = ConsoleReporter()
+    try:
+        ca_bundle = project.ca_bundle(None)
+        from gpuenv.building.registry import registry_from_env
+        from gpuenv.publish.attest.verify import vetting_from_env
+
+        vet = vetting_from_env() if registry_from_env() else None  # pulls must verify
+        results = build.plan_and_build(engine, project, [cell], reporter, ca_bundle=ca_bundle,
+                                       vet=vet)  # fmt: skip
+    finally:
+        reporter.close()
+    if results[0].status == "failed":
+        raise fail(f"building {cell.image} failed: {results[0].error}")
