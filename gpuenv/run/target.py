@@ -88,19 +88,23 @@ def check_engine_gives_gpus(engine: Engine, cell: Cell, gpus: GpuRequest) -> Non
 
 
 def _build_for_run(engine: Engine, project: Project, cell: Cell) -> None:
-    from gpuenv.building import builder as build
+    """Build the missing cell as `gpuenv build` would, pulling a published image first
+    when $GPUENV_REGISTRY names one whose signed provenance verifies."""
+    from gpuenv.building import builder, pull
     from gpuenv.building.progress import ConsoleReporter
 
     say(f"{cell.image} is not built yet; building it first")
-    reporter = ConsoleReporter()
-    try:
-        ca_bundle = project.ca_bundle(None)
-        from gpuenv.building.registry import registry_from_env
+    vet = None
+    if pull.wanted(offline=False):
         from gpuenv.publish.attest.verify import vetting_from_env
 
-        vet = vetting_from_env() if registry_from_env() else None  # pulls must verify
-        results = build.plan_and_build(engine, project, [cell], reporter, ca_bundle=ca_bundle,
-                                       vet=vet)  # fmt: skip
+        vet = vetting_from_env()
+    pull_from = pull.source(project, False, vet, say)
+    reporter = ConsoleReporter()
+    try:
+        results = builder.plan_and_build(engine, project, [cell], reporter,
+                                         ca_bundle=project.ca_bundle(None),
+                                         pull_from=pull_from, vet=vet)  # fmt: skip
     finally:
         reporter.close()
     if results[0].status == "failed":

@@ -462,3 +462,37 @@ def test_a_missing_gpu_cell_is_built_only_on_an_engine_that_gives_gpus(
     [probe] = engine.created
     assert probe.image == cell.base.image and probe.device_requests == [gpus.as_api()]
     assert engine.containers == {}, "the probe container is left"
+
+
+def test_a_missing_cell_is_built_as_gpuenv_build_would_pulling_a_published_image_first(
+    fake_engine, shipped_matrix, monkeypatch, capsys
+):
+    """With $GPUENV_REGISTRY and a verify key, build-if-missing hands the builder the
+    repository to pull from and the check a pulled image must pass, as `gpuenv build` does
+    (gpuenv/building/pull.py); without them it builds."""
+    from gpuenv.building import builder
+    from gpuenv.building.results import CellResult
+    from gpuenv.project.project import open_project
+    from gpuenv.publish.attest import verify
+
+    project = open_project(shipped_matrix)
+    cell = project.default_cell(False)
+    asked: list[dict[str, object]] = []
+
+    def plan_and_build(engine, project, cells, reporter, **kw):
+        asked.append(kw)
+        return [CellResult(cells[0], status="built")]
+
+    def vet(ref: str, spec: str) -> tuple[str, str]:
+        raise AssertionError("not called here")
+
+    monkeypatch.setattr(builder, "plan_and_build", plan_and_build)
+    monkeypatch.setattr(verify, "vetting_from_env", lambda: vet)
+    monkeypatch.setenv("GPUENV_REGISTRY", "registry.example:5000/ml")
+    target.target_for(fake_engine(), None, False, project)
+    assert asked[-1]["pull_from"] == "registry.example:5000/ml/tensorflow"  # gpuenv/tensorflow
+    assert asked[-1]["vet"] is vet
+    monkeypatch.delenv("GPUENV_REGISTRY")
+    target.target_for(fake_engine(), None, False, project)
+    assert asked[-1]["pull_from"] is None and asked[-1]["vet"] is None
+    assert f"{cell.image} is not built yet" in capsys.readouterr().err
