@@ -112,7 +112,7 @@ def submit(opts: KubeOptions) -> int:
     api = None if opts.dry_run else client.connect(opts.context, opts.namespace)
     namespace = api.where.namespace if api else opts.namespace
 
-    project = open_project(opts.file)  # whole (not from its snapshot): the push reads it all
+    project = open_project(opts.file, cached=True)  # opened once: the target, then the push
     eng = engine.connect()
     try:
         chosen = target.target_for(eng, opts.image, gpus > 0, project)
