@@ -241,15 +241,24 @@ def forwarded(args: list[str]) -> list[str]:
     fronts = (["run"], ["kube", "run"], ["kube", "attach"], ["slurm", "run"])
     valued = {"--attach", "--logs"}.union(*(_valued_options(_command(f)) for f in fronts))
     end = _options_end(args, 1, valued)
-    given = [flag for flag in _FORWARDED if flag in args[1:end]]
+    options = [part for o in args[1:end] for part in _job_option(o)]
+    given = [flag for flag in _FORWARDED if flag in options]
     if not given:
         return args
-    verb, options = _FORWARDED[given[0]], args[1:end]
+    verb = _FORWARDED[given[0]]
     job: list[str] = []
     if given[0] in ("--attach", "--logs"):  # JOB, the option's value, is the verb's argument
         at = options.index(given[0])
         job, options = options[at + 1 : at + 2], options[:at] + options[at + 2 :]
-    return [*verb, *(o for o in options if o not in ("--kube", given[0])), *job, *args[end:]]
+    # Another front-end's flag stays, for its parser to refuse (`run --kube --slurm`).
+    gone = {given[0], "--kube"} if verb[0] == "kube" else {given[0]}
+    return [*verb, *(o for o in options if o not in gone), *job, *args[end:]]
+
+
+def _job_option(word: str) -> list[str]:
+    """`--attach=JOB` as `--attach JOB` (and `--logs=JOB`)."""
+    name, eq, job = word.partition("=")
+    return [name, job] if eq and name in ("--attach", "--logs") else [word]
 
 
 def normalise_argv(args: list[str]) -> list[str]:

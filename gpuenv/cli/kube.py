@@ -92,13 +92,10 @@ def run_cmd(
 ) -> None:
     """Run a script or command in a cell's image as a Kubernetes Job, the working directory
     shipped as a layer of its own; follow it to its exit code (Ctrl-C deletes it)."""
-    from gpuenv.run.kube import KubeError
     from gpuenv.run.kube import run as kube
 
     with user_errors(exit_code=125):
-        if detach and dry_run:
-            raise KubeError("--detach and --dry-run: give one")
-        code_ = kube.submit(
+        exit_code = kube.submit(
             kube.KubeOptions(
                 command=command or [], image=image, gpus=gpus, env=env or [], workdir=workdir,
                 context=context, namespace=namespace, registry=registry, pvcs=pvc or [],
@@ -107,7 +104,7 @@ def run_cmd(
                 detach=detach, dry_run=dry_run, file=file,
             )
         )  # fmt: skip
-    raise typer.Exit(code_)
+    raise typer.Exit(exit_code)
 
 
 @kube_app.command("attach")

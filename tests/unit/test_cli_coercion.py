@@ -95,6 +95,8 @@ def test_run_options_that_take_a_value_come_from_the_parser(capsys, tmp_path, mo
          ["kube", "attach", "--context", "prod", "job-1"]),
         (["run", "--kube", "--logs", "job-1", "--namespace", "ns"],
          ["kube", "logs", "--namespace", "ns", "job-1"]),
+        (["run", "--attach=job-1"], ["kube", "attach", "job-1"]),
+        (["run", "--kube", "--slurm", "x.py"], ["slurm", "run", "--kube", "x.py"]),
         (["run", "--nodes", "2", "--slurm", "-ti", "x.py"],
          ["slurm", "run", "--nodes", "2", "--interactive", "x.py"]),
         (["run", "-it", "-i", "c", "python", "--slurm"],  # the command's own --slurm

@@ -205,6 +205,11 @@ def test_what_a_cluster_cannot_do_is_one_error(tmp_path, flags, line):
         assert (proc.returncode, proc.stderr) == (125, f"error: {line}\n")
 
 
+def test_detach_and_dry_run_are_one_or_the_other(tmp_path):
+    proc = gpuenv(["kube", "run", "--detach", "--dry-run", "python", "-V"], tmp_path)
+    assert (proc.returncode, proc.stderr) == (125, "error: --detach and --dry-run: give one\n")
+
+
 def test_kube_options_mean_nothing_to_a_local_run(tmp_path):
     proc = gpuenv(["run", "--pvc", "data:/data", "--timeout", "1h", "python", "-V"], tmp_path)
     assert proc.returncode == 125

@@ -80,6 +80,8 @@ def submit(opts: KubeOptions) -> int:
     from gpuenv.run import options, target
     from gpuenv.run.kube import client, images
 
+    if opts.detach and opts.dry_run:
+        raise KubeError("--detach and --dry-run: give one")
     gpus = parse_gpu_count(opts.gpus)
     registry = opts.registry or registry_from_env()
     if not registry:
