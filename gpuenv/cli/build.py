@@ -92,22 +92,16 @@ def build_cmd(
     ] = False,
 ) -> None:
     """Build the selected cells (all by default) into labelled images."""
-    from gpuenv.building import builder, plan, pull
+    from gpuenv.building import builder, plan
     from gpuenv.engine import client as engine
     from gpuenv.project.project import open_project
+    from gpuenv.publish.attest.verify import pull_source
 
     with user_errors():
         project = open_project(file, cached=True)  # a snapshot while nothing changed
         cells = project.select(patterns)
         bundle = project.ca_bundle(ca_bundle)
-        # A malformed $GPUENV_REGISTRY is an error before the engine; with one, the key a
-        # pulled image must verify with is read now (a bad key is an error, not a build).
-        vet = None
-        if pull.wanted(offline):
-            from gpuenv.publish.attest.verify import vetting_from_env
-
-            vet = vetting_from_env()
-        pull_from = pull.source(project, offline, vet, say)
+        pull_from, vet = pull_source(project, offline, say)
         if dry_run:
             the_plan = plan.make_plan(engine.connect(), project, cells, no_cache=no_cache,
                                       pull_from=pull_from, vet=vet)  # fmt: skip

@@ -90,16 +90,12 @@ def check_engine_gives_gpus(engine: Engine, cell: Cell, gpus: GpuRequest) -> Non
 def _build_for_run(engine: Engine, project: Project, cell: Cell) -> None:
     """Build the missing cell as `gpuenv build` would, pulling a published image first
     when $GPUENV_REGISTRY names one whose signed provenance verifies."""
-    from gpuenv.building import builder, pull
+    from gpuenv.building import builder
     from gpuenv.building.progress import ConsoleReporter
+    from gpuenv.publish.attest.verify import pull_source
 
     say(f"{cell.image} is not built yet; building it first")
-    vet = None
-    if pull.wanted(offline=False):
-        from gpuenv.publish.attest.verify import vetting_from_env
-
-        vet = vetting_from_env()
-    pull_from = pull.source(project, False, vet, say)
+    pull_from, vet = pull_source(project, False, say)
     reporter = ConsoleReporter()
     try:
         results = builder.plan_and_build(engine, project, [cell], reporter,

@@ -118,6 +118,19 @@ def verify(ref: str, key_path: Path) -> Report:
 KEY_ENV = "GPUENV_VERIFY_KEY"  # the public key `verify` and pull before build check with
 
 
+def pull_source(
+    project: Project, offline: bool, say: Callable[[str], None]
+) -> tuple[str | None, Vet | None]:
+    """Where a build pulls published images from, and the check each must pass: the
+    repository $GPUENV_REGISTRY names (gpuenv/building/pull.py: source) and the key
+    $GPUENV_VERIFY_KEY names; (None, None) offline or unset. A malformed registry or an
+    unreadable key is an error now, before the engine, not a build."""
+    from gpuenv.building import pull
+
+    vet = vetting_from_env() if pull.wanted(offline) else None
+    return pull.source(project, offline, vet, say), vet
+
+
 def vetting_from_env() -> Vet | None:
     """Pull before build's check of a published image (gpuenv/building/pull.py), with the key
     $GPUENV_VERIFY_KEY names; None when it is unset (then nothing is pulled). A key that
