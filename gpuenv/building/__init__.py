@@ -2,8 +2,8 @@
 
 - the project it starts from (matrix, resolution, lock) is gpuenv/project/;
 - `render` turns a cell into a Dockerfile; `plan` decides per cell: up to date, pull or
-  build, and why; `registry` names where cells are pulled from and reads their labels;
-  `pull` fetches a matching image before building one;
+  build, and why; `pull` reads a published image's labels and pulls it when it matches
+  (through gpuenv/registry/);
 - `lock` resolves each cell and writes matrix.lock (its format: gpuenv/project/lockfile.py);
   `layers` splits a resolution into install steps; `near` fetches them near the engine;
   `sendable` assembles what a build sends (the resolution, its wheels, uv, the context);

@@ -26,7 +26,7 @@ from gpuenv.matrix.cell import Cell
 from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
-    from gpuenv.building.registry import Vet
+    from gpuenv.building.pull import Vet
     from gpuenv.building.sendable import Sender
     from gpuenv.project.project import Project
 

@@ -22,7 +22,7 @@ from gpuenv.matrix import contract
 from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
-    from gpuenv.building.registry import Vet
+    from gpuenv.building.pull import Vet
     from gpuenv.building.render import BuildContext
     from gpuenv.engine.client import Engine, ImageInfo
     from gpuenv.matrix.cell import Cell

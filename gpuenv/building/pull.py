@@ -1,5 +1,5 @@
 """Pull before build: an image a registry already holds for a cell's spec hash is pulled
-instead of built ($GPUENV_REGISTRY's repository, gpuenv/building/registry.py).
+instead of built ($GPUENV_REGISTRY's repository, gpuenv/registry/names.py).
 
 The spec hash is read from the registry's manifest and config first (a few KB), so a
 mismatch costs no pull; where the engine's view of the registry may differ (a remote
@@ -15,24 +15,30 @@ image this machine did not build.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from gpuenv.building.registry import Vet
     from gpuenv.engine.client import Engine
     from gpuenv.project.project import Project
 
 PULLED_RECORD = "pulled"  # image ID -> REPO@DIGEST it was pulled from (gpuenv's cache)
+_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "ppc64le": "ppc64le"}
+
+# How a published image is vetted (issue 35, M1: its spec-hash label is only what its
+# author wrote): (REF, the plan's spec hash) -> (REPO@DIGEST to pull, the image ID that
+# digest's verified provenance records), or a GpuenvError saying why it is not adopted.
+# Given by the verb (gpuenv/publish/attest/verify.py: vetting_from_env), as publishing sits
+# above building.
+Vet = Callable[[str, str], tuple[str, str]]
 
 
 def wanted(offline: bool) -> bool:
     """Whether a build looks for published images first: $GPUENV_REGISTRY is set (and
     well-formed: a malformed one is an error here, before the engine) and it is online."""
-    from gpuenv.building.registry import registry_from_env
+    from gpuenv.registry.names import registry_from_env
 
     return bool(registry_from_env()) and not offline
 
@@ -41,15 +47,46 @@ def source(
     project: Project, offline: bool, vet: Vet | None, say: Callable[[str], None]
 ) -> str | None:
     """The repository a build pulls published images from, or None: offline, no
-    $GPUENV_REGISTRY, or no key to verify their provenance with (`say` says so)."""
-    from gpuenv.building.registry import pull_repository
+    $GPUENV_REGISTRY=REG (else REG/<last part of name>), or no key to verify their
+    provenance with (`say` says so)."""
+    from gpuenv.registry.names import registry_from_env, target_repository
 
-    repository = None if offline else pull_repository(project)
+    registry = None if offline else registry_from_env()
+    repository = target_repository(project.settings.name, registry) if registry else None
     if repository and vet is None:
         say(f"not pulling from {repository}: set $GPUENV_VERIFY_KEY to the publisher's "
             "public key, which a published image's provenance must verify with")  # fmt: skip
         return None
     return repository
+
+
+def remote_labels(ref: str, *, timeout: float = 20) -> dict[str, str]:
+    """The image config's labels of `ref`, read anonymously (an anonymous bearer token where
+    the registry's challenge grants one): the manifest (an index resolved to this machine's
+    linux platform), then the config blob. A few kilobytes, never a layer. Raises
+    RegistryUnreadable: the caller then pulls to compare, unless it is `missing` or `down`."""
+    import platform
+
+    from gpuenv.registry.client import RegistryUnreadable, Repository, parse_json
+
+    repo = Repository(ref, credentials=False, timeout=timeout)
+    reference = repo.reference
+    for _ in range(2):  # a tag, then the manifest an index names for this platform
+        found = repo.manifest(reference)
+        if found is None:
+            raise RegistryUnreadable(f"{ref}: not found (404)", missing=True)
+        manifest = parse_json(found[0], f"{ref}: the manifest")
+        if "manifests" not in manifest:
+            break
+        arch = _ARCH.get(platform.machine(), platform.machine())
+        entries = [m for m in manifest.get("manifests") or [] if isinstance(m, dict)]
+        chosen = [e for e in entries if (e.get("platform") or {}).get("os") == "linux"
+                  and (e.get("platform") or {}).get("architecture") == arch]  # fmt: skip
+        if not chosen:
+            raise RegistryUnreadable(f"{ref} has no linux/{arch} image", missing=True)
+        reference = str(chosen[0].get("digest"))
+    labels = (repo.config(manifest).get("config") or {}).get("Labels") or {}
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
 
 
 def chunk_error(chunk: dict[str, Any]) -> str | None:
@@ -65,8 +102,8 @@ def peek_spec_hash(engine: Engine, ref: str) -> tuple[str | None, str]:
     when the registry says there is no such image or cannot be reached (a pull would fail
     too); ("?", why) when it cannot be read here (credentials the engine holds, a remote
     engine whose view of the registry differs): then the caller pulls to find out."""
-    from gpuenv.building.registry import RegistryUnreadable, remote_labels
     from gpuenv.matrix.contract import SPEC_HASH
+    from gpuenv.registry.client import RegistryUnreadable
 
     if not engine.is_local:
         return "?", "a remote engine reaches registries from its own host"

@@ -42,10 +42,10 @@ def push_cmd(
     ] = None,
 ) -> None:
     """Tag and push the cells' images (and their aliases); report the digest per tag."""
-    from gpuenv.building.registry import registry_problem
     from gpuenv.engine import client as engine
     from gpuenv.project.project import open_project
     from gpuenv.publish import push as publish
+    from gpuenv.registry.names import registry_problem
 
     def progress(r: publish.TagResult) -> None:
         if not as_json:

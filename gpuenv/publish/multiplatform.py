@@ -26,7 +26,6 @@ DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 INDEX_SUFFIX = "-multiarch"  # <cell>-multiarch: see docs/architecture.md for why not <cell>
-MAX_CONFIG = 16 << 20
 
 
 def index_tag(amd64_cell: str) -> str:
@@ -84,7 +83,7 @@ def index_document(members: list[Member]) -> tuple[bytes, str]:
 
 
 def member(repository: Any, digest: str) -> Member:
-    """The pushed manifest `digest` of `repository` (gpuenv.publish.attest.oci.Repository), with
+    """The pushed manifest `digest` of `repository` (gpuenv.registry.client.Repository), with
     the platform its config blob records."""
     found = repository.manifest(digest)
     if found is None:
@@ -94,18 +93,14 @@ def member(repository: Any, digest: str) -> Member:
     media = media or str(doc.get("mediaType") or "")
     if media not in (DOCKER_MANIFEST, OCI_MANIFEST):
         raise GpuenvError(f"{digest} is a {media or 'manifest of no media type'}, not an image")
-    config_digest = str((doc.get("config") or {}).get("digest") or "")
-    raw = repository.blob(config_digest, MAX_CONFIG) if config_digest else None
-    if raw is None:
-        raise GpuenvError(f"{digest}: its config blob is missing or does not match its digest")
-    return Member(digest, media, len(data), platform_of(json.loads(raw)))
+    return Member(digest, media, len(data), platform_of(repository.config(doc)))
 
 
 def push_index(repo: str, tag: str, digests: list[str]) -> tuple[str, list[str]]:
     """Put the index of the manifests `digests` (already in `repo`) under `repo:tag`;
     returns (its digest, the platforms it names). Credentials are the user's Docker ones,
-    as for attestations (gpuenv/publish/attest/oci.py's Repository, which this reuses)."""
-    from gpuenv.publish.attest.oci import Repository, sha256
+    as for attestations."""
+    from gpuenv.registry.client import Repository, sha256
 
     repository = Repository(f"{repo}:{tag}")
     members = [member(repository, d) for d in digests]

@@ -16,9 +16,9 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
 from gpuenv.building.pull import chunk_error
-from gpuenv.building.registry import registry_problem, target_repository
 from gpuenv.matrix.cell import Cell
 from gpuenv.matrix.errors import GpuenvError
+from gpuenv.registry.names import registry_problem, target_repository
 from gpuenv.store import cache
 
 if TYPE_CHECKING:

@@ -14,6 +14,7 @@ from gpuenv.matrix.errors import GpuenvError
 from gpuenv.publish import multiplatform
 from gpuenv.publish import push as publish
 from gpuenv.publish.multiplatform import DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST
+from gpuenv.registry import client
 
 
 def digest(data: bytes) -> str:
@@ -21,9 +22,11 @@ def digest(data: bytes) -> str:
 
 
 class Registry:
-    """What multiplatform.member reads: manifest(ref) -> (bytes, media) | None, blob()."""
+    """What multiplatform.member reads: manifest(ref) -> (bytes, media) | None, blob(), and
+    the client's own config() over them."""
 
-    host, name = "127.0.0.1:5000", "team/jax"
+    host, name, ref = "127.0.0.1:5000", "team/jax", "127.0.0.1:5000/team/jax"
+    config = client.Repository.config
 
     def __init__(self) -> None:
         self.blobs: dict[str, bytes] = {}

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from gpuenv.building import pull
-from gpuenv.building import registry as registries
 from gpuenv.catalog import compat
 from gpuenv.engine.client import EngineError, ImageInfo
 from gpuenv.matrix import schema as matrices
 from gpuenv.matrix.errors import GpuenvError, MatrixError
 from gpuenv.publish import push as publish
+from gpuenv.registry import names as registries
 from gpuenv.store.cache import read_record
 
 RECORDED = Path(__file__).parent / "recorded"

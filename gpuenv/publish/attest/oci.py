@@ -12,23 +12,20 @@ Specs (v1.1.0 of each):
   referrers' descriptors, updated by the client after pushing a manifest with a subject
   when the registry answered without an `OCI-Subject` header).
 
-The HTTP side is oras-py's `Registry` (its requests session, and the credentials Docker's
-own ~/.docker/config.json holds for the registry, helpers included, as `docker push` uses):
-loopback registries over http, others over https.
+The HTTP side is gpuenv's registry client (gpuenv/registry/client.py: oras-py, with the
+credentials Docker's own ~/.docker/config.json holds for the registry, as `docker push` uses).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from gpuenv.building.registry import MANIFEST_TYPES, is_loopback, split_ref
 from gpuenv.matrix.errors import GpuenvError
+from gpuenv.registry import client
+from gpuenv.registry.client import MAX_MANIFEST, RegistryUnreadable, sha256
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -38,12 +35,7 @@ DSSE_LAYER = "application/vnd.dsse.envelope.v1+json"
 # The artifactType of gpuenv's attestations: a DSSE envelope carrying an in-toto statement.
 ATTESTATION = "application/vnd.in-toto+json"
 PREDICATE_ANNOTATION = "in-toto.io/predicate-type"
-MAX_JSON = 4 << 20
 MAX_ENVELOPE = 64 << 20  # an SBOM of a large GPU image is a few MB
-
-
-def sha256(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def canonical(doc: Any) -> bytes:
@@ -88,112 +80,29 @@ class Descriptor:
         return dict(self.annotations).get(key, "")
 
 
-class Repository:
-    """One repository of one registry, as REF names it."""
-
-    def __init__(self, ref: str, *, timeout: float = 60) -> None:
-        import oras.provider
-
-        self.ref = ref
-        name = ref.split("@", 1)[0]
-        self.pinned = ref.split("@", 1)[1] if "@" in ref else None
-        self.host, self.name, self.tag = split_ref(name if self.pinned else ref)
-        loopback = is_loopback(self.host)
-        self.base = f"{'http' if loopback else 'https'}://{self.host}/v2/{self.name}"
-        self.client = oras.provider.Registry(hostname=self.host, insecure=loopback)
-        if loopback:
-            self.client.session.trust_env = False  # never send loopback through a proxy
-        self.container = self.client.get_container(f"{self.host}/{self.name}:{self.tag}")
-        self.client.auth.load_configs(self.container)
-        self.timeout = timeout
-
-    # ----------------------------------------------------------------- requests
-
-    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            return self.client.do_request(self.base + path, method, **kwargs)
-        except Exception as exc:  # requests' connection errors, oras' auth refusals
-            why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-            raise GpuenvError(f"registry {self.host}: {why}") from None
-
-    def _fail(self, what: str, resp: Any) -> GpuenvError:
-        body = (resp.text or "")[:200].replace("\n", " ")
-        return GpuenvError(f"registry {self.host}: {what}: HTTP {resp.status_code} {body}".strip())
-
-    def manifest(self, reference: str) -> tuple[bytes, str] | None:
-        """(the manifest's bytes, its media type) by tag or digest; None when missing."""
-        resp = self._request("GET", f"/manifests/{reference}",
-                             headers={"Accept": ", ".join((*MANIFEST_TYPES,))})  # fmt: skip
-        if resp.status_code == 404:
-            return None
-        if resp.status_code != 200:
-            raise self._fail(f"manifest {reference}", resp)
-        data = resp.content
-        if len(data) > MAX_JSON:
-            raise GpuenvError(f"registry {self.host}: manifest {reference} is too large")
-        if reference.startswith("sha256:") and sha256(data) != reference:
-            raise GpuenvError(f"registry {self.host}: manifest {reference} does not match "
-                              f"its digest")  # fmt: skip
-        media = str(resp.headers.get("Content-Type", "")).split(";")[0].strip()
-        return data, media
+class Repository(client.Repository):
+    """One repository of one registry, as REF names it, and the attestations in it."""
 
     def subject(self) -> Descriptor:
         """The descriptor of the image REF names (a tag resolved to its digest)."""
-        reference = self.pinned or self.tag
-        found = self.manifest(reference)
+        found = self.manifest(self.reference)
         if found is None:
             raise GpuenvError(f"{self.ref}: no such image in the registry; push it first "
                               f"(gpuenv push)")  # fmt: skip
         data, media = found
         return Descriptor(media or json.loads(data).get("mediaType", ""), sha256(data), len(data))
 
-    def blob(self, digest: str, limit: int = MAX_ENVELOPE) -> bytes | None:
-        """A blob, checked against its digest; None when missing or it does not match."""
-        resp = self._request("GET", f"/blobs/{digest}")
-        if resp.status_code == 404:
-            return None
-        if resp.status_code != 200:
-            raise self._fail(f"blob {digest}", resp)
-        data = resp.content
-        if len(data) > limit or sha256(data) != digest:
-            return None
-        return bytes(data)
-
-    def put_blob(self, data: bytes, media_type: str) -> Descriptor:
-        descriptor = Descriptor(media_type, sha256(data), len(data))
-        with tempfile.TemporaryDirectory(prefix="gpuenv-attest-") as tmp:
-            path = Path(tmp) / "blob"
-            path.write_bytes(data)
-            try:
-                resp = self.client.upload_blob(
-                    str(path), self.container,
-                    {"digest": descriptor.digest, "size": descriptor.size},
-                )  # fmt: skip
-            except Exception as exc:
-                raise GpuenvError(f"registry {self.host}: blob upload: "
-                                  f"{str(exc).splitlines()[0][:200]}") from None  # fmt: skip
-        if resp.status_code not in (200, 201, 202):
-            raise self._fail("blob upload", resp)
-        return descriptor
-
-    def put_manifest(self, data: bytes, media_type: str, reference: str) -> Any:
-        resp = self._request("PUT", f"/manifests/{reference}", data=data,
-                             headers={"Content-Type": media_type})  # fmt: skip
-        if resp.status_code not in (200, 201):
-            raise self._fail(f"manifest {reference}", resp)
-        return resp
-
     # ----------------------------------------------------------------- referrers
 
     def referrers(self, subject: str) -> tuple[list[Descriptor], str]:
         """The descriptors of what refers to `subject`, and where they were found
         ("referrers API" or "fallback tag sha256-...")."""
-        resp = self._request("GET", f"/referrers/{subject}",
-                             headers={"Accept": OCI_INDEX})  # fmt: skip
-        ctype = str(resp.headers.get("Content-Type", "")).split(";")[0].strip()
-        if resp.status_code == 200 and ctype == OCI_INDEX:
-            doc = json.loads(resp.content)
-            return _descriptors(doc), "referrers API"
+        try:
+            found = self.get(f"/referrers/{subject}", OCI_INDEX, MAX_MANIFEST)
+        except RegistryUnreadable:  # a registry without the API may answer 400 or 405
+            found = None
+        if found and found[1] == OCI_INDEX:
+            return _descriptors(json.loads(found[0])), "referrers API"
         tag = fallback_tag(subject)
         found = self.manifest(tag)
         if found is None:
@@ -204,8 +113,8 @@ class Repository:
         """Push `payload` (a DSSE envelope) as an artifact referring to `subject`; its
         manifest digest. The fallback index is updated unless the registry says it
         indexed the subject itself (`OCI-Subject`)."""
-        config = self.put_blob(EMPTY_BLOB, EMPTY)
-        layer = self.put_blob(payload, DSSE_LAYER)
+        config = Descriptor(EMPTY, self.put_blob(EMPTY_BLOB), len(EMPTY_BLOB))
+        layer = Descriptor(DSSE_LAYER, self.put_blob(payload), len(payload))
         manifest = {
             "schemaVersion": 2,
             "mediaType": OCI_MANIFEST,
@@ -249,7 +158,7 @@ class Repository:
         layers = [d for d in map(Descriptor.from_json, doc.get("layers") or []) if d]
         if len(layers) != 1 or layers[0].media_type != DSSE_LAYER:
             return None, "its manifest holds no DSSE envelope"
-        data = self.blob(layers[0].digest)
+        data = self.blob(layers[0].digest, MAX_ENVELOPE)
         if data is None:
             return None, f"its envelope {layers[0].digest[:19]} is missing or altered"
         return data, ""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
-    from gpuenv.building.registry import Vet
+    from gpuenv.building.pull import Vet
     from gpuenv.building.results import CellResult
     from gpuenv.engine.client import Engine
     from gpuenv.project.project import Project

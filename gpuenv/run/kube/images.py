@@ -38,8 +38,8 @@ def ship(
     say: Callable[[str], None],
 ) -> Shipped:
     """Push the cell's image, then (with `root`) the code layer built on it."""
-    from gpuenv.building.registry import target_repository
     from gpuenv.publish.push import push_cells, push_ref
+    from gpuenv.registry.names import target_repository
 
     results = push_cells(engine, project, [cell], registry=registry, aliases=False)
     pushed = results[0]

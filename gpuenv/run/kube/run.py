@@ -74,9 +74,9 @@ def parse_gpu_count(spec: str | None) -> int:
 
 
 def submit(opts: KubeOptions) -> int:
-    from gpuenv.building.registry import registry_from_env, registry_problem
     from gpuenv.engine import client as engine
     from gpuenv.project.project import open_project
+    from gpuenv.registry.names import registry_from_env, registry_problem
     from gpuenv.run import options, target
     from gpuenv.run.kube import client, images
 
