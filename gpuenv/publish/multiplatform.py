@@ -20,11 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuenv.matrix.errors import GpuenvError
+from gpuenv.registry.client import DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST
 
-DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
-DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 INDEX_SUFFIX = "-multiarch"  # <cell>-multiarch: see docs/architecture.md for why not <cell>
 
 

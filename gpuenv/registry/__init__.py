@@ -1,8 +1,3 @@
-"""Registries: where images are published, and the one client that speaks to them.
-
-- `names`: registry names (`--registry`, $GPUENV_REGISTRY) and the repository an image
-  of the matrix goes to;
-- `client`: one repository of one registry over oras-py (references as Docker reads them,
-  manifests and blobs read with size limits and checked against their digests, uploads);
-  pull before build reads labels through it, attestations and multi-platform indexes write.
-"""
+"""Registries: `names` (--registry, $GPUENV_REGISTRY, where a matrix's images go) and
+`client` (gpuenv's one registry client, on oras-py: pull before build reads through it,
+attestations and multi-platform indexes write)."""

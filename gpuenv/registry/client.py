@@ -1,23 +1,12 @@
-"""One repository of one registry: gpuenv's one registry client, on oras-py (reference
-parsing, the bearer-token dance, Docker's credentials) over a requests session. Pull before
-build reads an image's labels through it, anonymously (gpuenv/building/pull.py);
-attestations and multi-platform indexes (gpuenv/publish/) read and write with the
-credential Docker's ~/.docker/config.json holds for the registry's host (helpers included),
-as `docker push` does.
-
-- References are read as Docker reads them: oras-py's parsing, plus Docker's rules it
-  lacks (`localhost` is a host; a name without one is Docker Hub's, library/NAME for one
-  component).
-- Loopback registries over plain http, as the engine speaks to them, never through a
-  proxy; every other one over https.
-- A credential goes only to its registry's token service, when a `Bearer` challenge names
-  one over https (or http on loopback), and the token only to the registry; requests' own
-  ~/.netrc lookup is off, so nothing the user gave another host goes with a request
-  (gpuenv/store/credentials.py).
-- What is read is bounded and checked against its digest. Failures are RegistryUnreadable:
-  `missing` for a 404, `down` when the connection was refused. No retries here: the
-  callers decide (oras-py's `Registry` retries any error for up to two minutes, and its
-  module imports jsonschema's format checkers, a second here).
+"""gpuenv's one registry client: a repository of a registry, on oras-py (reference parsing,
+the bearer-token dance, Docker's credentials) over a requests session. Pull before build
+reads labels through it anonymously; publish/ reads and writes with the credential Docker's
+~/.docker/config.json holds for the registry's host, as `docker push` does. Loopback over
+http and never through a proxy, others over https. That credential goes only to a `Bearer`
+challenge's token service, the token only to the registry; requests' ~/.netrc lookup is
+off (gpuenv/store/credentials.py). Reads are bounded and checked against their digests.
+Not oras-py's `Registry`: it imports jsonschema's format checkers (a second here) and
+retries any error for up to two minutes; callers decide about retries.
 """
 
 from __future__ import annotations
@@ -30,13 +19,11 @@ from typing import Any
 
 from gpuenv.matrix.errors import GpuenvError
 
-# Media types of what a tag may point at, most specific first (Docker's and OCI's).
-MANIFEST_TYPES = (
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-)
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+MANIFEST_TYPES = (OCI_INDEX, DOCKER_LIST, OCI_MANIFEST, DOCKER_MANIFEST)  # what a tag may name
 MAX_MANIFEST = 4 << 20
 MAX_CONFIG = 16 << 20
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -148,9 +135,8 @@ class Repository:
         return resp
 
     def _bearer(self, resp: Any) -> bool:
-        """Whether a challenge is one to answer: `Bearer` with a token service over https,
-        or http on loopback (oras-py alone would send a credential to "https://<realm>" of
-        any challenge, a `Basic` one's realm being only a name)."""
+        """A `Bearer` challenge whose token service is https (http on loopback); oras-py would
+        send the credential to "https://<realm>" of any, a `Basic` one's realm too."""
         challenge = str(resp.headers.get("WWW-Authenticate", ""))
         realm = dict(re.findall(r'(\w+)="([^"]*)"', challenge)).get("realm", "")
         scheme, _, rest = realm.partition("://")
@@ -224,21 +210,16 @@ class Repository:
 
     def put_manifest(self, data: bytes, media_type: str, reference: str) -> Any:
         """PUT a manifest under a tag or its digest; the response (its headers)."""
-        resp = self.request("PUT", f"/manifests/{reference}", data=data,
-                            headers={"Content-Type": media_type})  # fmt: skip
-        with resp:
+        headers = {"Content-Type": media_type}
+        with self.request("PUT", f"/manifests/{reference}", data=data, headers=headers) as resp:
             if resp.status_code not in (200, 201):
                 raise self.failure(f"manifest {reference}", resp)
         return resp
 
 
 def _innermost(exc: BaseException) -> BaseException:
-    """The root of requests' and urllib3's wrapped errors: a refused connection, a name that
-    does not resolve, a certificate."""
-    for _ in range(8):
-        inner = exc.__cause__ or getattr(exc, "reason", None)
-        inner = inner or next((a for a in exc.args if isinstance(a, BaseException)), None)
-        if not isinstance(inner, BaseException):
-            break
+    """The root of requests' wrapped errors: a refused connection, a name, a certificate."""
+    while isinstance(inner := exc.__cause__ or getattr(exc, "reason", None)
+                     or next(iter(exc.args), None), BaseException):  # fmt: skip
         exc = inner
     return exc

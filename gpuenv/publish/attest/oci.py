@@ -25,10 +25,8 @@ from typing import Any
 
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.registry import client
-from gpuenv.registry.client import MAX_MANIFEST, RegistryUnreadable, sha256
+from gpuenv.registry.client import MAX_MANIFEST, OCI_INDEX, OCI_MANIFEST, RegistryUnreadable, sha256
 
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 EMPTY = "application/vnd.oci.empty.v1+json"
 EMPTY_BLOB = b"{}"
 DSSE_LAYER = "application/vnd.dsse.envelope.v1+json"
