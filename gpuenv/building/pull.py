@@ -46,9 +46,9 @@ def wanted(offline: bool) -> bool:
 def source(
     project: Project, offline: bool, vet: Vet | None, say: Callable[[str], None]
 ) -> str | None:
-    """The repository a build pulls published images from, or None: offline, no
-    $GPUENV_REGISTRY=REG (else REG/<last part of name>), or no key to verify their
-    provenance with (`say` says so)."""
+    """The repository a build pulls published images from (REG/<last part of name> for
+    $GPUENV_REGISTRY=REG), or None: offline, no $GPUENV_REGISTRY, or no key to verify
+    their provenance with (`say` says so)."""
     from gpuenv.registry.names import registry_from_env, target_repository
 
     registry = None if offline else registry_from_env()
