@@ -102,7 +102,7 @@ def plan_and_build(
     if building:  # sendable imports packaging's markers (layers): not for a no-op build
         from gpuenv.building.sendable import Sender
 
-        sender = Sender(engine, project, building, ca_bundle, offline)
+        sender = Sender(engine, project, building, ca_bundle, offline, say=reporter.info)
     results = execute(engine, plan, reporter, jobs=jobs, keep_going=keep_going, sender=sender)
     if reproducible and not failed(results):
         from gpuenv.building.reproducible import normalize_images

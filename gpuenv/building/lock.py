@@ -38,7 +38,7 @@ from gpuenv.project.lockfile import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from gpuenv.engine.client import Engine
     from gpuenv.matrix.schema import LoadedMatrix
@@ -57,6 +57,23 @@ def _uv() -> str:
     return found
 
 
+# A resolution that needs sdists: the packages whose sdist gpuenv offers uv (each found by
+# uv's refusal, one at a time), at most this many.
+MAX_SOURCES = 50
+# Build backends uv may never install while resolving: if uv ever tried to build an sdist
+# itself (it should not: each allowed one comes with its metadata and its one version), the
+# build's environment cannot be made and no package code runs here. Defence in depth.
+NO_BACKENDS = ("setuptools<0", "wheel<0", "hatchling<0", "flit-core<0", "poetry-core<0",
+               "pdm-backend<0", "maturin<0", "scikit-build-core<0", "meson-python<0")  # fmt: skip
+_WHEELS_REQUIRED = re.compile(r"Wheels are required for `([^`]+)`")
+
+if TYPE_CHECKING:
+    from gpuenv.building.sdists import Metadata
+
+    # (name, the requirements and constraints) -> the metadata of the sdist a resolution takes
+    Sources = Callable[[str, list[str]], Metadata]
+
+
 def compile_requirements(
     requirements: list[str],
     python: str,
@@ -69,13 +86,61 @@ def compile_requirements(
     platform: str = PLATFORM,
     constraints: list[str] | tuple[str, ...] = (),
     output_format: str = "requirements.txt",
+    sources: Sources | None = None,
 ) -> str:
     """`uv pip compile --generate-hashes` for the cell's interpreter and platform, within
     `constraints` (pins the resolution must keep: what an image already holds). Index
     credentials reach uv in its environment (never its command line, which every local user
     can read), inside the URLs of the indexes whose origin they are bound to
     (gpuenv/store/credentials.py decides); uv reads no netrc of its own, which would give
-    them to every port and scheme of a host. The CA bundle as SSL_CERT_FILE."""
+    them to every port and scheme of a host. The CA bundle as SSL_CERT_FILE.
+
+    uv builds nothing: a package that publishes only an sdist is refused by uv (`--no-build`)
+    until `sources` gives its metadata (gpuenv/building/sdists.py: read statically, or from
+    the wheel built in the sandbox); then uv may take that sdist, at that version only, with
+    the metadata given, and every other package still as a wheel."""
+    allowed: dict[str, Metadata] = {}
+    while True:
+        proc = _uv_compile(
+            requirements, python, exclude_newer, index_url, extra_index_urls, credentials,
+            ca_bundle, platform, constraints, output_format, allowed,
+        )  # fmt: skip
+        if proc.returncode == 0:
+            return proc.stdout
+        needed = _WHEELS_REQUIRED.search(proc.stderr)
+        if needed and sources is not None and len(allowed) < MAX_SOURCES:
+            from gpuenv.store.wheelhouse import normalize
+
+            name = normalize(needed.group(1))
+            if name not in allowed:
+                allowed[name] = sources(name, [*requirements, *constraints])
+                continue
+        break
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    reason = " ".join(line.strip() for line in lines[-3:]) or f"exit {proc.returncode}"
+    refusal = re.search(r"\b(401|403)\b", proc.stderr)
+    if refusal and credentials is not None:
+        # uv says only "401 Unauthorized"; gpuenv knows whose credentials it passed.
+        from gpuenv.store.fetch import refused
+
+        urls = [*extra_index_urls, *([index_url] if index_url else [])]
+        base = next((u for u in urls if credentials.for_url(u)), urls[0] if urls else "")
+        raise GpuenvError(refused(base, int(refusal.group(1)), credentials))
+    if needed and sources is None:
+        reason = (
+            f"{needed.group(1)} publishes no wheel for CPython {python} here, only a source "
+            "distribution, which this step does not build (gpuenv build and gpuenv lock build "
+            "one in a network-less container on the engine)"
+        )
+    raise GpuenvError(f"cannot resolve {', '.join(requirements)} for Python {python}: {reason}")
+
+
+def _uv_compile(
+    requirements: list[str], python: str, exclude_newer: str | None, index_url: str | None,
+    extra_index_urls: tuple[str, ...], credentials: Credentials | None,
+    ca_bundle: Path | None, platform: str, constraints: list[str] | tuple[str, ...],
+    output_format: str, allowed: dict[str, Metadata],
+) -> subprocess.CompletedProcess[str]:  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "requirements.in"
         source.write_text("\n".join(requirements) + "\n")
@@ -83,12 +148,27 @@ def compile_requirements(
         # read its metadata would run its setup.py here, with this environment's secrets.
         command = [
             _uv(), "pip", "compile", str(source), "--generate-hashes", "--no-header",
-            "--no-annotate", "--quiet", "--no-build", "--python-version", python,
+            "--no-annotate", "--quiet", "--python-version", python,
             "--python-platform", platform,
         ]  # fmt: skip
-        if constraints:
+        if not allowed:
+            command.append("--no-build")
+        else:
+            # Wheels only, but for the sdists whose metadata gpuenv gives (uv.toml's
+            # dependency-metadata), each held to its one version by a constraint.
+            command += ["--only-binary", ":all:"]
+            for name in sorted(allowed):
+                command += ["--no-binary", name]
+            config = Path(tmp) / "uv.toml"
+            config.write_text(_dependency_metadata(allowed.values()), encoding="utf-8")
+            command += ["--config-file", str(config)]
+            guard = Path(tmp) / "build-constraints.txt"
+            guard.write_text("\n".join(NO_BACKENDS) + "\n")
+            command += ["--build-constraint", str(guard)]
+        pins = [*constraints, *(f"{m.name}=={m.version}" for m in allowed.values())]
+        if pins:
             constraint_file = Path(tmp) / "constraints.txt"
-            constraint_file.write_text("\n".join(constraints) + "\n")
+            constraint_file.write_text("\n".join(pins) + "\n")
             command += ["--constraint", str(constraint_file)]
         if exclude_newer:
             command += ["--exclude-newer", exclude_newer]
@@ -103,20 +183,23 @@ def compile_requirements(
             )
         if ca_bundle is not None:
             env["SSL_CERT_FILE"] = str(ca_bundle)
-        proc = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-    if proc.returncode != 0:
-        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-        reason = " ".join(line.strip() for line in lines[-3:]) or f"exit {proc.returncode}"
-        refusal = re.search(r"\b(401|403)\b", proc.stderr)
-        if refusal and credentials is not None:
-            # uv says only "401 Unauthorized"; gpuenv knows whose credentials it passed.
-            from gpuenv.store.fetch import refused
+        return subprocess.run(command, capture_output=True, text=True, check=False, env=env)
 
-            urls = [*extra_index_urls, *([index_url] if index_url else [])]
-            base = next((u for u in urls if credentials.for_url(u)), urls[0] if urls else "")
-            raise GpuenvError(refused(base, int(refusal.group(1)), credentials))
-        raise GpuenvError(f"cannot resolve {', '.join(requirements)} for Python {python}: {reason}")
-    return proc.stdout
+
+def _dependency_metadata(metadata: Iterable[Metadata]) -> str:
+    """uv.toml's `dependency-metadata` entries (TOML strings written as JSON ones, which
+    TOML's basic strings are)."""
+    import json
+
+    out = []
+    for m in metadata:
+        out.append("[[dependency-metadata]]")
+        out.append(f"name = {json.dumps(m.name)}")
+        out.append(f"version = {json.dumps(m.version)}")
+        out.append(f"requires-dist = {json.dumps(list(m.requires_dist))}")
+        if m.requires_python:
+            out.append(f"requires-python = {json.dumps(m.requires_python)}")
+    return "\n".join(out) + "\n"
 
 
 def _with_credential(url: str, credentials: Credentials | None) -> str:
@@ -138,18 +221,23 @@ def lock_cell(
     *,
     credentials: Credentials | None = None,
     ca_bundle: Path | None = None,
+    sources: Sources | None = None,
 ) -> CellLock:
+    """The cell's resolution; `sources` gives the metadata of packages that publish only an
+    sdist (gpuenv/building/sdists.py), which the environment may then take."""
     indexes = (index_url, tuple(dict.fromkeys((*extra_index_urls, *cell.indexes))))
     platform = platform_of(cell)
 
-    def resolved(requirements: list[str], constraints: tuple[str, ...] = ()) -> str:
+    def resolved(
+        requirements: list[str], constraints: tuple[str, ...] = (), with_sources: bool = False
+    ) -> str:
         return compile_requirements(
             requirements, cell.python, exclude_newer, *indexes,
             credentials=credentials, ca_bundle=ca_bundle, platform=platform,
-            constraints=constraints,
+            constraints=constraints, sources=sources if with_sources else None,
         )  # fmt: skip
 
-    env = check_hashes(cell, resolved(env_requirements(cell), cell.constraints))
+    env = check_hashes(cell, resolved(env_requirements(cell), cell.constraints, True))
     cuda = ""
     if cell.is_gpu and not cell.cuda_with_framework:
         cuda = resolved(cuda_requirements(cell))
@@ -189,6 +277,7 @@ def pylock_text(
     *,
     credentials: Credentials | None = None,
     ca_bundle: Path | None = None,
+    sources: Sources | None = None,
 ) -> str:
     """The cell's resolution as a standard PEP 751 lock: `uv pip compile --format
     pylock.toml` of the same inputs (its environment and CUDA wheels together), which must
@@ -202,7 +291,7 @@ def pylock_text(
     text = compile_requirements(
         [*env_requirements(cell), *cuda_requirements(cell)], cell.python, exclude_newer,
         *indexes, credentials=credentials, ca_bundle=ca_bundle, platform=platform_of(cell),
-        constraints=cell.constraints, output_format="pylock.toml",
+        constraints=cell.constraints, output_format="pylock.toml", sources=sources,
     )  # fmt: skip
     doc = tomllib.loads(text)
     got = {(normalize(p["name"]), p.get("version")) for p in doc.get("packages", [])}
@@ -260,11 +349,13 @@ def relock(
     credentials: Credentials | None = None,
     ca_bundle: Path | None = None,
     pylock: bool = False,
+    sources_for: Callable[[Cell, str], Sources] | None = None,
 ) -> Path:
     """Resolve the cells again (the others keep their entries when the date is the same),
     record their bases, drop cells and bases the matrix no longer has (`every_cell` is
     what it has), write the lock next to the matrix. Resolutions use the credentials and
-    the CA bundle a build's would."""
+    the CA bundle a build's would. `sources_for` (a cell, the lock's date) gives the
+    metadata of packages published only as sdists (gpuenv/building/sendable.py)."""
     from gpuenv.building import base as bases
 
     date = exclude_newer_date(exclude_newer, current)
@@ -283,6 +374,7 @@ def relock(
         entries[cell.name] = lock_cell(
             cell, date, build.index_url, tuple(build.extra_index_urls),
             credentials=credentials, ca_bundle=ca_bundle,
+            sources=sources_for(cell, date) if sources_for is not None else None,
         )  # fmt: skip
         say(f"locked {cell.name}")
     names = {c.name for c in every_cell}
@@ -296,6 +388,7 @@ def relock(
             text = pylock_text(
                 cell, entries[cell.name], date, build.index_url, tuple(build.extra_index_urls),
                 credentials=credentials, ca_bundle=ca_bundle,
+                sources=sources_for(cell, date) if sources_for is not None else None,
             )  # fmt: skip
             write_atomically(pylock_path(path, cell), text)
             say(f"wrote {pylock_path(path, cell).name}")

@@ -24,14 +24,14 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuenv.building import layers
+from gpuenv.building import layers, sdists
 from gpuenv.building.render import CA_FILE, FETCHED, SENT
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.project.lockfile import framework_requirements
@@ -39,6 +39,7 @@ from gpuenv.store.cache import read_record, update_record, write_record
 from gpuenv.store.wheelhouse import locked_requirements
 
 if TYPE_CHECKING:
+    from gpuenv.building import lock as locks
     from gpuenv.building.near import Near
     from gpuenv.building.plan import CellPlan
     from gpuenv.building.render import BuildContext
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from gpuenv.matrix.cell import Cell
     from gpuenv.project.lockfile import CellLock
     from gpuenv.project.project import Project
+    from gpuenv.project.snapshot import Settings
+    from gpuenv.store.credentials import Credentials
     from gpuenv.store.fetch import Fetcher
     from gpuenv.store.wheelhouse import IndexFile, Requirement, Store
 
@@ -103,11 +106,14 @@ def assembled(
     target: WheelTarget,
     near: Near | None = None,
     primary: str = "",
+    builder: Callable[[Requirement, IndexFile], tuple[IndexFile, Path]] | None = None,
 ) -> Iterator[Path]:
     """The cell's build context as a directory under `root`, held (a lock per cell) while
     the build reads it: the rendered files, then each part's requirements, wheels and uv.
     With `near` deciding that the engine's host fetches the primary index's wheels, those
-    are named in the part's index.txt (one hash each) instead of sent."""
+    are named in the part's index.txt (one hash each) instead of sent. A requirement the
+    lock holds as an sdist is sent as the wheel `builder` gives for it (built on the
+    engine: gpuenv/building/sdists.py), under that wheel's hash."""
     root.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # contexts/: no one else's
     root.mkdir(exist_ok=True, mode=0o700)
     here = root / ctx.cell.name
@@ -119,12 +125,16 @@ def assembled(
         index = near.index if near is not None else None
         for part, text in parts(ctx.cell, resolution).items():
             picked = fetcher.picks(key, text, target.python, target.machine, target.glibc)
-            chosen = {r.name: w for r, w, _ in picked}
-            fetched = {r.name for r, _, up in picked if near is not None
+            built = _built(picked, builder)
+            for name, (wheel, _) in built.items():
+                text = sdists.with_hash(text, name, wheel.sha256)
+            chosen = {r.name: built[r.name][0] if r.name in built else w for r, w, _ in picked}
+            fetched = {r.name for r, _, up in picked if near is not None and r.name not in built
                        and near.fetches(up, primary)}  # fmt: skip
-            sent = [(r, w) for r, w, _ in picked if r.name not in fetched]
+            sent = [(r, w) for r, w, _ in picked if r.name not in fetched | set(built)]
             stored = {r.name: f for (r, _), f in zip(sent, fetcher.fetch_all(key, sent),
                                                       strict=True)}  # fmt: skip
+            stored.update({name: (w.filename, path) for name, (w, path) in built.items()})
             if part == layers.FRAMEWORK and ctx.cell.pip:
                 known = read_record(REQUIRES_RECORD)
                 requires = _RequiresDist(chosen, stored, fetcher, key, known)
@@ -139,6 +149,21 @@ def assembled(
             else:
                 _write_part(here / part, text, chosen, stored, uv, index)
         yield here
+
+
+def _built(
+    picked: list[tuple[Requirement, IndexFile, str]],
+    builder: Callable[[Requirement, IndexFile], tuple[IndexFile, Path]] | None,
+) -> dict[str, tuple[IndexFile, Path]]:
+    """The wheels built from the sdists among a part's picks, by name."""
+    out = {}
+    for req, file, _ in picked:
+        if sdists.is_source(file.filename):
+            if builder is None:
+                raise GpuenvError(f"{req.name}=={req.version}: the lock holds its sdist "
+                                  f"({file.filename}), and nothing here builds one")  # fmt: skip
+            out[req.name] = builder(req, file)
+    return out
 
 
 class _RequiresDist:
@@ -249,12 +274,12 @@ class Sender:
 
     def __init__(
         self, engine: Engine, project: Project, plans: list[CellPlan], ca_bundle: Path | None,
-        offline: bool,
+        offline: bool, say: Callable[[str], None] = lambda _: None,
     ) -> None:  # fmt: skip
         from gpuenv.building import near
         from gpuenv.store import credentials, fetch, wheelhouse
 
-        self.project, self.ca_bundle = project, ca_bundle
+        self.engine, self.project, self.ca_bundle, self.say = engine, project, ca_bundle, say
         self.store = wheelhouse.Store.default()
         # Bound to the origins the user named, whatever indexes the matrix lists.
         self.credentials = credentials.load()
@@ -289,7 +314,12 @@ class Sender:
         indexes = self.project.settings.resolving(cell)
         platform = lockfile.platform_of(cell)
         env = self._resolve(
-            lockfile.env_requirements(cell), cell.python, indexes, platform, cell.constraints
+            lockfile.env_requirements(cell),
+            cell.python,
+            indexes,
+            platform,
+            cell.constraints,
+            sources=self.sources(cell),
         )
         locks.check_hashes(cell, env)
         cuda = ""
@@ -304,6 +334,7 @@ class Sender:
         indexes: tuple[str | None, tuple[str, ...]],
         platform: str,
         constraints: tuple[str, ...] = (),
+        sources: locks.Sources | None = None,
     ) -> str:
         from gpuenv.building import lock as locks
 
@@ -315,9 +346,27 @@ class Sender:
                 self._resolved[memo] = locks.compile_requirements(
                     requirements, python, None, *indexes,
                     credentials=self.credentials, ca_bundle=self.ca_bundle, platform=platform,
-                    constraints=constraints,
+                    constraints=constraints, sources=sources,
                 )  # fmt: skip
             return self._resolved[memo]
+
+    def builder(self, cell: Cell) -> sdists.WheelBuilder:
+        """What builds the cell's sdists into wheels (on the engine, in its base)."""
+        from gpuenv.store import wheelhouse
+
+        settings = self.project.settings
+        key = wheelhouse.index_key(settings.indexes(cell))
+        return wheel_builder(self.engine, self.fetcher, key, *settings.resolving(cell),
+                             self.say)  # fmt: skip
+
+    def sources(self, cell: Cell, exclude_newer: str | None = None) -> locks.Sources:
+        """The metadata of the sdists a resolution of the cell takes (sdists.py)."""
+        builder, sandbox = self.builder(cell), sandbox_of(cell, self.architecture)
+
+        def metadata(name: str, requirements: list[str]) -> sdists.Metadata:
+            return builder.metadata(name, requirements, sandbox, exclude_newer)
+
+        return metadata
 
     def platform_for(self, cell: Cell) -> str | None:
         """The platform to build for when it is not the engine's own (an arm64 cell on an
@@ -336,8 +385,13 @@ class Sender:
         # neither wait for each other nor undo each other's incremental transfers.
         project = hashlib.sha256(str(self.project.path.resolve()).encode()).hexdigest()[:16]
         root = contexts_root(self.store.root) / project
+        builder, sandbox = self.builder(p.cell), sandbox_of(p.cell, self.architecture)
+
+        def wheel(req: Requirement, sdist: IndexFile) -> tuple[IndexFile, Path]:
+            return builder.wheel(req, sdist, sandbox)
+
         return assembled(root, p.context, self.resolution(p), self.fetcher, key, uv, target,
-                         self.near, self.primary)  # fmt: skip
+                         self.near, self.primary, wheel)  # fmt: skip
 
     @property
     def near(self) -> Near:
@@ -353,6 +407,64 @@ class Sender:
         """The CA bundle as the install steps' secret `ca`, only when the engine's host
         fetches and the engine is this machine's (gpuenv/building/near.py)."""
         return {"ca": self.near.ca} if self.near.index is not None and self.near.ca else {}
+
+
+def sandbox_of(cell: Cell, engine_arch: str) -> sdists.Sandbox:
+    """Where the cell's sdists are built: its base, for its Python and machine."""
+    from gpuenv.project.lockfile import platform_of
+
+    target = target_of(cell, engine_arch)
+    other = MACHINES.get(engine_arch) != cell.machine
+    return sdists.Sandbox(cell.base.image, cell.python, target.machine, target.glibc,
+                          platform_of(cell), cell.platform if other else None)  # fmt: skip
+
+
+def wheel_builder(
+    engine: Engine, fetcher: Fetcher, key: str, index_url: str | None,
+    extra_index_urls: tuple[str, ...], say: Callable[[str], None],
+) -> sdists.WheelBuilder:  # fmt: skip
+    """A WheelBuilder whose build requirements resolve against the build's indexes (as
+    wheels: `uv pip compile --no-build`) and whose uv is the one the install steps run."""
+    from gpuenv.building import lock as locks
+    from gpuenv.building.render import UV_VERSION
+
+    def resolve(requirements: list[str], python: str, platform: str) -> str:
+        return locks.compile_requirements(
+            requirements, python, None, index_url, extra_index_urls,
+            credentials=fetcher.credentials, ca_bundle=fetcher.ca_bundle, platform=platform,
+        )  # fmt: skip
+
+    def uv(machine: str) -> Path:
+        return fetcher.uv_file(key, UV_VERSION, machine)
+
+    return sdists.WheelBuilder(engine, fetcher, key, resolve, uv, say)
+
+
+def sources_for(
+    engine: Engine, settings: Settings, ca_bundle: Path | None, credentials: Credentials,
+    say: Callable[[str], None],
+) -> Callable[[Cell, str], locks.Sources]:  # fmt: skip
+    """For `gpuenv lock`: per cell and lock date, the metadata of the sdists its resolution
+    takes (read from them, or from the wheel built on the engine, which a build reuses)."""
+    from gpuenv.store import fetch, wheelhouse
+
+    store = wheelhouse.Store.default()
+    fetcher = fetch.Fetcher(store, credentials=credentials, ca_bundle=ca_bundle)
+    architecture = engine.architecture()
+
+    def for_cell(cell: Cell, exclude_newer: str) -> locks.Sources:
+        urls = settings.indexes(cell)
+        key = wheelhouse.index_key(urls)
+        store.save_index(key, urls)
+        builder = wheel_builder(engine, fetcher, key, *settings.resolving(cell), say)
+        sandbox = sandbox_of(cell, architecture)
+
+        def metadata(name: str, requirements: list[str]) -> sdists.Metadata:
+            return builder.metadata(name, requirements, sandbox, exclude_newer)
+
+        return metadata
+
+    return for_cell
 
 
 OFFLINE_SHOWN = 8  # missing distributions named in the error

@@ -54,10 +54,14 @@ def lock_cmd(
             locks.exclude_newer_date(exclude_newer, None)  # a bad date is a usage error, first
         # What a build's resolution uses: the same CA bundle and credentials.
         bundle, creds = project.ca_bundle(ca_bundle), credentials.load()
+        from gpuenv.building.sendable import sources_for
+
+        client = engine.connect()
         path = locks.relock(
-            engine.connect(), project.matrix, cells, every_cell=project.cells,
+            client, project.matrix, cells, every_cell=project.cells,
             current=project.lock, exclude_newer=exclude_newer, say=say,
             credentials=creds, ca_bundle=bundle, pylock=pylock,
+            sources_for=sources_for(client, project.settings, bundle, creds, say),
         )  # fmt: skip
         print(path)
 

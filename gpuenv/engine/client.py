@@ -904,6 +904,49 @@ class Engine:
             self.remove_container(cid)
         return code, out
 
+    def run_collecting(
+        self,
+        image: str,
+        command: list[str],
+        *,
+        files: dict[str, bytes],
+        collect: str,
+        timeout: float,
+        platform: str | None = None,
+        max_bytes: int = 512 << 20,
+    ) -> tuple[int, str, bytes]:
+        """Run a command in a throwaway container with no network, `files` (absolute path
+        -> bytes) put in first; (exit code, its output, directory `collect` as a tar, or
+        b"" when the command failed). The container is removed whatever happens; a run
+        past `timeout` seconds is stopped (exit 124). Through the API only, so a remote
+        engine runs it as a local one."""
+        spec = ContainerSpec(image, command, network="none", init=False, platform=platform,
+                             labels=contract.container_labels("sdist"))  # fmt: skip
+        cid = self.create(spec)
+        try:
+            with _translated():
+                self._api.put_archive(cid, "/", _tar_of(files))
+            self.start(cid)
+            try:
+                code = self.wait(cid, timeout=timeout)
+            except EngineError:
+                code = 124  # the wait timed out (the SDK's read timeout)
+            output = self.logs(cid, stderr=True)
+            collected = b""
+            if code == 0:
+                chunks: list[bytes] = []
+                size = 0
+                for chunk in self.get_archive(cid, collect):
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise EngineError(f"{collect} in the container is larger than "
+                                          f"{max_bytes} bytes")  # fmt: skip
+                    chunks.append(chunk)
+                collected = b"".join(chunks)
+        finally:
+            self.remove_container(cid)
+        return code, output, collected
+
 
 def _tar_of(files: dict[str, bytes]) -> bytes:
     """A tar of absolute paths -> contents (mode 0644, owned by root), for put_archive."""

@@ -43,7 +43,7 @@ SOURCE_DATE_EPOCH = "io.gpuenv.source-date-epoch"
 # is built on. It inherits the cell's labels; these say it is not the cell.
 NOTEBOOK = "io.gpuenv.notebook"
 NOTEBOOK_BASE = "io.gpuenv.notebook-base"
-CONTAINER_ROLES = ("run", "sync", "probe", "validate", "diff", "monitor", "export")
+CONTAINER_ROLES = ("run", "sync", "probe", "validate", "diff", "monitor", "export", "sdist")
 
 
 def container_labels(role: str) -> dict[str, str]:

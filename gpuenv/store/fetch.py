@@ -94,6 +94,10 @@ class Fetcher:
         self._lock = threading.Lock()
 
     @property
+    def ca_bundle(self) -> Path | None:
+        return self._ca_bundle
+
+    @property
     def upstream(self) -> Upstream:
         """Made on first use: loading the CA bundle costs tens of milliseconds, and an
         offline build or one whose cells are all cached never asks upstream."""
@@ -274,10 +278,15 @@ class Fetcher:
                 "other files (else re-lock: gpuenv lock)"
             )
         if wheel is None:
+            # A source distribution the lock holds: built into a wheel on the engine
+            # (gpuenv/building/sdists.py), never here.
+            source = source_of(files, req)
+            if source is not None:
+                return source, upstream
             raise GpuenvError(
                 f"{req.name}=={req.version} has no wheel for CPython {python} on "
-                f"linux/{machine} (glibc {glibc[0]}.{glibc[1]}) among its locked hashes; "
-                "gpuenv installs wheels only: pin a release that ships one"
+                f"linux/{machine} (glibc {glibc[0]}.{glibc[1]}) and no source distribution "
+                "among its locked hashes; pin a release that ships one (or re-lock: gpuenv lock)"
             )
         return wheel, upstream
 
@@ -324,6 +333,15 @@ class Fetcher:
                 return list(pool.map(one, wanted))
         except _Upstream:
             raise GpuenvError(self.problems[0] if self.problems else "upstream failed") from None
+
+
+def source_of(files: list[IndexFile], req: Requirement) -> IndexFile | None:
+    """The source distribution (.tar.gz, then .zip) among a page's files whose sha256 the
+    lock lists for the requirement."""
+    sources = [f for f in files if f.sha256 in req.hashes
+               and f.filename.endswith((".tar.gz", ".zip"))]  # fmt: skip
+    return min(sources, key=lambda f: (not f.filename.endswith(".tar.gz"), f.filename),
+               default=None)  # fmt: skip
 
 
 def refused(base: str, code: int, credentials: Credentials) -> str:

@@ -1,0 +1,472 @@
+"""Source distributions (sdists) built into wheels, once, in a sandbox on the engine.
+
+Building a package runs its code (setup.py, a build backend), so it never happens on the
+client, where the user's credentials and the CA live (issue 35: resolving runs `uv pip
+compile --no-build`). It happens in a throwaway container with no network (`network none`)
+of the cell's own base image, so the wheel is built against the Python and glibc it will
+run on:
+
+- What goes in: the sdist and the wheels its build needs (`[build-system] requires` read
+  from its pyproject.toml, else setuptools and wheel, as PEP 517 says), both fetched on
+  the client and checked against their index's sha256 like every wheel, and uv's
+  executable, which builds offline from those files alone (`uv build --wheel --offline
+  --no-index`). What comes out: one wheel, whose name and tags are checked before it enters
+  the wheelhouse under its own sha256.
+- Compiled code: an sdist holding C, C++, Cython, Fortran or Rust sources is built in an
+  image made for the build from the cell's base plus Debian's gcc, g++ and python3-dev
+  (with network host for that apt step only, as a cell's own apt packages are), removed
+  afterwards: its compilers never reach the cell's image, which installs only the wheel.
+  A pure-Python sdist is built in the base itself. One path for both (the container); the
+  issue allowed pure Python on the client, which would run the package's setup.py beside
+  the user's secrets.
+- Once: the built wheel is remembered by the sdist's sha256 (what the lock holds), the
+  base image's ID and the machine (a cache record, BUILT_RECORD); a later build, of this
+  cell or another on the same base, takes it from the wheelhouse.
+
+Resolving (`uv pip compile`) needs an sdist's dependencies. PEP 643 metadata (PKG-INFO of
+Metadata-Version 2.2 or later, without `Dynamic: Requires-Dist`) is read from the archive,
+which runs nothing; otherwise the wheel is built in the sandbox first and its METADATA read.
+Either way uv is given the metadata (`dependency-metadata`), and allowed the sdist of that
+package at that one version only (gpuenv/building/lock.py), so it builds nothing itself.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tarfile
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from email.parser import HeaderParser
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuenv.matrix.errors import GpuenvError
+from gpuenv.store.cache import read_record, update_record
+from gpuenv.store.wheelhouse import IndexFile, Requirement, normalize
+
+if TYPE_CHECKING:
+    from gpuenv.engine.client import Engine
+    from gpuenv.store.fetch import Fetcher
+
+SOURCE_SUFFIXES = (".tar.gz", ".zip")
+# Sources that need a compiler: an sdist holding any is built with one.
+NATIVE = re.compile(
+    r"\.(c|cc|cpp|cxx|c\+\+|pyx|pxd|f|f90|f95|rs|cu)$|(^|/)(Cargo\.toml|CMakeLists\.txt|meson\.build)$",
+    re.IGNORECASE,
+)
+COMPILERS = ("gcc", "g++", "libc6-dev", "python3-dev")
+# PEP 517: a source tree without [build-system] is built by setuptools' legacy backend.
+DEFAULT_BUILD_REQUIRES = ("setuptools>=40.8.0", "wheel")
+BUILT_RECORD = "built-wheels.json"  # sdist sha256, base image ID, machine -> the wheel
+MAX_MEMBER = 1 << 20  # PKG-INFO, pyproject.toml: read at most this much
+MAX_WHEEL = 512 << 20  # what the sandbox may hand back
+BUILD_TIMEOUT = 900  # seconds for one build in the sandbox
+SANDBOX = "/gpuenv-build"  # where the sandbox's inputs and output live, in the container
+SOURCE_DATE_EPOCH = "315532800"  # the zip epoch: the wheel's file times (gpuenv's FILE_MTIME)
+
+
+def is_source(filename: str) -> bool:
+    return filename.endswith(SOURCE_SUFFIXES) and not filename.endswith(".whl")
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """What a resolver needs of a distribution."""
+
+    name: str
+    version: str
+    requires_dist: tuple[str, ...]
+    requires_python: str = ""
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a static read of an sdist tells (nothing extracted, nothing run)."""
+
+    build_requires: tuple[str, ...]
+    native: bool
+    metadata: Metadata | None  # PEP 643 static metadata, when the sdist has it
+
+
+def read_source(path: Path, filename: str) -> Source:
+    """Read an sdist's member names, its PKG-INFO and pyproject.toml from the archive."""
+    members: dict[str, bytes | None] = {}
+    try:
+        if filename.endswith(".zip"):
+            with zipfile.ZipFile(path) as zf:
+                for info in zf.infolist():
+                    members[info.filename] = (
+                        zf.read(info) if _top(info.filename) and info.file_size <= MAX_MEMBER
+                        else None
+                    )  # fmt: skip
+        else:
+            with tarfile.open(path, "r:*") as tar:
+                for member in tar:
+                    data = None
+                    if _top(member.name) and member.isfile() and member.size <= MAX_MEMBER:
+                        stream = tar.extractfile(member)
+                        data = stream.read() if stream is not None else None
+                    members[member.name] = data
+    except (OSError, tarfile.TarError, zipfile.BadZipFile, EOFError) as exc:
+        raise GpuenvError(f"{filename}: not a readable source distribution ({exc})") from None
+    native = any(NATIVE.search(name) for name in members)
+    pyproject = next((d for n, d in members.items() if n.endswith("/pyproject.toml") and d), None)
+    pkg_info = next((d for n, d in members.items() if n.endswith("/PKG-INFO") and d), None)
+    return Source(
+        build_requires(pyproject, filename),
+        native,
+        static_metadata(pkg_info.decode("utf-8", "replace")) if pkg_info else None,
+    )
+
+
+def _top(name: str) -> bool:
+    """A file at the sdist's top directory (`name-version/PKG-INFO`)."""
+    return name.strip("/").count("/") == 1
+
+
+def build_requires(pyproject: bytes | None, filename: str) -> tuple[str, ...]:
+    """`[build-system] requires` of an sdist's pyproject.toml, else PEP 517's default."""
+    import tomllib
+
+    if pyproject is None:
+        return DEFAULT_BUILD_REQUIRES
+    try:
+        doc = tomllib.loads(pyproject.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise GpuenvError(f"{filename}: its pyproject.toml is not TOML ({exc})") from None
+    system = doc.get("build-system")
+    if not isinstance(system, dict) or "requires" not in system:
+        return DEFAULT_BUILD_REQUIRES
+    requires = system["requires"]
+    if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
+        raise GpuenvError(f"{filename}: [build-system] requires is not a list of strings")
+    return tuple(requires)
+
+
+def static_metadata(pkg_info: str) -> Metadata | None:
+    """PEP 643: an sdist's PKG-INFO is the wheel's metadata when its Metadata-Version is
+    2.2 or later and it does not mark Requires-Dist (or Requires-Python) Dynamic."""
+    headers = HeaderParser().parsestr(pkg_info)
+    try:
+        version = tuple(int(x) for x in str(headers.get("Metadata-Version", "")).split("."))
+    except ValueError:
+        return None
+    dynamic = {str(d).strip().lower() for d in headers.get_all("Dynamic") or []}
+    if version < (2, 2) or dynamic & {"requires-dist", "requires-python"}:
+        return None
+    if not headers.get("Name") or not headers.get("Version"):
+        return None
+    return Metadata(
+        normalize(str(headers["Name"])), str(headers["Version"]),
+        tuple(str(r) for r in headers.get_all("Requires-Dist") or []),
+        str(headers.get("Requires-Python") or ""),
+    )  # fmt: skip
+
+
+def wheel_metadata(path: Path) -> Metadata:
+    """A wheel's METADATA (read from the zip)."""
+    with zipfile.ZipFile(path) as zf:
+        name = next(n for n in zf.namelist()
+                    if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))  # fmt: skip
+        headers = HeaderParser().parsestr(zf.read(name).decode("utf-8", "replace"))
+    return Metadata(
+        normalize(str(headers["Name"])), str(headers["Version"]),
+        tuple(str(r) for r in headers.get_all("Requires-Dist") or []),
+        str(headers.get("Requires-Python") or ""),
+    )  # fmt: skip
+
+
+def fits(filename: str, name: str, version: str, python: str, machine: str) -> bool:
+    """A built wheel is the distribution asked for and installs on CPython `python` on
+    linux/`machine` (a local build is tagged linux_<machine>, not manylinux)."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        got_name, got_version, _, tags = parse_wheel_filename(filename)
+        if normalize(got_name) != normalize(name) or got_version != Version(version):
+            return False
+    except (InvalidWheelFilename, InvalidVersion):
+        return False
+    nodot = python.replace(".", "")
+    for tag in tags:
+        interpreter = tag.interpreter in (f"cp{nodot}", "py3", f"py{nodot}") or (
+            tag.abi == "abi3" and tag.interpreter.startswith("cp3")
+        )
+        abi = tag.abi in (f"cp{nodot}", "abi3", "none")
+        platform = tag.platform == "any" or tag.platform.endswith(f"_{machine}")
+        if interpreter and abi and platform and not tag.platform.startswith(("macosx", "win")):
+            return True
+    return False
+
+
+def with_hash(text: str, name: str, sha: str) -> str:
+    """A resolution with `name`'s hashes (its sdist's) replaced by one: the built wheel's,
+    which the install step's --require-hashes checks."""
+    from gpuenv.building.layers import blocks
+
+    out = []
+    for block_name, block in blocks(text):
+        if block_name == normalize(name):
+            first = block.splitlines()[0].split("\\")[0].split("--hash")[0].rstrip()
+            block = f"{first} \\\n    --hash=sha256:{sha}\n"
+        out.append(block)
+    return "".join(out)
+
+
+def pinned_version(name: str, requirements: list[str]) -> str | None:
+    """The version `requirements` pin `name` to (`name==V`), if one does."""
+    from packaging.requirements import InvalidRequirement
+    from packaging.requirements import Requirement as Parsed
+
+    for line in requirements:
+        try:
+            req = Parsed(line)
+        except InvalidRequirement:
+            continue
+        if normalize(req.name) == normalize(name):
+            pins = [s.version for s in req.specifier if s.operator in ("==", "===")]
+            if pins and "*" not in pins[0]:
+                return pins[0]
+    return None
+
+
+def choose_source(
+    files: list[IndexFile], name: str, requirements: list[str], python: str,
+    exclude_newer: str | None,
+) -> IndexFile | None:  # fmt: skip
+    """The sdist of `name` a resolution takes: of the version `requirements` pin, else of
+    the newest release their specifiers allow (not yanked, not newer than the lock's date,
+    for `python`); a .tar.gz before a .zip."""
+    from packaging.requirements import InvalidRequirement
+    from packaging.requirements import Requirement as Parsed
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.utils import InvalidSdistFilename, parse_sdist_filename
+    from packaging.version import Version
+
+    allowed = SpecifierSet()
+    for line in requirements:
+        try:
+            req = Parsed(line)
+        except InvalidRequirement:
+            continue
+        if normalize(req.name) == normalize(name):
+            allowed &= req.specifier
+    candidates: list[tuple[Version, bool, IndexFile]] = []
+    for f in files:
+        if not is_source(f.filename) or f.yanked:
+            continue
+        if exclude_newer and f.upload_time and f.upload_time > exclude_newer:
+            continue
+        try:
+            _, version = parse_sdist_filename(f.filename)
+            if f.requires_python and not SpecifierSet(f.requires_python).contains(f"{python}.99"):
+                continue
+        except (InvalidSdistFilename, InvalidSpecifier):
+            continue
+        if allowed.contains(version, prereleases=bool(allowed) and "==" in str(allowed)):
+            candidates.append((version, f.filename.endswith(".tar.gz"), f))
+    return max(candidates, key=lambda c: (c[0], c[1]))[2] if candidates else None
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """Where one cell's sdists are built: its base image, Python and machine, and the
+    platform the engine runs a container of it under (another machine's: emulated)."""
+
+    image: str
+    python: str
+    machine: str
+    glibc: tuple[int, int]
+    resolve_platform: str  # uv's --python-platform for the build's own requirements
+    platform: str | None = None
+
+
+class WheelBuilder:
+    """Builds sdists into wheels in the sandbox (module docstring), remembering each.
+
+    `resolve` turns requirements into a hashed resolution of wheels for a Python and
+    platform (`uv pip compile --no-build`: the build's own requirements); `uv` gives uv's
+    executable for a machine."""
+
+    def __init__(
+        self, engine: Engine, fetcher: Fetcher, key: str,
+        resolve: Callable[[list[str], str, str], str], uv: Callable[[str], Path],
+        say: Callable[[str], None] = lambda _: None,
+    ) -> None:  # fmt: skip
+        self.engine, self.fetcher, self.key = engine, fetcher, key
+        self.resolve, self.uv, self.say = resolve, uv, say
+        self.built = 0  # built in the sandbox by this process (reuses are not counted)
+
+    def source_path(self, name: str, sdist: IndexFile) -> Path:
+        path = self.fetcher.file(self.key, name, sdist.sha256, sdist.filename)
+        if path is None:
+            problems = self.fetcher.problems
+            raise GpuenvError(problems[-1] if problems else f"{sdist.filename}: not fetched")
+        return path
+
+    def metadata(
+        self, name: str, requirements: list[str], sandbox: Sandbox, exclude_newer: str | None
+    ) -> Metadata:
+        """The metadata of the sdist of `name` a resolution of `requirements` takes
+        (choose_source): static when PEP 643 allows, else from the wheel built now."""
+        files = self.fetcher.page(self.key, name) or []
+        sdist = choose_source(files, name, requirements, sandbox.python, exclude_newer)
+        if sdist is None:
+            raise GpuenvError(
+                f"{name}: no wheel for CPython {sandbox.python} on linux/{sandbox.machine}, and "
+                "no source distribution that the requirements allow either; pin a release "
+                f"of {name} that ships one (pip would fail the same way)"
+            )
+        path = self.source_path(name, sdist)
+        source = read_source(path, sdist.filename)
+        if source.metadata is not None:
+            return source.metadata
+        _, wheel = self.wheel(Requirement(normalize(name), "", frozenset({sdist.sha256})),
+                              sdist, sandbox)  # fmt: skip
+        return wheel_metadata(wheel)
+
+    def wheel(self, req: Requirement, sdist: IndexFile, sandbox: Sandbox) -> tuple[IndexFile, Path]:
+        """The wheel built from `sdist` for the sandbox's target: the one built before when
+        the wheelhouse still holds it, else built now (offline: an error)."""
+        store = self.fetcher.store
+        key = f"{sdist.sha256}:{self._base_id(sandbox)}:{sandbox.machine}"
+        known = read_record(BUILT_RECORD).get(key)
+        if isinstance(known, dict) and isinstance(known.get("sha256"), str):
+            path = store.verified(known["sha256"])
+            if path is not None:
+                self.say(f"{sdist.filename}: its wheel, built before, is reused")
+                return IndexFile(str(known["filename"]), "", known["sha256"]), path
+        if self.fetcher.offline:
+            raise GpuenvError(
+                f"--offline: {sdist.filename} has not been built into a wheel for this base; "
+                "build once online (it fetches the build's own requirements)"
+            )
+        source_path = self.source_path(req.name, sdist)
+        source = read_source(source_path, sdist.filename)
+        started = time.monotonic()
+        filename, data = self._build(sdist, source_path, source, sandbox)
+        import hashlib
+
+        sha = hashlib.sha256(data).hexdigest()
+        path = store.put(sha, io.BytesIO(data), f"{filename} (built from {sdist.filename})")
+        update_record(BUILT_RECORD, {key: {"filename": filename, "sha256": sha,
+                                           "source": sdist.filename}})  # fmt: skip
+        self.built += 1
+        how = "with compilers" if source.native else "pure Python"
+        self.say(f"{sdist.filename}: built into {filename} ({how}, network none, "
+                 f"{time.monotonic() - started:.1f} s)")  # fmt: skip
+        return IndexFile(filename, "", sha), path
+
+    def _base_id(self, sandbox: Sandbox) -> str:
+        info = self.engine.image(sandbox.image)
+        if info is None:
+            raise GpuenvError(f"base {sandbox.image} is not in the engine (to build sdists on)")
+        return info.id
+
+    def _build(
+        self, sdist: IndexFile, path: Path, source: Source, sandbox: Sandbox
+    ) -> tuple[str, bytes]:
+        from gpuenv.store.wheelhouse import locked_requirements
+
+        name = sdist.filename
+        try:
+            resolution = self.resolve(
+                list(source.build_requires), sandbox.python, sandbox.resolve_platform
+            )
+        except GpuenvError as exc:
+            wanted = ", ".join(source.build_requires)
+            raise GpuenvError(f"{name}: its build requirements ({wanted}): {exc.message}") from None
+        picked = self.fetcher.picks(self.key, resolution, sandbox.python, sandbox.machine,
+                                    sandbox.glibc)  # fmt: skip
+        deps = self.fetcher.fetch_all(self.key, [(r, w) for r, w, _ in picked])
+        assert len(deps) == len(locked_requirements(resolution))
+        files = {f"{SANDBOX}/src/{name}": path.read_bytes(),
+                 f"{SANDBOX}/uv": self.uv(sandbox.machine).read_bytes()}  # fmt: skip
+        files.update({f"{SANDBOX}/deps/{filename}": p.read_bytes() for filename, p in deps})
+        command = [
+            "/bin/sh", "-c",
+            f"chmod 0755 {SANDBOX}/uv && SOURCE_DATE_EPOCH={SOURCE_DATE_EPOCH} "
+            f"UV_CACHE_DIR=/tmp/uv-cache {SANDBOX}/uv build --wheel --offline --no-index "
+            f"--find-links {SANDBOX}/deps --python python3 --out-dir {SANDBOX}/out "
+            f"{SANDBOX}/src/{name}",
+        ]  # fmt: skip
+        image = sandbox.image
+        compilers = None
+        if source.native:
+            compilers = self._with_compilers(sandbox)
+            image = compilers
+        try:
+            code, log, out = self.engine.run_collecting(
+                image, command, files=files, collect=f"{SANDBOX}/out", timeout=BUILD_TIMEOUT,
+                platform=sandbox.platform, max_bytes=MAX_WHEEL,
+            )  # fmt: skip
+        finally:
+            if compilers is not None:
+                self.engine.remove_image(compilers, force=True)
+        if code != 0:
+            tail = " | ".join(line.strip() for line in log.strip().splitlines()[-4:])
+            raise GpuenvError(f"{name} did not build into a wheel (exit {code}, in a network-"
+                              f"less container of {sandbox.image}): {tail[-600:]}")  # fmt: skip
+        wheels = _wheels_in(out)
+        req_name, version = _name_version(name)
+        good = [(f, d) for f, d in wheels if fits(f, req_name, version, sandbox.python,
+                                                  sandbox.machine)]  # fmt: skip
+        if len(good) != 1:
+            raise GpuenvError(
+                f"{name}: the build gave {[f for f, _ in wheels] or 'no wheel'}, not one wheel "
+                f"of {req_name} {version} for CPython {sandbox.python} on linux/{sandbox.machine}"
+            )
+        return good[0]
+
+    def _with_compilers(self, sandbox: Sandbox) -> str:
+        """An image of the base with Debian's compilers and Python headers (network host
+        for apt alone), untagged; the caller removes it."""
+        dockerfile = (
+            f"FROM {sandbox.image}\n"
+            "RUN apt-get update && apt-get install --yes --no-install-recommends "
+            f"{' '.join(COMPILERS)} && rm -rf /var/lib/apt/lists/*\n"
+        )
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            info = tarfile.TarInfo("Dockerfile")
+            info.size = len(dockerfile.encode())
+            tar.addfile(info, io.BytesIO(dockerfile.encode()))
+        buffer.seek(0)
+        self.say(f"installing {', '.join(COMPILERS)} on {sandbox.image} for the build only")
+        from gpuenv.engine.client import BuildFailed
+
+        try:
+            return self.engine.build(
+                buffer, labels={"io.gpuenv.sdist-build": "1"}, nocache=False,
+                on_log=lambda _: None, network="host", platform=sandbox.platform,
+            )  # fmt: skip
+        except BuildFailed as exc:
+            raise GpuenvError(f"cannot install compilers on {sandbox.image} to build an sdist "
+                              f"with: {exc}") from None  # fmt: skip
+
+
+def _name_version(sdist_filename: str) -> tuple[str, str]:
+    from packaging.utils import parse_sdist_filename
+
+    name, version = parse_sdist_filename(sdist_filename)
+    return str(name), str(version)
+
+
+def _wheels_in(tar_bytes: bytes) -> list[tuple[str, bytes]]:
+    """The .whl files of a tar the engine gave back (get_archive of the output directory)."""
+    out = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r:") as tar:
+            for member in tar:
+                base = member.name.rsplit("/", 1)[-1]
+                if member.isfile() and base.endswith(".whl"):
+                    stream = tar.extractfile(member)
+                    if stream is not None:
+                        out.append((base, stream.read()))
+    except tarfile.TarError:
+        return []
+    return out
