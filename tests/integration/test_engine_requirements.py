@@ -8,11 +8,19 @@ package must be importable in the image at the pinned version, the other absent;
 `build --dry-run` must leave the cell up to date after a comment-only edit and name the file
 after a real one; a requirements path outside the matrix's directory is one error line
 and builds nothing.
+
+The same file names two packages that publish no wheel, only a source distribution (so the
+one install step also shows issue 34's sdists, at no build of its own): jsonpath-rw (pure
+Python, the issue's) and crcmod (a C extension of ~600 lines, which compiles in about a
+second; without a compiler its setup.py falls back to pure Python, so the test asks for the
+extension module). Each is built into a wheel once, in a network-less container of the
+cell's base (crcmod in a removed image of it with gcc), and a second build reuses them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -24,6 +32,19 @@ REPOSITORY = test_repository("reqs")
 CELL = "tf2.21-py3.11-cpu"
 IMAGE = f"{REPOSITORY}:{CELL}"
 PACKAGE, VERSION = "iniconfig", "2.1.0"  # tiny, pure Python, not a TensorFlow dependency
+SDISTS = {"jsonpath-rw": "1.4.0", "crcmod": "1.7"}  # no release of either ships a wheel
+SDIST_FILES = {f"{name}-{version}.tar.gz" for name, version in SDISTS.items()}
+
+
+def forget_built_wheels() -> None:
+    """Drop the record of wheels built from SDISTS (a cache record that only spares work),
+    so that this session's first build builds them, whatever an earlier session did."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    record = root / "gpuenv" / "built-wheels.json"
+    if record.is_file():
+        kept = {k: v for k, v in json.loads(record.read_text()).items()
+                if v.get("source") not in SDIST_FILES}  # fmt: skip
+        record.write_text(json.dumps(kept))
 
 
 def write_matrix(root: Path, requirements: str) -> Path:
@@ -41,22 +62,52 @@ def dry_run(gpuenv, matrix: Path) -> dict:
 
 
 def test_a_requirements_file_is_installed_and_its_edits_rebuild(
-    gpuenv, parse_build, in_image, inspect, tmp_path
+    gpuenv, parse_build, in_image, inspect, docker, tmp_path
 ):
     (tmp_path / "requirements").mkdir()
     reqs = tmp_path / "requirements" / "extra.txt"
     # As pip reads it: a marker decided for the cell (true: installed; false: left out)
     # and an included file, relative to the including one.
     lines = f'{PACKAGE}=={VERSION}; sys_platform == "linux"\n-r win.txt\n'
+    lines += "".join(f"{name}=={version}\n" for name, version in SDISTS.items())
     reqs.write_text(f"# a small package of our own\n{lines}", encoding="utf-8")
     (tmp_path / "requirements" / "win.txt").write_text('pywin32==308; sys_platform == "win32"\n')
     matrix = write_matrix(tmp_path, "requirements/extra.txt")
     assert dry_run(gpuenv, matrix)["action"] == "build"
 
-    result = parse_build(gpuenv("build", "-f", str(matrix), "--json", timeout=BUILD_TIMEOUT))
+    forget_built_wheels()
+    proc = gpuenv("build", "-f", str(matrix), "--json", timeout=BUILD_TIMEOUT)
+    result = parse_build(proc)
     assert result[CELL]["status"] == "built", result
     code = f"import importlib.metadata as m, {PACKAGE}; print(m.version({PACKAGE!r}))"
     assert in_image(IMAGE, "python", "-c", code).strip() == VERSION
+    # The sdists: built on the engine (with gcc for crcmod's C), installed as wheels, and
+    # no compiler in the image.
+    assert (
+        "jsonpath-rw-1.4.0.tar.gz: built into jsonpath_rw-1.4.0-py3-none-any.whl (pure "
+        "Python, network none" in proc.stderr
+    ), proc.stderr
+    assert (
+        "crcmod-1.7.tar.gz: built into crcmod-1.7-cp311-cp311-linux_x86_64.whl (with "
+        "compilers, network none" in proc.stderr
+    ), proc.stderr
+    sdist_code = (
+        "import importlib.metadata as m, shutil, jsonpath_rw, crcmod._crcfunext as ext; "
+        "print(m.version('jsonpath-rw'), m.version('crcmod'), ext.__file__.endswith('.so'), "
+        "jsonpath_rw.parse('a.b').find({'a': {'b': 3}})[0].value, shutil.which('gcc'))"
+    )
+    assert in_image(IMAGE, "python", "-c", sdist_code).split() == \
+        ["1.4.0", "1.7", "True", "3", "None"]  # fmt: skip
+    leftovers = docker("ps", "-aq", "--filter", "label=io.gpuenv.sdist").stdout.strip()
+    compilers = docker("images", "-q", "--filter", "label=io.gpuenv.sdist-build").stdout.strip()
+    assert leftovers == compilers == "", (leftovers, compilers)
+    # A second build (the image removed) takes the wheels built before: nothing is built.
+    docker("rmi", IMAGE)
+    again = gpuenv("build", "-f", str(matrix), "--json", timeout=BUILD_TIMEOUT)
+    assert parse_build(again)[CELL]["status"] == "built"
+    for filename in sorted(SDIST_FILES):
+        assert f"{filename}: its wheel, built before, is reused" in again.stderr, again.stderr
+    assert "built into" not in again.stderr and "installing gcc" not in again.stderr
     absent = "import importlib.util as u; print(u.find_spec('win32api') is None)"
     assert in_image(IMAGE, "python", "-c", absent).strip() == "True"
     # The requirement is part of what the image says it was built from.
