@@ -65,7 +65,10 @@ MAX_SOURCES = 50
 # build's environment cannot be made and no package code runs here. Defence in depth.
 NO_BACKENDS = ("setuptools<0", "wheel<0", "hatchling<0", "flit-core<0", "poetry-core<0",
                "pdm-backend<0", "maturin<0", "scikit-build-core<0", "meson-python<0")  # fmt: skip
-_WHEELS_REQUIRED = re.compile(r"Wheels are required for `([^`]+)`")
+# uv's refusal of an sdist: a package's on an index, or a direct reference's archive.
+_WHEELS_REQUIRED = re.compile(
+    r"(?:Wheels are required for|Building source distributions for) `([^`]+)`"
+)
 
 if TYPE_CHECKING:
     from gpuenv.building.sdists import Metadata
@@ -106,7 +109,9 @@ def compile_requirements(
             ca_bundle, platform, constraints, output_format, allowed,
         )  # fmt: skip
         if proc.returncode == 0:
-            return proc.stdout
+            if output_format != "requirements.txt":
+                return proc.stdout
+            return _with_source_hashes(proc.stdout, allowed.values())
         needed = _WHEELS_REQUIRED.search(proc.stderr)
         if needed and sources is not None and len(allowed) < MAX_SOURCES:
             from gpuenv.store.wheelhouse import normalize
@@ -152,14 +157,16 @@ def _uv_compile(
             "--python-platform", platform,
         ]  # fmt: skip
         if not allowed:
-            command.append("--no-build")
+            # No uv.toml or pyproject.toml of the directory gpuenv runs in (or the user's):
+            # the resolution is made of what the matrix says alone.
+            command += ["--no-build", "--no-config"]
         else:
             # Wheels only, but for the sdists whose metadata gpuenv gives (uv.toml's
             # dependency-metadata), each held to its one version by a constraint.
             command += ["--only-binary", ":all:"]
             for name in sorted(allowed):
                 command += ["--no-binary", name]
-            config = Path(tmp) / "uv.toml"
+            config = Path(tmp) / "uv.toml"  # --config-file: no other is read
             config.write_text(_dependency_metadata(allowed.values()), encoding="utf-8")
             command += ["--config-file", str(config)]
             guard = Path(tmp) / "build-constraints.txt"
@@ -184,6 +191,22 @@ def _uv_compile(
         if ca_bundle is not None:
             env["SSL_CERT_FILE"] = str(ca_bundle)
         return subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+
+
+def _with_source_hashes(text: str, allowed: Iterable[Metadata]) -> str:
+    """uv gives no hash for a direct reference's sdist it did not build; the lock holds
+    the one gpuenv fetched it under, as for every other file."""
+    shas = {m.name: m.sha256 for m in allowed if m.url and m.sha256}
+    if not shas:
+        return text
+    from gpuenv.building.layers import blocks
+
+    out = []
+    for name, block in blocks(text):
+        if name in shas and "--hash=" not in block:
+            block = f"{block.rstrip()} \\\n    --hash=sha256:{shas[name]}\n"
+        out.append(block)
+    return "".join(out)
 
 
 def _dependency_metadata(metadata: Iterable[Metadata]) -> str:

@@ -80,6 +80,8 @@ class Metadata:
     version: str
     requires_dist: tuple[str, ...]
     requires_python: str = ""
+    url: str = ""  # a direct reference's archive, and its sha256: what the lock holds
+    sha256: str = ""
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,9 @@ def fits(filename: str, name: str, version: str, python: str, machine: str) -> b
 
     try:
         got_name, got_version, _, tags = parse_wheel_filename(filename)
-        if normalize(got_name) != normalize(name) or got_version != Version(version):
+        if normalize(got_name) != normalize(name):
+            return False
+        if version and got_version != Version(version):  # "": a URL's archive names none
             return False
     except (InvalidWheelFilename, InvalidVersion):
         return False
@@ -203,18 +207,36 @@ def fits(filename: str, name: str, version: str, python: str, machine: str) -> b
     return False
 
 
-def with_hash(text: str, name: str, sha: str) -> str:
-    """A resolution with `name`'s hashes (its sdist's) replaced by one: the built wheel's,
-    which the install step's --require-hashes checks."""
+def with_wheel(text: str, name: str, wheel: str, sha: str) -> str:
+    """A resolution with `name`'s entry (its sdist's hashes, or a direct reference's URL)
+    replaced by the wheel the install step takes from its part: `name==version` and that
+    wheel's hash, which --require-hashes checks."""
+    from packaging.utils import parse_wheel_filename
+
     from gpuenv.building.layers import blocks
 
+    version = parse_wheel_filename(wheel)[1]
     out = []
     for block_name, block in blocks(text):
         if block_name == normalize(name):
-            first = block.splitlines()[0].split("\\")[0].split("--hash")[0].rstrip()
-            block = f"{first} \\\n    --hash=sha256:{sha}\n"
+            block = f"{block_name}=={version} \\\n    --hash=sha256:{sha}\n"
         out.append(block)
     return "".join(out)
+
+
+def direct_reference(name: str, requirements: list[str]) -> str | None:
+    """The URL `requirements` name `name` at (`name @ URL`), if they do."""
+    from packaging.requirements import InvalidRequirement
+    from packaging.requirements import Requirement as Parsed
+
+    for line in requirements:
+        try:
+            req = Parsed(line)
+        except InvalidRequirement:
+            continue
+        if normalize(req.name) == normalize(name) and req.url:
+            return req.url
+    return None
 
 
 def pinned_version(name: str, requirements: list[str]) -> str | None:
@@ -301,8 +323,10 @@ class WheelBuilder:
         self.resolve, self.uv, self.say = resolve, uv, say
         self.built = 0  # built in the sandbox by this process (reuses are not counted)
 
-    def source_path(self, name: str, sdist: IndexFile) -> Path:
-        path = self.fetcher.file(self.key, name, sdist.sha256, sdist.filename)
+    def source_path(self, req: Requirement, sdist: IndexFile) -> Path:
+        if req.url:
+            return self.fetcher.url_file(req.url, sdist.sha256)
+        path = self.fetcher.file(self.key, req.name, sdist.sha256, sdist.filename)
         if path is None:
             problems = self.fetcher.problems
             raise GpuenvError(problems[-1] if problems else f"{sdist.filename}: not fetched")
@@ -312,7 +336,21 @@ class WheelBuilder:
         self, name: str, requirements: list[str], sandbox: Sandbox, exclude_newer: str | None
     ) -> Metadata:
         """The metadata of the sdist of `name` a resolution of `requirements` takes
-        (choose_source): static when PEP 643 allows, else from the wheel built now."""
+        (choose_source), or of the archive they name it at (`name @ URL`): static when
+        PEP 643 allows, else from the wheel built now."""
+        url = direct_reference(name, requirements)
+        if url is not None:
+            from dataclasses import replace
+
+            from gpuenv.store.wheelhouse import archive_name
+
+            path = self.fetcher.url_file(url, None)
+            req = Requirement(normalize(name), "", frozenset({path.name}), url)
+            archive = IndexFile(archive_name(url), url, path.name)
+            got = read_source(path, archive.filename).metadata
+            if got is None:
+                got = wheel_metadata(self.wheel(req, archive, sandbox)[1])
+            return replace(got, url=url, sha256=path.name)
         files = self.fetcher.page(self.key, name) or []
         sdist = choose_source(files, name, requirements, sandbox.python, exclude_newer)
         if sdist is None:
@@ -321,7 +359,7 @@ class WheelBuilder:
                 "no source distribution that the requirements allow either; pin a release "
                 f"of {name} that ships one (pip would fail the same way)"
             )
-        path = self.source_path(name, sdist)
+        path = self.source_path(Requirement(normalize(name), "", frozenset()), sdist)
         source = read_source(path, sdist.filename)
         if source.metadata is not None:
             return source.metadata
@@ -345,10 +383,11 @@ class WheelBuilder:
                 f"--offline: {sdist.filename} has not been built into a wheel for this base; "
                 "build once online (it fetches the build's own requirements)"
             )
-        source_path = self.source_path(req.name, sdist)
+        source_path = self.source_path(req, sdist)
         source = read_source(source_path, sdist.filename)
         started = time.monotonic()
-        filename, data = self._build(sdist, source_path, source, sandbox)
+        version = req.version if req.url else req.version or _name_version(sdist.filename)[1]
+        filename, data = self._build(req.name, version, sdist, source_path, source, sandbox)
         import hashlib
 
         sha = hashlib.sha256(data).hexdigest()
@@ -368,11 +407,16 @@ class WheelBuilder:
         return info.id
 
     def _build(
-        self, sdist: IndexFile, path: Path, source: Source, sandbox: Sandbox
-    ) -> tuple[str, bytes]:
+        self, req_name: str, version: str, sdist: IndexFile, path: Path, source: Source,
+        sandbox: Sandbox,
+    ) -> tuple[str, bytes]:  # fmt: skip
         from gpuenv.store.wheelhouse import locked_requirements
 
-        name = sdist.filename
+        # The name it has in the sandbox: its own when it is a plain file name (a URL's
+        # last segment, unquoted, could be anything).
+        suffix = ".zip" if sdist.filename.endswith(".zip") else ".tar.gz"
+        plain = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", sdist.filename)
+        name = sdist.filename if plain else f"source{suffix}"
         try:
             resolution = self.resolve(
                 list(source.build_requires), sandbox.python, sandbox.resolve_platform
@@ -409,16 +453,18 @@ class WheelBuilder:
                 self.engine.remove_image(compilers, force=True)
         if code != 0:
             tail = " | ".join(line.strip() for line in log.strip().splitlines()[-4:])
-            raise GpuenvError(f"{name} did not build into a wheel (exit {code}, in a network-"
-                              f"less container of {sandbox.image}): {tail[-600:]}")  # fmt: skip
+            raise GpuenvError(
+                f"{sdist.filename} did not build into a wheel (exit {code}, in a network-less "
+                f"container of {sandbox.image}): {tail[-600:]}"
+            )
         wheels = _wheels_in(out)
-        req_name, version = _name_version(name)
         good = [(f, d) for f, d in wheels if fits(f, req_name, version, sandbox.python,
                                                   sandbox.machine)]  # fmt: skip
         if len(good) != 1:
             raise GpuenvError(
-                f"{name}: the build gave {[f for f, _ in wheels] or 'no wheel'}, not one wheel "
-                f"of {req_name} {version} for CPython {sandbox.python} on linux/{sandbox.machine}"
+                f"{sdist.filename}: the build gave {[f for f, _ in wheels] or 'no wheel'}, not "
+                f"one wheel of {req_name} {version or '(any version)'} for CPython "
+                f"{sandbox.python} on linux/{sandbox.machine}"
             )
         return good[0]
 

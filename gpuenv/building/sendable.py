@@ -127,10 +127,13 @@ def assembled(
             picked = fetcher.picks(key, text, target.python, target.machine, target.glibc)
             built = _built(picked, builder)
             for name, (wheel, _) in built.items():
-                text = sdists.with_hash(text, name, wheel.sha256)
+                text = sdists.with_wheel(text, name, wheel.filename, wheel.sha256)
+            for r, w, _ in picked:
+                if r.url and r.name not in built:  # a wheel named by its URL
+                    text = sdists.with_wheel(text, r.name, w.filename, w.sha256)
             chosen = {r.name: built[r.name][0] if r.name in built else w for r, w, _ in picked}
             fetched = {r.name for r, _, up in picked if near is not None and r.name not in built
-                       and near.fetches(up, primary)}  # fmt: skip
+                       and not r.url and near.fetches(up, primary)}  # fmt: skip
             sent = [(r, w) for r, w, _ in picked if r.name not in fetched | set(built)]
             stored = {r.name: f for (r, _), f in zip(sent, fetcher.fetch_all(key, sent),
                                                       strict=True)}  # fmt: skip

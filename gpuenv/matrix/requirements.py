@@ -17,9 +17,12 @@ What differs, and why:
 - Index options join the matrix's `build.index_url`/`build.extra_index_urls`, under the
   same rules: no credentials in a URL (netrc/keyring/$GPUENV_* give them, per host), the
   CA from `build.ca_bundle`; an `--index-url` other than the matrix's is an error.
-- What gpuenv cannot yet do as pip would (direct references, local paths, editable
-  installs, --find-links, --no-binary, --trusted-host, --pre) is one `error: FILE:LINE`
-  saying what pip would have done and what to write instead.
+- Direct references are taken as URLs of archives (`name @ https://…/name-1.0.tar.gz` or
+  a wheel; a `#sha256=` fragment checked): gpuenv fetches them on the client and builds an
+  sdist on the engine (gpuenv/building/sdists.py). What gpuenv cannot yet do as pip would
+  (VCS checkouts, local paths, editable installs, --find-links, --no-binary,
+  --trusted-host, --pre) is one `error: FILE:LINE` saying what pip would have done and
+  what to write instead.
 
 The `pip-requirements-parser` package (pip's req_file vendored) was considered and not
 used: it opens included files itself, so the checks below (inside the directory, a regular
@@ -535,9 +538,9 @@ class _Reader:
             )
         if re.match(r"[A-Za-z][A-Za-z0-9+.-]*\+|[A-Za-z][A-Za-z0-9+.-]*://", spec):
             raise bad(
-                "pip would install from that URL or VCS checkout; gpuenv does not build "
-                "direct references yet: publish the package to an index and require it by "
-                "name and version"
+                "pip would install from that URL or VCS checkout, guessing the package's "
+                "name; gpuenv needs the name: write NAME @ https://HOST/PATH/ARCHIVE (an "
+                "sdist or wheel), or require it by name and version from an index"
             )
         try:
             req = Requirement(spec)
@@ -546,13 +549,16 @@ class _Reader:
             raise bad(
                 f"{spec!r} is not a valid pip requirement (pip would stop here too): {reason}"
             ) from None
-        if req.url:
-            raise bad(
-                f"{req.name} @ ...: pip would install {req.name} from that URL; gpuenv does "
-                "not build direct references yet: publish the package to an index and "
-                "require it by name and version"
-            )
         marker = str(req.marker) if req.marker else ""
+        if req.url:
+            url, pinned = direct_url(req.name, req.url, bad)
+            if marker:  # checked as any line's marker is, below, on the plain name
+                _marker_line(path, number, req.name, marker, bad)
+            extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+            entry = Line(path, number, canonicalize_name(req.name),
+                         f"{req.name}{extras} @ {url}", marker, (*hashes, *pinned))  # fmt: skip
+            (self.constraints if constraint else self.lines).append(entry)
+            return
         if _HOST_MARKERS.search(marker):
             raise bad(
                 f"marker {marker!r} names the kernel of the machine pip runs on (pip would "
@@ -575,6 +581,72 @@ class _Reader:
             except Exception as exc:  # packaging's UndefinedEnvironmentName and kin
                 raise bad(f"marker {marker!r} cannot be evaluated: {exc}") from None
         (self.constraints if constraint else self.lines).append(entry)
+
+
+_URL_CHARS = re.compile(r"[A-Za-z0-9._~:/?#\[\]@!&()*+,;=%-]+")
+_ARCHIVES = (".whl", ".tar.gz", ".zip")
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def direct_url(name: str, url: str, bad: _Bad) -> tuple[str, tuple[str, ...]]:
+    """A direct reference gpuenv fetches and (an sdist) builds: an https URL of an archive,
+    a `#sha256=` fragment at most (pip checks it; so does gpuenv). (The URL without its
+    fragment, the sha256 it named.) Each refusal says what pip would have done."""
+    from urllib.parse import urlsplit
+
+    if url.startswith(("git+", "hg+", "svn+", "bzr+")):
+        raise bad(
+            f"{name} @ {url.split('+', 1)[0]}+...: pip would check out that repository and "
+            "build it here; gpuenv builds archives fetched by URL, on the engine: name a "
+            "commit's archive (GitHub: NAME @ https://github.com/OWNER/REPO/archive/COMMIT"
+            ".tar.gz), or publish the package to an index"
+        )
+    parts = urlsplit(url)
+    if parts.scheme == "file" or not parts.scheme:
+        raise bad(
+            f"{name} @ {url[:80]}: pip would install {name} from that local path; gpuenv "
+            "does not build local paths yet: publish the package to an index, or name its "
+            "archive by an https URL"
+        )
+    loopback = parts.scheme == "http" and parts.hostname in _LOOPBACK
+    if parts.scheme != "https" and not loopback:
+        raise bad(
+            f"{name} @ {url[:80]}: pip would fetch it over {parts.scheme}; gpuenv fetches "
+            "direct references over https only (plain http on loopback): use https"
+        )
+    if not _URL_CHARS.fullmatch(url) or parts.username or parts.password:
+        raise bad(f"{name} @ ...: not a URL gpuenv takes (quotes, spaces or credentials)")
+    if not parts.path.endswith(_ARCHIVES):
+        raise bad(
+            f"{name} @ {url[:80]}: pip would fetch that page and guess; gpuenv takes the URL "
+            "of an archive: a wheel (.whl) or a source distribution (.tar.gz, .zip)"
+        )
+    pinned: tuple[str, ...] = ()
+    if parts.fragment:
+        match = re.fullmatch(r"sha256=([0-9a-fA-F]{64})", parts.fragment)
+        if not match:
+            raise bad(
+                f"{name} @ ...#{parts.fragment[:40]}: pip would read that fragment "
+                "(egg=, subdirectory=, another hash); gpuenv takes #sha256=<64 hex digits> "
+                "only: remove it, or build the subdirectory into its own archive"
+            )
+        pinned = (match.group(1).lower(),)
+    return parts._replace(fragment="").geturl(), pinned
+
+
+def _marker_line(path: Path, number: int, name: str, marker: str, bad: _Bad) -> None:
+    if _HOST_MARKERS.search(marker):
+        raise bad(
+            f"marker {marker!r} names the kernel of the machine pip runs on (pip would "
+            "decide it there); an image runs on many: use sys_platform, platform_machine "
+            "or python_version"
+        )
+    try:
+        applies(Line(path, number, name, name, marker), "3.12", "x86_64")
+    except RequirementsProblem:
+        pass
+    except Exception as exc:  # packaging's UndefinedEnvironmentName and kin
+        raise bad(f"marker {marker!r} cannot be evaluated: {exc}") from None
 
 
 def _logical_lines(physical: list[str]) -> list[tuple[int, str]]:

@@ -42,6 +42,7 @@ from gpuenv.store.wheelhouse import (
     parse_page,
     pick_wheel,
     uv_wheel,
+    wheel_rank,
 )
 
 TIMEOUT = 120  # seconds per upstream request
@@ -212,6 +213,44 @@ class Fetcher:
                 self.fetched += 1
         return self.store.verified(want)
 
+    def url_file(self, url: str, sha: str | None) -> Path:
+        """A direct reference's archive (`name @ URL`), stored under its sha256: checked
+        against `sha` when the lock gives it, else hashed as it comes (the lock then holds
+        that hash). Credentials go to it only where they are bound to its exact origin."""
+        if sha is not None:
+            path = self.store.verified(sha)
+            if path is not None:
+                return path
+        if self.offline:
+            raise GpuenvError(f"--offline: the wheelhouse lacks {url}; build once online first")
+        import tempfile
+
+        self.store.make_private()
+        try:
+            with tempfile.TemporaryFile(dir=self.store.root) as tmp:
+                digest = hashlib.sha256()
+                with self.upstream.open(url) as reply:
+                    while chunk := reply.read(1 << 20):
+                        digest.update(chunk)
+                        tmp.write(chunk)
+                tmp.seek(0)
+                got = digest.hexdigest()
+                if sha is not None and got != sha:
+                    raise HashMismatch(
+                        f"{url}: its sha256 is {got}, the lock says {sha}; not stored (if the "
+                        "archive changed, re-lock: gpuenv lock)"
+                    )
+                path = self.store.put(got, tmp, url)
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                raise GpuenvError(self._refused(url, exc.code)) from None
+            raise GpuenvError(f"{url}: HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise GpuenvError(f"cannot download {url}: {getattr(exc, 'reason', exc)}") from None
+        with self._lock:
+            self.fetched += 1
+        return path
+
     def uv_file(self, key: str, version: str, machine: str) -> Path:
         """uv's executable for `machine`, the installer every build's steps run (and the
         program that enforces --require-hashes there): taken out of uv's wheel from the
@@ -256,7 +295,22 @@ class Fetcher:
     ) -> tuple[IndexFile, str]:
         """The one wheel a locked requirement installs on the target, and the upstream index
         that offers it, from the project's page (nothing downloaded). A requirement with no
-        wheel for the target is an error naming it."""
+        wheel for the target is an error naming it. A direct reference's file is its
+        archive (from its URL, under the lock's hash; "" for the upstream)."""
+        if req.url:
+            from gpuenv.store.wheelhouse import archive_name
+
+            if len(req.hashes) != 1:
+                raise GpuenvError(f"{req.name} @ {req.url}: the lock gives no one hash of it; "
+                                  "re-lock: gpuenv lock")  # fmt: skip
+            filename = archive_name(req.url)
+            if filename.endswith(".whl") and wheel_rank(filename, python, machine, glibc) is None:
+                raise GpuenvError(
+                    f"{req.name} @ {req.url}: that wheel does not install on CPython {python} "
+                    f"on linux/{machine} (glibc {glibc[0]}.{glibc[1]}); name the one that does, "
+                    "or its source distribution"
+                )
+            return IndexFile(filename, req.url, next(iter(req.hashes))), ""
         answered = self.page_from(key, req.name)
         if answered is None:
             raise GpuenvError(
@@ -321,6 +375,8 @@ class Fetcher:
 
         def one(item: tuple[Requirement, IndexFile]) -> tuple[str, Path]:
             req, wheel = item
+            if req.url:
+                return wheel.filename, self.url_file(req.url, wheel.sha256)
             stored = self.file(key, req.name, wheel.sha256, wheel.filename)
             if stored is None:
                 raise GpuenvError(

@@ -415,23 +415,57 @@ def _write_atomic(path: Path, data: bytes) -> None:
 @dataclass(frozen=True)
 class Requirement:
     name: str
-    version: str
+    version: str  # "" for a direct reference whose file name does not say
     hashes: frozenset[str]
+    url: str = ""  # a direct reference's archive (`name @ URL`): fetched from there
 
 
 def locked_requirements(text: str) -> list[Requirement]:
-    """`name==version --hash=sha256:...` entries of a lock's requirements text (uv pip
-    compile's format, continuation lines joined)."""
+    """`name==version --hash=sha256:...` and `name @ URL --hash=sha256:...` entries of a
+    lock's requirements text (uv pip compile's format, continuation lines joined)."""
     joined = re.sub(r"\\\s*\n", " ", text)
     out = []
     for line in joined.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        hashes = frozenset(h.lower() for h in re.findall(r"--hash=sha256:([0-9a-fA-F]{64})", line))
+        direct = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*@\s*(\S+)", line)
+        if direct:
+            url = direct.group(2)
+            out.append(Requirement(normalize(direct.group(1)), archive_version(url), hashes, url))
+            continue
         line = line.split("#", 1)[0] if not line.lstrip().startswith("--hash") else line
         m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;]+)", line)
         if not m:
             continue
-        hashes = frozenset(h.lower() for h in re.findall(r"--hash=sha256:([0-9a-fA-F]{64})", line))
         out.append(Requirement(normalize(m.group(1)), m.group(2), hashes))
     return out
+
+
+def archive_name(url: str) -> str:
+    """The file name a direct reference's URL ends in."""
+    from urllib.parse import unquote, urlsplit
+
+    return unquote(urlsplit(url).path.rsplit("/", 1)[-1])
+
+
+def archive_version(url: str) -> str:
+    """The version a direct reference's archive names (a wheel's or an sdist's file name),
+    or "" when its name says none (GitHub's /archive/COMMIT.tar.gz)."""
+    from packaging.utils import (
+        InvalidSdistFilename,
+        InvalidWheelFilename,
+        parse_sdist_filename,
+        parse_wheel_filename,
+    )
+
+    filename = archive_name(url)
+    try:
+        if filename.endswith(".whl"):
+            return str(parse_wheel_filename(filename)[1])
+        return str(parse_sdist_filename(filename)[1])
+    except (InvalidSdistFilename, InvalidWheelFilename):
+        return ""
 
 
 def locked_hashes(texts: Iterable[str]) -> set[str]:

@@ -11,7 +11,8 @@ and builds nothing.
 
 The same file names two packages that publish no wheel, only a source distribution (so the
 one install step also shows issue 34's sdists, at no build of its own): jsonpath-rw (pure
-Python, the issue's) and crcmod (a C extension of ~600 lines, which compiles in about a
+Python, the issue's), ply by a direct reference (`ply @ https://…/ply-3.11.tar.gz#sha256=…`)
+and crcmod (a C extension of ~600 lines, which compiles in about a
 second; without a compiler its setup.py falls back to pure Python, so the test asks for the
 extension module). Each is built into a wheel once, in a network-less container of the
 cell's base (crcmod in a removed image of it with gcc), and a second build reuses them.
@@ -33,7 +34,15 @@ CELL = "tf2.21-py3.11-cpu"
 IMAGE = f"{REPOSITORY}:{CELL}"
 PACKAGE, VERSION = "iniconfig", "2.1.0"  # tiny, pure Python, not a TensorFlow dependency
 SDISTS = {"jsonpath-rw": "1.4.0", "crcmod": "1.7"}  # no release of either ships a wheel
+# A direct reference: jsonpath-rw's dependency ply by the URL of its sdist (its wheel is on
+# PyPI too, but a URL names one file), checked by the hash in the fragment, as pip does.
+PLY_URL = (
+    "https://files.pythonhosted.org/packages/e5/69/882ee5c9d017149285cab114ebeab373308ef0f874"
+    "fcdac9beb90e0ac4da/ply-3.11.tar.gz"
+    "#sha256=00c7c1aaa88358b9c765b6d3000c6eec0ba42abca5351b095321aef446081da3"
+)
 SDIST_FILES = {f"{name}-{version}.tar.gz" for name, version in SDISTS.items()}
+SDIST_FILES.add("ply-3.11.tar.gz")
 
 
 def forget_built_wheels() -> None:
@@ -70,6 +79,7 @@ def test_a_requirements_file_is_installed_and_its_edits_rebuild(
     # and an included file, relative to the including one.
     lines = f'{PACKAGE}=={VERSION}; sys_platform == "linux"\n-r win.txt\n'
     lines += "".join(f"{name}=={version}\n" for name, version in SDISTS.items())
+    lines += f"ply @ {PLY_URL}\n"
     reqs.write_text(f"# a small package of our own\n{lines}", encoding="utf-8")
     (tmp_path / "requirements" / "win.txt").write_text('pywin32==308; sys_platform == "win32"\n')
     matrix = write_matrix(tmp_path, "requirements/extra.txt")
@@ -91,6 +101,7 @@ def test_a_requirements_file_is_installed_and_its_edits_rebuild(
         "crcmod-1.7.tar.gz: built into crcmod-1.7-cp311-cp311-linux_x86_64.whl (with "
         "compilers, network none" in proc.stderr
     ), proc.stderr
+    assert "ply-3.11.tar.gz: built into ply-3.11-py2.py3-none-any.whl (pure Python" in proc.stderr
     sdist_code = (
         "import importlib.metadata as m, shutil, jsonpath_rw, crcmod._crcfunext as ext; "
         "print(m.version('jsonpath-rw'), m.version('crcmod'), ext.__file__.endswith('.so'), "

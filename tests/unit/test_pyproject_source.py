@@ -95,7 +95,7 @@ def test_a_direct_reference_is_refused_at_its_line_in_pyproject(tmp_path):
     message = refused(write(root, "{}"))
     number = text.splitlines().index('    "optax",') + 1
     assert message.startswith(f"error: {(root / 'pyproject.toml').resolve()}:{number}: ")
-    assert "pip would install optax from that URL" in message
+    assert "optax @ git+...: pip would check out that repository" in message
 
 
 def test_a_framework_pin_other_than_the_cells_is_one_error_naming_both(tmp_path):

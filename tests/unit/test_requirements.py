@@ -57,6 +57,16 @@ def test_lines_join_every_cells_pip_after_the_matrix_packages(tmp_path):
     assert "six==1.17.0" in lockfile.env_requirements(project.cells[0])
 
 
+def test_a_direct_reference_to_an_archive_reaches_the_cell_with_its_hash(tmp_path):
+    sha = "ab" * 32
+    url = "https://files.example/p/ply-3.11.tar.gz"
+    (tmp_path / "reqs.txt").write_text(f'ply @ {url}#sha256={sha} ; sys_platform == "linux"\n')
+    cell = open_project(write(tmp_path)).cells[0]
+    # The fragment is the hash the lock's file must have (as pip checks it); uv gets the URL.
+    assert cell.pip == ("rich", f"ply @ {url}")
+    assert [(name, hashes) for name, hashes, _ in cell.hashes] == [("ply", (sha,))]
+
+
 def test_per_include_requirements_only_reach_that_cell(tmp_path):
     inc = (
         '  include:\n    - {tensorflow: "2.21", python: "3.11", variant: gpu,'
@@ -122,8 +132,11 @@ def test_a_comment_only_edit_changes_no_context(tmp_path):
         ("six==1.17.0 --hash=md5:abc\n", "expected sha256:<64 hex digits>"),
         ("six==1.17.0 --config-settings=x=y\n", "passes no build options"),
         ("git+https://github.com/x/y.git\n", "pip would install from that URL or VCS"),
-        ("y @ https://example.org/y-1.0.tar.gz\n", "y @ ...: pip would install y from"),
-        ("y @ file:///tmp/y\n", "y @ ...: pip would install y from that URL"),
+        ("y @ git+https://github.com/x/y@v1\n", "y @ git+...: pip would check out that"),
+        ("y @ https://example.org/y/\n", "gpuenv takes the URL of an archive"),
+        ("y @ http://example.org/y-1.0.tar.gz\n", "gpuenv fetches direct references over https"),
+        ("y @ https://example.org/y-1.0.zip#egg=y\n", "takes #sha256=<64 hex digits> only"),
+        ("y @ file:///tmp/y\n", "y @ file:///tmp/y: pip would install y from that local path"),
         ("https://example.org/y-1.0-py3-none-any.whl\n", "pip would install from that URL"),
         ("https://user:secret@example.org/simple/y\n", "a URL with credentials"),
         ("--extra-index-url https://u:secret@example.org/simple\n", "a URL with credentials"),

@@ -81,11 +81,30 @@ def test_a_built_wheel_must_be_the_package_and_fit_the_cell() -> None:
 def test_the_install_step_checks_the_built_wheel_s_hash() -> None:
     text = (
         "crcmod==1.7 \\\n    --hash=sha256:" + SHA_A + "\n"
+        "ply @ https://files.example/p/ply-3.11.tar.gz \\\n    --hash=sha256:" + SHA_C + "\n"
         "six==1.17.0 \\\n    --hash=sha256:" + SHA_B + "\n"
     )
-    got = sdists.with_hash(text, "crcmod", SHA_C)
+    got = sdists.with_wheel(text, "crcmod", "crcmod-1.7-cp311-cp311-linux_x86_64.whl", SHA_C)
+    got = sdists.with_wheel(got, "ply", "ply-3.11-py3-none-any.whl", SHA_A)
+    # The install step is offline: a URL becomes the name and version of the wheel sent.
     assert got == ("crcmod==1.7 \\\n    --hash=sha256:" + SHA_C + "\n"
+                   "ply==3.11 \\\n    --hash=sha256:" + SHA_A + "\n"
                    "six==1.17.0 \\\n    --hash=sha256:" + SHA_B + "\n")  # fmt: skip
+
+
+def test_a_lock_s_direct_reference_is_read_with_its_url_and_hash() -> None:
+    from gpuenv.store.wheelhouse import locked_requirements
+
+    text = (
+        "ply @ https://files.example/p/ply-3.11.tar.gz \\\n    --hash=sha256:" + SHA_C + "\n"
+        "x @ https://github.com/o/x/archive/0123abc.tar.gz \\\n    --hash=sha256:" + SHA_A + "\n"
+        "six==1.17.0 \\\n    --hash=sha256:" + SHA_B + "\n"
+    )
+    ply, x, six = locked_requirements(text)
+    assert ply == Requirement("ply", "3.11", frozenset({SHA_C}),
+                              "https://files.example/p/ply-3.11.tar.gz")  # fmt: skip
+    assert (x.version, x.url.endswith("0123abc.tar.gz")) == ("", True)  # its name says none
+    assert six == Requirement("six", "1.17.0", frozenset({SHA_B}))
 
 
 def _file(name: str, sha: str, **kw: Any) -> IndexFile:
@@ -164,6 +183,30 @@ def test_uv_is_given_an_sdist_s_metadata_and_allowed_that_sdist_alone(
     assert 'requires-dist = ["ply", "six; python_version < \'4\'"]' in second["--config-file"]
     assert second["--constraint"].splitlines() == ["six==1.17.0", "jp==1.4.0"]
     assert "setuptools<0" in second["--build-constraint"]
+
+
+def test_a_direct_reference_s_sdist_is_locked_by_the_hash_gpuenv_fetched_it_under(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = "https://files.example/p/jp-1.4.0.tar.gz"
+
+    def uv(command: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        if "--no-binary" not in command:
+            err = f"error: Failed to download and build `jp @ {url}`\n  cause: Building " \
+                  "source distributions for `jp` is disabled\n"  # fmt: skip
+            return subprocess.CompletedProcess(command, 1, "", err)
+        # uv names the URL and gives no hash of an sdist it did not build.
+        out = f"jp @ {url}\nply==3.11 \\\n    --hash=sha256:{SHA_A}\n"
+        return subprocess.CompletedProcess(command, 0, out, "")
+
+    monkeypatch.setattr(locks.subprocess, "run", uv)
+    meta = Metadata("jp", "1.4.0", ("ply",), "", url, SHA_C)
+    out = locks.compile_requirements([f"jp @ {url}"], "3.11", None, None,
+                                     sources=lambda *_: meta)  # fmt: skip
+    assert (
+        out
+        == f"jp @ {url} \\\n    --hash=sha256:{SHA_C}\nply==3.11 \\\n    --hash=sha256:{SHA_A}\n"
+    )
 
 
 def test_without_a_source_of_metadata_an_sdist_only_package_is_one_clear_error(
