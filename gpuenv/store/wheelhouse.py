@@ -557,6 +557,10 @@ def offline_misses(store: Store, key: str, requirements: list[Requirement]) -> l
     locked hashes. Pure but for reading the store."""
     missing = []
     for req in requirements:
+        if req.url:  # a direct reference: its archive, by the lock's hash
+            if not any(store.has(h) for h in req.hashes):
+                missing.append(f"{req.name} @ {req.url}")
+            continue
         page = store.page(key, req.name)
         offered = {f.sha256 for f in page} if page else set()
         if not any(h in offered and store.has(h) for h in req.hashes):

@@ -154,6 +154,15 @@ def test_offline_misses_need_a_page_and_a_stored_file_with_a_locked_hash(tmp_pat
     assert wheelhouse.offline_misses(store, key, reqs) == ["tensorflow==2.21.0"]
 
 
+def test_offline_a_direct_reference_needs_its_archive_stored_by_the_locked_hash(tmp_path):
+    store = Store(tmp_path)
+    url = "https://files.example/p/demo-1.0.tar.gz"
+    reqs = wheelhouse.locked_requirements(f"demo @ {url} \\\n    --hash=sha256:{SHA}\n")
+    assert wheelhouse.offline_misses(store, "0123456789abcdef", reqs) == [f"demo @ {url}"]
+    store.put(SHA, io.BytesIO(WHEEL), "demo")  # no index page: none is needed
+    assert wheelhouse.offline_misses(store, "0123456789abcdef", reqs) == []
+
+
 def test_prune_drops_what_no_lock_names_and_no_build_used_lately():
     now = 1_000_000.0
     entries = {"a" * 64: (1, now - 10), "b" * 64: (1, now - 99), "c" * 64: (1, now - 99)}
