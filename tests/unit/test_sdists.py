@@ -335,3 +335,18 @@ def test_offline_an_sdist_never_built_is_one_error(
     with pytest.raises(GpuenvError, match=r"--offline: jp-1.4.0.tar.gz has not been built"):
         builder.wheel(Requirement("jp", "1.4.0", frozenset({entry.sha256})), entry, SANDBOX)
     assert engine.runs == []
+
+
+def test_a_build_that_fails_is_one_error_with_the_end_of_its_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = _Engine("jp-1.4.0-py3-none-any.whl")
+    engine.run_collecting = lambda *a, **kw: (1, "step\nerror: no module named foo\n", b"")  # type: ignore[method-assign]
+    builder, entry = _builder(tmp_path, monkeypatch, engine, {"setup.py": ""})
+    builder.fetcher.offline = False
+    with pytest.raises(GpuenvError) as failed:
+        builder.wheel(Requirement("jp", "1.4.0", frozenset({entry.sha256})), entry, SANDBOX)
+    assert failed.value.message == (
+        "jp-1.4.0.tar.gz did not build into a wheel (exit 1, in a network-less container of "
+        "gpuenv/debian:bookworm): step | error: no module named foo"
+    )
