@@ -65,7 +65,8 @@ def serving(path: str) -> Iterator[Routes]:
     """Serve the Engine API at `path` while the context is open; add routes to what it yields."""
     routes: Routes = {("GET", "/_ping"): (200, b"OK")}
     server = _UnixServer(path, _handler(routes))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # Poll every 10 ms: shutdown() waits out one poll, 0.5 s by default, per test.
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
         yield routes

@@ -125,7 +125,8 @@ class LoopbackIndex(Index):
 @pytest.fixture
 def server() -> Iterator[_Server]:
     srv = _Server()
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    # Poll every 10 ms: shutdown() waits out one poll, 0.5 s by default, per test.
+    thread = threading.Thread(target=srv.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     yield srv
     srv.shutdown()
