@@ -26,6 +26,7 @@ FIRST_SCREEN = 25  # README lines a reader sees before scrolling
 
 REFERENCE = re.compile(r"`(tests/[^`\s]+)`")
 NOT_SHOWN = ("not shown", "never", "not a feature", "no test")
+Reference = tuple[str, list[str], str | None]  # path, names in it, parameter id
 
 # The capabilities the table must keep a row for (issue 27), as words of the row's first cell.
 REQUIRED_ROWS = (
@@ -64,7 +65,7 @@ def _table(text: str) -> list[list[str]]:
     return body
 
 
-def _split(reference: str) -> tuple[str, list[str], str | None]:
+def _split(reference: str) -> Reference:
     """`path::A::b[p]` -> ("path", ["A", "b"], "p")."""
     path, *names = reference.split("::")
     param = None
@@ -114,9 +115,8 @@ def test_every_named_test_exists():
     assert not problems, "docs/proven.md names what is not there:\n" + "\n".join(problems)
 
 
-def test_every_named_test_is_collected_by_pytest():
-    references = [_split(r) for r in _references(PROVEN.read_text(encoding="utf-8")) if ".py" in r]
-    files = sorted({path for path, _, _ in references if (REPO / path).is_file()})
+def _collect(files: list[str]) -> tuple[set[str], str]:
+    """The node ids a separate pytest collects from ``files``, and the end of its output."""
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
          "--rootdir", str(REPO), *files],
@@ -124,6 +124,10 @@ def test_every_named_test_is_collected_by_pytest():
     )  # fmt: skip
     collected = {line.strip() for line in proc.stdout.splitlines() if "::" in line}
     assert collected, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return collected, (proc.stdout[-2000:] if proc.returncode else "")
+
+
+def _missing(references: list[Reference], collected: set[str]) -> list[Reference]:
     missing = []
     for path, names, param in references:
         node = "::".join([path, *names])
@@ -132,11 +136,28 @@ def test_every_named_test_is_collected_by_pytest():
         else:
             found = any(c == node or c.startswith((f"{node}[", f"{node}::")) for c in collected)
         if not found:
-            missing.append(node + (f"[{param}]" if param is not None else ""))
+            missing.append((path, names, param))
+    return missing
+
+
+def test_every_named_test_is_collected_by_pytest(request: pytest.FixtureRequest):
+    references = [_split(r) for r in _references(PROVEN.read_text(encoding="utf-8")) if ".py" in r]
+    # What this session collected answers for most (all of tests/unit in a full run); a
+    # separate collection of the remaining files (tests/integration, or what -k or a narrower
+    # run left out) answers for the rest.
+    here = {item.nodeid for item in request.session.items}
+    if request.config.rootpath != REPO:
+        here = set()  # node ids relative to another root: ask the separate collection
+    missing = _missing(references, here)
+    files = sorted({path for path, _, _ in missing if (REPO / path).is_file()})
+    output = ""
+    if files:
+        collected, output = _collect(files)
+        missing = _missing(missing, collected)
     assert not missing, (
         "pytest collects none of: "
-        + ", ".join(missing)
-        + ("\n" + proc.stdout[-2000:] if proc.returncode else "")
+        + ", ".join("::".join([p, *n]) + (f"[{a}]" if a is not None else "") for p, n, a in missing)
+        + ("\n" + output if output else "")
     )
 
 
