@@ -116,6 +116,12 @@ def ptx_jits_on(arch: Arch, cc: ComputeCapability) -> bool:
     return arch.cc <= cc
 
 
+def kernels_run_on(cc: ComputeCapability, sass: Sequence[Arch], ptx: Sequence[Arch]) -> bool:
+    """Whether a GPU of ``cc`` runs some kernel: a cubin natively or PTX by JIT (what
+    judge_capability calls ok or warning, not error)."""
+    return any(sass_runs_on(a, cc) for a in sass) or any(ptx_jits_on(a, cc) for a in ptx)
+
+
 def _describe_kernels(sass: Sequence[str], ptx: Sequence[str]) -> str:
     parts = []
     if sass:

@@ -187,15 +187,16 @@ def compute_capability_terms(framework: str, release: str) -> list[list[dict[str
     """Node selector terms (OR of ANDs) matching exactly the compute capabilities on which
     `gpuenv doctor` does not say "cannot run" (SASS natively, or PTX JIT), or None when
     gpuenv has no record of the release's kernels."""
-    from gpuenv.gpu.capability import judge_capability, kernels_for
+    from gpuenv.gpu.capability import ComputeCapability, kernels_for, kernels_run_on, parse_arch
 
     row = kernels_for(framework, release)
     if row is None:
         return None
+    # parsed once for the ~1000 capabilities below, not once per capability
+    sass, ptx = [parse_arch(a) for a in row.sass], [parse_arch(a) for a in row.ptx]
 
     def runs(major: int, minor: int) -> bool:
-        verdict = judge_capability(f"{major}.{minor}", row.sass, row.ptx, row.label)
-        return verdict.level != "error"
+        return kernels_run_on(ComputeCapability(major, minor), sass, ptx)
 
     passing = {m: [n for n in range(10) if runs(m, n)] for m in range(1, _MAX_MAJOR + 1)}
     full = [m for m, minors in passing.items() if len(minors) == 10]
