@@ -5,7 +5,9 @@ with doctor's compute-capability verdicts."""
 
 from __future__ import annotations
 
+import functools
 import itertools
+from collections.abc import Iterator
 
 import kubernetes_validate
 import pytest
@@ -65,6 +67,16 @@ VARIANTS = {
     )
     for g, p, r, d in itertools.product([0, 1, 2, 8], [False, True], [False, True], [False, True])
 }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _schemas_read_once() -> Iterator[None]:
+    """kubernetes-validate json-loads its schema files (megabytes) at every call: half this
+    module's time. The same files, read once for the module."""
+    with pytest.MonkeyPatch.context() as patch:
+        read = functools.cache(kubernetes_validate.utils.schema_contents)
+        patch.setattr(kubernetes_validate.utils, "schema_contents", read)
+        yield
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
