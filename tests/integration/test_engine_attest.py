@@ -22,8 +22,6 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cyclonedx.schema import SchemaVersion
-from cyclonedx.validation.json import JsonStrictValidator
 from support.cells import BASE_IMAGE, test_repository
 from support.cli import Proc, clean_env, gpuenv_cmd, output
 from support.engine import docker, run_in_image
@@ -212,6 +210,11 @@ def test_every_attestation_is_signed_and_names_the_pushed_digest(pushed):
 
 
 def test_the_sbom_names_exactly_what_the_image_holds(pushed):
+    # Imported here, not at the top: jsonschema's import compiles ~40 grammars (a second), and
+    # tests/unit/test_proven.py collects this module.
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
     artifacts = read_attestations(pushed.base, pushed.digest)
     (doc,) = [a.statement["predicate"] for a in artifacts if a.statement["predicateType"] == CDX]
     assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(json.dumps(doc)) is None

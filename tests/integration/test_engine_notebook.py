@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 from support.cells import CPU_CELL, CPU_IMAGE, SHIPPED_MATRIX
 from support.cli import GPUENV, clean_env, output, run
@@ -205,6 +204,10 @@ def test_the_notebook_layer_sits_on_the_cell_and_changes_nothing_of_it(cell_befo
 
 
 def test_devcontainer_json_names_the_cells_image_and_user(cell_before, in_image, tmp_path):
+    # Imported here, not at the top: its import compiles ~40 grammars (a second), and
+    # tests/unit/test_proven.py collects this module.
+    import jsonschema
+
     proc = run([*GPUENV, "devcontainer", "-f", str(SHIPPED_MATRIX), CPU_CELL], cwd=tmp_path)
     path = tmp_path / ".devcontainer" / "devcontainer.json"
     assert proc.stdout.strip() == str(path), output(proc)
