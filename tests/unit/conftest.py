@@ -33,15 +33,18 @@ WriteMatrix = Callable[..., Path]
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """`pytest tests/unit` runs on every core: pytest-xdist (a dev dependency) with `-n auto`,
-    about twice as fast on 2 cores. Only for this directory as a whole: a file or a test alone
-    starts sooner in one process, and tests/integration never runs in parallel (its tests
-    share one engine; this conftest is not loaded before `pytest tests` parses its options).
-    An explicit -n N (-n 0: one process) wins."""
+    a module's tests on one worker (`--dist loadscope`: its module fixtures run once). Only
+    for this directory as a whole: a file or a test alone starts sooner in one process, and
+    tests/integration never runs in parallel (its tests share one engine; this conftest is
+    not loaded before `pytest tests` parses its options). An explicit -n N (-n 0: one
+    process) or --dist wins."""
     if hasattr(config, "workerinput") or getattr(config.option, "numprocesses", 0) is not None:
         return  # an xdist worker, -n given, or no xdist
     here = config.invocation_params.dir
     if config.args and all((here / arg).resolve() == UNIT for arg in config.args):
         config.option.numprocesses = "auto"
+        if config.option.dist == "no":
+            config.option.dist = "loadscope"
 
 
 @pytest.fixture(autouse=True, scope="session")
