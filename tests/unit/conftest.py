@@ -47,25 +47,6 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
             config.option.dist = "loadscope"
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _each_cli_built_once() -> Iterator[None]:
-    """typer's CliRunner.invoke builds the Click command from the Typer app at every call:
-    13 ms of evaluating every verb's annotations, ~800 times in this suite. Built once per app
-    instead (no test changes an app's commands)."""
-    import typer.testing
-
-    build, built = typer.testing._get_command, {}
-
-    def command(app: Any) -> Any:
-        if app not in built:
-            built[app] = build(app)
-        return built[app]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(typer.testing, "_get_command", command)
-        yield
-
-
 @pytest.fixture
 def write_matrix(tmp_path: Path) -> WriteMatrix:
     """write_matrix(text, name="matrix.yaml") -> path of a matrix file holding ``text``."""

@@ -1,7 +1,7 @@
 """Hostile inputs that must fail before the engine is reached: matrix files, lock files, CLI
 options of every verb, environment variables and CA bundles.
 
-One table. Each case runs the real CLI in-process (typer.testing.CliRunner on gpuenv.cli.app)
+One table. Each case runs the real CLI in-process (tests/unit/cli_runner.py on gpuenv.cli.app)
 from a fresh temporary directory, with DOCKER_HOST pointing at a socket that does not exist
 (so reaching the engine would show as the wrong error), and must give: its exit code (1; 2
 for usage errors; 125 for `run`'s own failures), exactly one stderr line starting with
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_runner import CliRunner
 
 from gpuenv.cli import app
 

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_runner import CliRunner
 
 from gpuenv.catalog.compat import catalog
 from gpuenv.cli import app

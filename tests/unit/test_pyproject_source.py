@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from typer.testing import CliRunner
+from cli_runner import CliRunner
 
 from gpuenv.cli import app
 from gpuenv.project.project import open_project

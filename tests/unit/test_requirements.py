@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_runner import CliRunner
 
 from gpuenv.building import plan
 from gpuenv.cli import app

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_runner import CliRunner
 
 from gpuenv.building import lock as locks
 from gpuenv.cli import app
