@@ -20,4 +20,11 @@ bash scripts/setup.sh
 # Engine Protocol held against the production engine and the tests' fake).
 .venv/bin/lint-imports
 .venv/bin/mypy
-.venv/bin/pytest tests "$@"
+if [[ $# -eq 0 ]]; then
+    # The unit tests on every core (tests/unit/conftest.py), then the rest in one process:
+    # the integration tests share one engine.
+    .venv/bin/pytest tests/unit
+    .venv/bin/pytest tests --ignore=tests/unit
+else
+    .venv/bin/pytest "$@"
+fi
