@@ -90,6 +90,7 @@ def compile_requirements(
     constraints: list[str] | tuple[str, ...] = (),
     output_format: str = "requirements.txt",
     sources: Sources | None = None,
+    root: Path | None = None,
 ) -> str:
     """`uv pip compile --generate-hashes` for the cell's interpreter and platform, within
     `constraints` (pins the resolution must keep: what an image already holds). Index
@@ -101,7 +102,15 @@ def compile_requirements(
     uv builds nothing: a package that publishes only an sdist is refused by uv (`--no-build`)
     until `sources` gives its metadata (gpuenv/building/sdists.py: read statically, or from
     the wheel built in the sandbox); then uv may take that sdist, at that version only, with
-    the metadata given, and every other package still as a wheel."""
+    the metadata given, and every other package still as a wheel.
+
+    `root`: the matrix's directory, which local files (`name @ file:REL`) are relative to;
+    uv reads them at their absolute path, and the resolution names them relative again."""
+    from gpuenv.matrix.requirements import absolute_local, portable_local
+
+    if root is not None:
+        requirements = [absolute_local(r, root) for r in requirements]
+        constraints = [absolute_local(c, root) for c in constraints]
     allowed: dict[str, Metadata] = {}
     while True:
         proc = _uv_compile(
@@ -109,9 +118,10 @@ def compile_requirements(
             ca_bundle, platform, constraints, output_format, allowed,
         )  # fmt: skip
         if proc.returncode == 0:
+            out = proc.stdout if root is None else portable_local(proc.stdout, root)
             if output_format != "requirements.txt":
-                return proc.stdout
-            return _with_source_hashes(proc.stdout, allowed.values())
+                return out
+            return _with_source_hashes(out, allowed.values())
         needed = _WHEELS_REQUIRED.search(proc.stderr)
         if needed and sources is not None and len(allowed) < MAX_SOURCES:
             from gpuenv.store.wheelhouse import normalize
@@ -245,6 +255,7 @@ def lock_cell(
     credentials: Credentials | None = None,
     ca_bundle: Path | None = None,
     sources: Sources | None = None,
+    root: Path | None = None,
 ) -> CellLock:
     """The cell's resolution; `sources` gives the metadata of packages that publish only an
     sdist (gpuenv/building/sdists.py), which the environment may then take."""
@@ -257,7 +268,7 @@ def lock_cell(
         return compile_requirements(
             requirements, cell.python, exclude_newer, *indexes,
             credentials=credentials, ca_bundle=ca_bundle, platform=platform,
-            constraints=constraints, sources=sources if with_sources else None,
+            constraints=constraints, sources=sources if with_sources else None, root=root,
         )  # fmt: skip
 
     env = check_hashes(cell, resolved(env_requirements(cell), cell.constraints, True))
@@ -301,6 +312,7 @@ def pylock_text(
     credentials: Credentials | None = None,
     ca_bundle: Path | None = None,
     sources: Sources | None = None,
+    root: Path | None = None,
 ) -> str:
     """The cell's resolution as a standard PEP 751 lock: `uv pip compile --format
     pylock.toml` of the same inputs (its environment and CUDA wheels together), which must
@@ -314,7 +326,7 @@ def pylock_text(
     text = compile_requirements(
         [*env_requirements(cell), *cuda_requirements(cell)], cell.python, exclude_newer,
         *indexes, credentials=credentials, ca_bundle=ca_bundle, platform=platform_of(cell),
-        constraints=cell.constraints, output_format="pylock.toml", sources=sources,
+        constraints=cell.constraints, output_format="pylock.toml", sources=sources, root=root,
     )  # fmt: skip
     doc = tomllib.loads(text)
     got = {(normalize(p["name"]), p.get("version")) for p in doc.get("packages", [])}
@@ -396,7 +408,7 @@ def relock(
     for cell in cells:
         entries[cell.name] = lock_cell(
             cell, date, build.index_url, tuple(build.extra_index_urls),
-            credentials=credentials, ca_bundle=ca_bundle,
+            credentials=credentials, ca_bundle=ca_bundle, root=matrix.dir.resolve(),
             sources=sources_for(cell, date) if sources_for is not None else None,
         )  # fmt: skip
         say(f"locked {cell.name}")
@@ -410,7 +422,7 @@ def relock(
         for cell in cells:
             text = pylock_text(
                 cell, entries[cell.name], date, build.index_url, tuple(build.extra_index_urls),
-                credentials=credentials, ca_bundle=ca_bundle,
+                credentials=credentials, ca_bundle=ca_bundle, root=matrix.dir.resolve(),
                 sources=sources_for(cell, date) if sources_for is not None else None,
             )  # fmt: skip
             write_atomically(pylock_path(path, cell), text)

@@ -290,8 +290,9 @@ class Sender:
             for p in plans:
                 self.store.save_index(p.wheelhouse_key, p.indexes)
         self.fetcher: Fetcher = fetch.Fetcher(
-            self.store, credentials=self.credentials, ca_bundle=ca_bundle, offline=offline
-        )
+            self.store, credentials=self.credentials, ca_bundle=ca_bundle, offline=offline,
+            project_dir=project.dir.resolve(),
+        )  # fmt: skip
         self.architecture = engine.architecture()
         # The primary index (the matrix's index_url, or PyPI): the only one whose wheels may
         # be fetched by the engine's host (gpuenv/building/near.py).
@@ -350,6 +351,7 @@ class Sender:
                     requirements, python, None, *indexes,
                     credentials=self.credentials, ca_bundle=self.ca_bundle, platform=platform,
                     constraints=constraints, sources=sources,
+                    root=self.project.dir.resolve(),
                 )  # fmt: skip
             return self._resolved[memo]
 

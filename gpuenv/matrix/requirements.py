@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuenv.matrix.files import read_regular
+from gpuenv.matrix.files import open_regular, read_regular
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -529,13 +529,24 @@ class _Reader:
         target = spec.split(";")[0].strip()
         local = "://" not in target and "@" not in target
         if spec.startswith((".", "/", "~")) or (
-            local and re.search(r"\.(whl|tar\.gz|tgz|zip|tar\.bz2)$", target)
+            local and ("/" in target or re.search(r"\.(whl|tar\.gz|tgz|zip|tar\.bz2)$", target))
         ):
-            raise bad(
-                f"{target!r}: pip would install that local path or "
-                "archive; gpuenv does not build from local sources yet: publish its wheel "
-                "to an index and require it by name and version"
-            )
+            marker = spec.split(";", 1)[1].strip() if ";" in spec else ""
+            self._local(path, number, "", "", target, marker, hashes, constraint=constraint,
+                        bad=bad)  # fmt: skip
+            return
+        named_file = _FILE_REFERENCE.match(spec)
+        if named_file:
+            try:
+                req = Requirement(spec)
+            except InvalidRequirement as exc:
+                reason = str(exc).splitlines()[0] if str(exc) else "invalid"
+                raise bad(f"{spec!r} is not a valid pip requirement: {reason}") from None
+            extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+            self._local(path, number, req.name, extras, _file_url_path(req.url or "", bad),
+                        str(req.marker) if req.marker else "", hashes, constraint=constraint,
+                        bad=bad)  # fmt: skip
+            return
         if re.match(r"[A-Za-z][A-Za-z0-9+.-]*\+|[A-Za-z][A-Za-z0-9+.-]*://", spec):
             raise bad(
                 "pip would install from that URL or VCS checkout, guessing the package's "
@@ -582,6 +593,116 @@ class _Reader:
                 raise bad(f"marker {marker!r} cannot be evaluated: {exc}") from None
         (self.constraints if constraint else self.lines).append(entry)
 
+    def _local(
+        self, path: Path, number: int, name: str, extras: str, written: str, marker: str,
+        hashes: tuple[str, ...], *, constraint: bool, bad: _Bad,
+    ) -> None:  # fmt: skip
+        """A local wheel (`./dist/x-1.0-py3-none-any.whl`, `x @ file:...`): inside the
+        project directory (the matrix's, relative paths taken from there, as pip takes them
+        from the directory it runs in), locked by its sha256, named portably (`x @
+        file:REL`, relative to the matrix) in the cell and the lock."""
+        from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+        if written.startswith("~"):
+            raise bad(
+                f"{written!r}: pip would install it from the home directory; gpuenv builds only "
+                "what lies in the project directory: copy it below the matrix's directory"
+            )
+        resolved = (self.root / written).resolve()
+        if not resolved.is_relative_to(self.root):
+            raise bad(
+                f"{written!r} is outside the project directory {self.root} (symlinks "
+                "resolved); pip would install it from there; gpuenv takes only what lies "
+                "in the project: copy it below the matrix's directory"
+            )
+        try:
+            st = resolved.stat()
+        except OSError:
+            raise bad(
+                f"{written!r} does not exist (pip would stop here too); local paths are "
+                "relative to the matrix's directory"
+            ) from None
+        if stat.S_ISDIR(st.st_mode):
+            raise bad(
+                f"{written!r}: pip would build and install that directory's project; gpuenv "
+                "does not build local directories yet: build its wheel (python -m build "
+                "--wheel) and name the .whl, or publish it to an index"
+            )
+        if not written.endswith(".whl"):
+            raise bad(
+                f"{written!r}: pip would build that local archive; gpuenv takes local wheels "
+                "(.whl) only: build its wheel and name that, or name the archive by an "
+                "https URL"
+            )
+        try:
+            got, _, _, _ = parse_wheel_filename(resolved.name)
+        except InvalidWheelFilename as exc:
+            raise bad(f"{written!r}: not a wheel's file name (pip refuses it): {exc}") from None
+        if name and canonicalize_name(name) != canonicalize_name(got):
+            raise bad(
+                f"{name} @ {written}: that wheel is {got}'s; pip would refuse it too: name "
+                f"{got}, or the wheel of {name}"
+            )
+        relative = resolved.relative_to(self.root).as_posix()
+        if not _LOCAL_CHARS.fullmatch(relative):
+            raise bad(
+                f"{relative!r}: gpuenv takes local paths of letters, digits and ._+-/ only "
+                "(they reach the lock as written): rename it"
+            )
+        try:
+            digest = hashlib.sha256()
+            with open_regular(resolved) as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+        except OSError as exc:
+            raise bad(f"{written!r} is not a readable regular file: {exc.strerror}") from None
+        sha = digest.hexdigest()
+        if hashes and sha not in hashes:
+            raise bad(
+                f"{written!r} has sha256 {sha}, none of the line's --hash values; pip would "
+                "refuse to install it: update the --hash"
+            )
+        if marker:
+            _marker_line(path, number, got, marker, bad)
+        self.files.append((os.path.abspath(self.root / written), resolved, sha))
+        requirement = f"{name or got}{extras} @ {LOCAL_PREFIX}{relative}"
+        entry = Line(path, number, canonicalize_name(got), requirement, marker, (sha,))
+        (self.constraints if constraint else self.lines).append(entry)
+
+
+# A local file in a cell's requirements and its lock: `name @ file:PATH`, PATH relative to
+# the matrix's directory (portable: no path of this machine). uv is given the absolute URL
+# (`absolute_local`) and its answer made relative again (`portable_local`).
+LOCAL_PREFIX = "file:"
+_LOCAL_CHARS = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+\-/]*")
+_FILE_REFERENCE = re.compile(r"\s*[A-Za-z0-9][A-Za-z0-9._-]*\s*(\[[^\]]*\])?\s*@\s*file:")
+
+
+def _file_url_path(url: str, bad: _Bad) -> str:
+    """The path a `file:` URL names: `file:///abs`, `file://localhost/abs`, `file:rel`."""
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(url)
+    if parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
+        raise bad(
+            f"{url[:80]}: pip would read that file URL; gpuenv takes file:PATH (relative to "
+            "the matrix) or file:///PATH inside the project, with no host, query or fragment"
+        )
+    return unquote(parts.path)
+
+
+def absolute_local(requirement: str, root: Path) -> str:
+    """A cell's `name @ file:REL` as uv reads it (an absolute file URL)."""
+    name, sep, url = requirement.partition(f" @ {LOCAL_PREFIX}")
+    if not sep or url.startswith("/"):
+        return requirement
+    return f"{name} @ {(root / url).as_uri()}"
+
+
+def portable_local(text: str, root: Path) -> str:
+    """uv's resolution with the project's file URLs made relative again."""
+    return text.replace(f"@ {root.as_uri()}/", f"@ {LOCAL_PREFIX}")
+
 
 _URL_CHARS = re.compile(r"[A-Za-z0-9._~:/?#\[\]@!&()*+,;=%-]+")
 _ARCHIVES = (".whl", ".tar.gz", ".zip")
@@ -604,9 +725,8 @@ def direct_url(name: str, url: str, bad: _Bad) -> tuple[str, tuple[str, ...]]:
     parts = urlsplit(url)
     if parts.scheme == "file" or not parts.scheme:
         raise bad(
-            f"{name} @ {url[:80]}: pip would install {name} from that local path; gpuenv "
-            "does not build local paths yet: publish the package to an index, or name its "
-            "archive by an https URL"
+            f"{name} @ {url[:80]}: pip would refuse that (a direct reference is a URL): "
+            f"write {name} @ file:PATH (relative to the matrix) or the bare path"
         )
     loopback = parts.scheme == "http" and parts.hostname in _LOOPBACK
     if parts.scheme != "https" and not loopback:

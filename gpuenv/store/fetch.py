@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import io
 import ssl
+import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -84,8 +85,11 @@ class Fetcher:
         ca_bundle: Path | None = None,
         offline: bool = False,
         upstream: Upstream | None = None,
+        project_dir: Path | None = None,
     ) -> None:
         self.store = store
+        # Where a lock's local files (`name @ file:REL`) are read from (resolved).
+        self.project_dir = project_dir
         self.offline = offline
         self.credentials = credentials
         self._ca_bundle = ca_bundle
@@ -221,9 +225,10 @@ class Fetcher:
             path = self.store.verified(sha)
             if path is not None:
                 return path
+        if url.startswith("file:"):
+            return self._local_file(url, sha)
         if self.offline:
             raise GpuenvError(f"--offline: the wheelhouse lacks {url}; build once online first")
-        import tempfile
 
         self.store.make_private()
         try:
@@ -250,6 +255,36 @@ class Fetcher:
         with self._lock:
             self.fetched += 1
         return path
+
+    def _local_file(self, url: str, sha: str | None) -> Path:
+        """A local file of the project (`file:REL`, relative to its directory) copied into
+        the wheelhouse under its sha256, checked against the lock's as a download is; read
+        again inside the project only (a symlink swapped in since the lock is refused)."""
+        from gpuenv.matrix.files import open_regular
+
+        root = self.project_dir
+        if root is None:
+            raise GpuenvError(f"{url}: a project's local file, and no project to read it from")
+        path = (root / url.removeprefix("file:")).resolve()
+        if not path.is_relative_to(root):
+            raise GpuenvError(f"{url}: now outside the project directory {root}; re-lock")
+        self.store.make_private()
+        try:
+            with open_regular(path) as source, tempfile.TemporaryFile(dir=self.store.root) as tmp:
+                digest = hashlib.sha256()
+                while chunk := source.read(1 << 20):
+                    digest.update(chunk)
+                    tmp.write(chunk)
+                tmp.seek(0)
+                got = digest.hexdigest()
+                if sha is not None and got != sha:
+                    raise HashMismatch(
+                        f"{path}: its sha256 is {got}, the lock says {sha}; not stored (the "
+                        "file changed since the lock: gpuenv lock)"
+                    )
+                return self.store.put(got, tmp, str(path))
+        except OSError as exc:
+            raise GpuenvError(f"cannot read {path}: {exc.strerror or exc}") from None
 
     def uv_file(self, key: str, version: str, machine: str) -> Path:
         """uv's executable for `machine`, the installer every build's steps run (and the
