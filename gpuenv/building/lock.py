@@ -121,6 +121,7 @@ def compile_requirements(
             out = proc.stdout if root is None else portable_local(proc.stdout, root)
             if output_format != "requirements.txt":
                 return out
+            out = _with_tree_hashes(out, requirements, root) if root is not None else out
             return _with_source_hashes(out, allowed.values())
         needed = _WHEELS_REQUIRED.search(proc.stderr)
         if needed and sources is not None and len(allowed) < MAX_SOURCES:
@@ -215,6 +216,34 @@ def _with_source_hashes(text: str, allowed: Iterable[Metadata]) -> str:
     for name, block in blocks(text):
         if name in shas and "--hash=" not in block:
             block = f"{block.rstrip()} \\\n    --hash=sha256:{shas[name]}\n"
+        out.append(block)
+    return "".join(out)
+
+
+def _with_tree_hashes(text: str, requirements: list[str], root: Path) -> str:
+    """uv hashes no directory (it read a local project's pyproject.toml); the lock holds its
+    content digest (gpuenv/matrix/localtree.py), which the build checks the tree against."""
+    from urllib.parse import unquote
+
+    from gpuenv.building.layers import blocks
+    from gpuenv.matrix import localtree
+    from gpuenv.store.wheelhouse import normalize
+
+    trees: dict[str, str] = {}
+    for requirement in requirements:
+        name, sep, url = requirement.partition(" @ file://")
+        path = Path(unquote(url.split(";")[0].strip()))
+        if sep and path.is_dir():
+            try:
+                trees[normalize(name.split("[")[0])] = localtree.content_digest(path, root)
+            except localtree.TreeProblem as exc:
+                raise GpuenvError(f"{path}: {exc}") from None
+    if not trees:
+        return text
+    out = []
+    for name, block in blocks(text):
+        if name in trees and "--hash=" not in block:
+            block = f"{block.rstrip()} \\\n    --hash=sha256:{trees[name]}\n"
         out.append(block)
     return "".join(out)
 

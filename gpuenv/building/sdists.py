@@ -51,7 +51,8 @@ if TYPE_CHECKING:
     from gpuenv.engine.client import Engine
     from gpuenv.store.fetch import Fetcher
 
-SOURCE_SUFFIXES = (".tar.gz", ".zip")
+# .tar: a local project directory's tree (gpuenv/matrix/localtree.py), built as a directory.
+SOURCE_SUFFIXES = (".tar.gz", ".zip", ".tar")
 # Sources that need a compiler: an sdist holding any is built with one.
 NATIVE = re.compile(
     r"\.(c|cc|cpp|cxx|c\+\+|pyx|pxd|f|f90|f95|rs|cu)$|(^|/)(Cargo\.toml|CMakeLists\.txt|meson\.build)$",
@@ -428,8 +429,13 @@ class WheelBuilder:
                                     sandbox.glibc)  # fmt: skip
         deps = self.fetcher.fetch_all(self.key, [(r, w) for r, w, _ in picked])
         assert len(deps) == len(locked_requirements(resolution))
-        files = {f"{SANDBOX}/src/{name}": path.read_bytes(),
-                 f"{SANDBOX}/uv": self.uv(sandbox.machine).read_bytes()}  # fmt: skip
+        files = {f"{SANDBOX}/uv": self.uv(sandbox.machine).read_bytes()}
+        if sdist.filename.endswith(".tar"):  # a local directory: built as the tree itself
+            tree = _tree_files(path)
+            files.update({f"{SANDBOX}/src/{member}": data for member, data in tree.items()})
+            name = next(iter(tree)).split("/", 1)[0] if tree else "project"
+        else:
+            files[f"{SANDBOX}/src/{name}"] = path.read_bytes()
         files.update({f"{SANDBOX}/deps/{filename}": p.read_bytes() for filename, p in deps})
         command = [
             "/bin/sh", "-c",
@@ -500,6 +506,20 @@ def _name_version(sdist_filename: str) -> tuple[str, str]:
 
     name, version = parse_sdist_filename(sdist_filename)
     return str(name), str(version)
+
+
+def _tree_files(path: Path) -> dict[str, bytes]:
+    """A local directory's tar (gpuenv/matrix/localtree.py: regular files under one top
+    directory) as member name -> bytes; any other member, or one leaving the top, refused."""
+    out: dict[str, bytes] = {}
+    with tarfile.open(path, "r:") as tar:
+        for member in tar:
+            parts = member.name.split("/")
+            if not member.isfile() or ".." in parts or member.name.startswith("/"):
+                raise GpuenvError(f"{path.name}: {member.name!r} is not a file of a project tree")
+            stream = tar.extractfile(member)
+            out[member.name] = stream.read() if stream is not None else b""
+    return out
 
 
 def _wheels_in(tar_bytes: bytes) -> list[tuple[str, bytes]]:

@@ -623,11 +623,9 @@ class _Reader:
                 "relative to the matrix's directory"
             ) from None
         if stat.S_ISDIR(st.st_mode):
-            raise bad(
-                f"{written!r}: pip would build and install that directory's project; gpuenv "
-                "does not build local directories yet: build its wheel (python -m build "
-                "--wheel) and name the .whl, or publish it to an index"
-            )
+            self._local_tree(path, number, name, extras, written, resolved, marker, hashes,
+                             constraint=constraint, bad=bad)  # fmt: skip
+            return
         if not written.endswith(".whl"):
             raise bad(
                 f"{written!r}: pip would build that local archive; gpuenv takes local wheels "
@@ -667,6 +665,74 @@ class _Reader:
         self.files.append((os.path.abspath(self.root / written), resolved, sha))
         requirement = f"{name or got}{extras} @ {LOCAL_PREFIX}{relative}"
         entry = Line(path, number, canonicalize_name(got), requirement, marker, (sha,))
+        (self.constraints if constraint else self.lines).append(entry)
+
+    def _local_tree(
+        self, path: Path, number: int, name: str, extras: str, written: str, resolved: Path,
+        marker: str, hashes: tuple[str, ...], *, constraint: bool, bad: _Bad,
+    ) -> None:  # fmt: skip
+        """A local project directory (`./mypkg`, `mypkg @ file:mypkg`): named by its
+        pyproject.toml (or the line), locked by its content digest (gpuenv/matrix/
+        localtree.py), built into a wheel in the sdist sandbox like any sdist."""
+        import tomllib
+
+        from packaging.utils import canonicalize_name
+
+        from gpuenv.matrix import localtree
+
+        if resolved == self.root:
+            raise bad(
+                f"{written!r} is the project itself (the matrix's directory); pip would build "
+                "and install it: ask for that with packages: {pyproject: pyproject.toml, "
+                "install_project: true}, not a requirements line"
+            )
+        if hashes:
+            raise bad(
+                f"{written!r} is a directory; pip cannot check a directory's hash and refuses "
+                "--hash for it: remove the --hash (gpuenv locks the directory's content)"
+            )
+        declared = ""
+        pyproject, setup = resolved / "pyproject.toml", resolved / "setup.py"
+        if pyproject.is_file():
+            try:
+                doc = tomllib.loads(read_regular(pyproject, MAX_BYTES).decode("utf-8"))
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+                raise bad(f"{written}/pyproject.toml cannot be read as TOML: {exc}") from None
+            project = doc.get("project")
+            if isinstance(project, dict) and isinstance(project.get("name"), str):
+                declared = project["name"]
+        elif not setup.is_file():
+            raise bad(
+                f"{written!r} has neither pyproject.toml nor setup.py; pip would stop too "
+                "(not a Python project): name the project's directory"
+            )
+        if not declared and not name:
+            raise bad(
+                f"{written!r}: its name is not in a pyproject.toml [project] table; pip would "
+                "run its setup.py to learn it, gpuenv runs nothing here: write NAME @ "
+                f"file:{written}"
+            )
+        if name and declared and canonicalize_name(name) != canonicalize_name(declared):
+            raise bad(
+                f"{name} @ {written}: that directory's project is {declared}; pip would "
+                f"refuse it too: name {declared}"
+            )
+        relative = resolved.relative_to(self.root).as_posix()
+        if not _LOCAL_CHARS.fullmatch(relative):
+            raise bad(
+                f"{relative!r}: gpuenv takes local paths of letters, digits and ._+-/ only "
+                "(they reach the lock as written): rename it"
+            )
+        try:
+            digest = localtree.content_digest(resolved, self.root)
+        except localtree.TreeProblem as exc:
+            raise bad(f"{written}: {exc}") from None
+        if marker:
+            _marker_line(path, number, name or declared, marker, bad)
+        self.files.append((os.path.abspath(self.root / written), resolved, digest))
+        requirement = f"{name or declared}{extras} @ {LOCAL_PREFIX}{relative}"
+        entry = Line(path, number, canonicalize_name(name or declared), requirement, marker,
+                     (digest,))  # fmt: skip
         (self.constraints if constraint else self.lines).append(entry)
 
 

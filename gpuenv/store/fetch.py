@@ -257,10 +257,12 @@ class Fetcher:
         return path
 
     def _local_file(self, url: str, sha: str | None) -> Path:
-        """A local file of the project (`file:REL`, relative to its directory) copied into
-        the wheelhouse under its sha256, checked against the lock's as a download is; read
-        again inside the project only (a symlink swapped in since the lock is refused)."""
+        """A local file of the project (`file:REL`, relative to its directory; a directory:
+        its tree's tar, gpuenv/matrix/localtree.py) copied into the wheelhouse under its
+        sha256, checked against the lock's as a download is; read again inside the project
+        only (a symlink swapped in since the lock is refused)."""
         from gpuenv.matrix.files import open_regular
+        from gpuenv.matrix.localtree import TreeProblem, write_tar
 
         root = self.project_dir
         if root is None:
@@ -270,19 +272,25 @@ class Fetcher:
             raise GpuenvError(f"{url}: now outside the project directory {root}; re-lock")
         self.store.make_private()
         try:
-            with open_regular(path) as source, tempfile.TemporaryFile(dir=self.store.root) as tmp:
-                digest = hashlib.sha256()
-                while chunk := source.read(1 << 20):
-                    digest.update(chunk)
-                    tmp.write(chunk)
+            with tempfile.TemporaryFile(dir=self.store.root) as tmp:
+                if path.is_dir():  # a project directory: its tree's tar, by its digest
+                    got = write_tar(path, root, tmp)
+                else:
+                    digest = hashlib.sha256()
+                    with open_regular(path) as source:
+                        while chunk := source.read(1 << 20):
+                            digest.update(chunk)
+                            tmp.write(chunk)
+                    got = digest.hexdigest()
                 tmp.seek(0)
-                got = digest.hexdigest()
                 if sha is not None and got != sha:
                     raise HashMismatch(
                         f"{path}: its sha256 is {got}, the lock says {sha}; not stored (the "
                         "file changed since the lock: gpuenv lock)"
                     )
                 return self.store.put(got, tmp, str(path))
+        except TreeProblem as exc:
+            raise GpuenvError(f"{path}: {exc}") from None
         except OSError as exc:
             raise GpuenvError(f"cannot read {path}: {exc.strerror or exc}") from None
 

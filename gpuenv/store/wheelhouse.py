@@ -446,7 +446,10 @@ def archive_name(url: str) -> str:
     """The file name a direct reference's URL ends in."""
     from urllib.parse import unquote, urlsplit
 
-    return unquote(urlsplit(url).path.rsplit("/", 1)[-1])
+    name = unquote(urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1])
+    if url.startswith("file:") and not name.endswith((".whl", ".tar.gz", ".zip")):
+        return f"{name}.tar"  # a local project directory, kept as its tree's tar
+    return name
 
 
 def archive_version(url: str) -> str:

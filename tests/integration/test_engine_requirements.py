@@ -16,6 +16,9 @@ and crcmod (a C extension of ~600 lines, which compiles in about a
 second; without a compiler its setup.py falls back to pure Python, so the test asks for the
 extension module). Each is built into a wheel once, in a network-less container of the
 cell's base (crcmod in a removed image of it with gcc), and a second build reuses them.
+A local wheel of the project (`./dist/localpkg-1.0-py3-none-any.whl`, made here) and a
+local project directory (`./mypkg`, built as a tree in the same sandbox) are installed from
+the project directory too.
 """
 
 from __future__ import annotations
@@ -42,7 +45,35 @@ PLY_URL = (
     "#sha256=00c7c1aaa88358b9c765b6d3000c6eec0ba42abca5351b095321aef446081da3"
 )
 SDIST_FILES = {f"{name}-{version}.tar.gz" for name, version in SDISTS.items()}
-SDIST_FILES.add("ply-3.11.tar.gz")
+SDIST_FILES.update({"ply-3.11.tar.gz", "mypkg.tar"})
+
+
+LOCAL_WHEEL = "localpkg-1.0-py3-none-any.whl"
+
+
+def local_wheel(path: Path) -> None:
+    """A wheel of the project's own, as `python -m build` leaves one in dist/."""
+    import zipfile
+
+    path.parent.mkdir(parents=True)
+    info = "localpkg-1.0.dist-info"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("localpkg/__init__.py", "X = 7\n")
+        zf.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: localpkg\nVersion: 1.0\n")
+        zf.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        zf.writestr(f"{info}/RECORD", "")
+
+
+def local_project(path: Path) -> None:
+    """A project directory with a pyproject.toml (setuptools, which the sandbox fetches)."""
+    (path / "mypkg").mkdir(parents=True)
+    (path / "pyproject.toml").write_text(
+        '[project]\nname = "mypkg"\nversion = "0.3"\n'
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
+    )
+    (path / "mypkg" / "__init__.py").write_text("Y = 5\n")
 
 
 def forget_built_wheels() -> None:
@@ -79,7 +110,9 @@ def test_a_requirements_file_is_installed_and_its_edits_rebuild(
     # and an included file, relative to the including one.
     lines = f'{PACKAGE}=={VERSION}; sys_platform == "linux"\n-r win.txt\n'
     lines += "".join(f"{name}=={version}\n" for name, version in SDISTS.items())
-    lines += f"ply @ {PLY_URL}\n"
+    lines += f"ply @ {PLY_URL}\n./dist/{LOCAL_WHEEL}\n./mypkg\n"
+    local_wheel(tmp_path / "dist" / LOCAL_WHEEL)
+    local_project(tmp_path / "mypkg")
     reqs.write_text(f"# a small package of our own\n{lines}", encoding="utf-8")
     (tmp_path / "requirements" / "win.txt").write_text('pywin32==308; sys_platform == "win32"\n')
     matrix = write_matrix(tmp_path, "requirements/extra.txt")
@@ -109,6 +142,10 @@ def test_a_requirements_file_is_installed_and_its_edits_rebuild(
     )
     assert in_image(IMAGE, "python", "-c", sdist_code).split() == \
         ["1.4.0", "1.7", "True", "3", "None"]  # fmt: skip
+    assert in_image(IMAGE, "python", "-c", "import localpkg; print(localpkg.X)").strip() == "7"
+    assert "mypkg.tar: built into mypkg-0.3-py3-none-any.whl (pure Python" in proc.stderr
+    local = "import mypkg, importlib.metadata as m; print(mypkg.Y, m.version('mypkg'))"
+    assert in_image(IMAGE, "python", "-c", local).split() == ["5", "0.3"]
     leftovers = docker("ps", "-aq", "--filter", "label=io.gpuenv.sdist").stdout.strip()
     compilers = docker("images", "-q", "--filter", "label=io.gpuenv.sdist-build").stdout.strip()
     assert leftovers == compilers == "", (leftovers, compilers)

@@ -77,7 +77,6 @@ def test_a_local_wheel_reaches_the_cell_relative_to_the_matrix_with_its_hash(
         (f"localpkg @ file:link/{WHEEL}", "symlink-out", "is outside the project directory"),
         (f"~/{WHEEL}", None, "pip would install it from the home directory"),
         (f"./dist/{WHEEL}", None, "does not exist (pip would stop here too)"),
-        ("./mypkg", "dir", "pip would build and install that directory's project"),
         ("./dist/localpkg-1.0.tar.gz", "sdist", "gpuenv takes local wheels (.whl) only"),
         (f"other @ file:dist/{WHEEL}", "wheel", "that wheel is localpkg's"),
         ("./dist/not-a-wheel.whl", "badname", "not a wheel's file name"),
@@ -95,9 +94,6 @@ def test_local_paths_gpuenv_cannot_take_are_refused_at_their_line(tmp_path, line
     elif setup == "symlink-out":
         make_wheel(tmp_path / "elsewhere" / WHEEL)
         (root / "link").symlink_to(tmp_path / "elsewhere")
-    elif setup == "dir":
-        (root / "mypkg").mkdir()
-        (root / "mypkg" / "pyproject.toml").write_text("[project]\nname = 'mypkg'\n")
     elif setup == "sdist":
         (root / "dist").mkdir()
         (root / "dist" / "localpkg-1.0.tar.gz").write_bytes(b"")

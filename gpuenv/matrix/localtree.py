@@ -1,0 +1,108 @@
+"""A local project directory named in a requirements file (`./mypkg`), as one deterministic
+tar: what gpuenv locks it by (the tar's sha256, its content digest), keeps in the
+wheelhouse, and builds into a wheel in the sdist sandbox (gpuenv/building/sdists.py).
+
+The same tree always gives the same bytes, on any machine: members sorted, under one top
+directory named after the directory, regular files only (a symlink inside the project is
+taken as the file it leads to; one leading outside, or to a directory, is refused), owner
+0, mtime 0, mode 0644 or 0755 (the owner's execute bit). Version-control and cache
+directories are left out (VCS_AND_CACHES), as are compiled .pyc files: none of them is
+part of what pip builds from, and a `git commit` must not change the digest. Uncompressed:
+gzip's bytes could differ between zlib builds, a tar's do not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import stat
+import tarfile
+from pathlib import Path
+from typing import IO
+
+VCS_AND_CACHES = frozenset({
+    ".git", ".hg", ".svn", ".bzr", "__pycache__", ".mypy_cache", ".pytest_cache",
+    ".ruff_cache", ".tox", ".nox", ".venv", ".ipynb_checkpoints",
+})  # fmt: skip
+MAX_FILES = 20_000
+MAX_BYTES = 256 << 20  # the files' sizes together
+
+
+class TreeProblem(Exception):
+    """Why a directory cannot be taken (said to the user with the line that names it)."""
+
+
+def members(directory: Path, root: Path) -> list[tuple[str, Path]]:
+    """The tree's files, sorted: (path relative to `directory`, posix; the file to read).
+    `root` is the project directory no symlink may lead out of."""
+    out: list[tuple[str, Path]] = []
+    total = 0
+    for here, dirs, files in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if d not in VCS_AND_CACHES)
+        for d in dirs:
+            if (Path(here) / d).is_symlink():
+                where = Path(here, d).relative_to(directory)
+                raise TreeProblem(f"{where} is a symlinked directory (pip would copy what it "
+                                  "leads to): copy it in")  # fmt: skip
+        for name in sorted(files):
+            if name.endswith(".pyc"):
+                continue
+            path = Path(here) / name
+            relative = path.relative_to(directory).as_posix()
+            target = path.resolve()
+            if not target.is_relative_to(root):
+                raise TreeProblem(f"{relative} is a symlink out of the project directory")
+            try:
+                st = target.stat()
+            except OSError as exc:
+                raise TreeProblem(f"{relative} cannot be read: {exc.strerror}") from None
+            if not stat.S_ISREG(st.st_mode):
+                raise TreeProblem(f"{relative} is not a regular file (a device, a FIFO)")
+            total += st.st_size
+            out.append((relative, target))
+            if len(out) > MAX_FILES or total > MAX_BYTES:
+                raise TreeProblem(
+                    f"more than {MAX_FILES} files or {MAX_BYTES >> 20} MiB (without "
+                    f"{', '.join(sorted(VCS_AND_CACHES))})"
+                )
+    out.sort()
+    return out
+
+
+def write_tar(directory: Path, root: Path, out: IO[bytes] | None) -> str:
+    """Write the tree's tar to `out` (None: nowhere); its sha256 (the content digest)."""
+    top = directory.name or "project"
+    digest = hashlib.sha256()
+
+    class _Hashing(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b: bytes) -> int:  # type: ignore[override]
+            digest.update(b)
+            if out is not None:
+                out.write(b)
+            return len(b)
+
+    with tarfile.open(fileobj=_Hashing(), mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for relative, path in members(directory, root):
+            info = tarfile.TarInfo(f"{top}/{relative}")
+            try:
+                with path.open("rb") as f:
+                    data = f.read(MAX_BYTES + 1)
+                executable = os.stat(path).st_mode & stat.S_IXUSR
+            except OSError as exc:
+                raise TreeProblem(f"{relative} cannot be read: {exc.strerror}") from None
+            info.size, info.mtime = len(data), 0
+            info.mode = 0o755 if executable else 0o644
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tar.addfile(info, io.BytesIO(data))
+    return digest.hexdigest()
+
+
+def content_digest(directory: Path, root: Path) -> str:
+    """The sha256 of the tree's tar, without keeping it."""
+
+    return write_tar(directory, root, None)
