@@ -91,6 +91,7 @@ def compile_requirements(
     output_format: str = "requirements.txt",
     sources: Sources | None = None,
     root: Path | None = None,
+    trees: dict[str, str] | None = None,
 ) -> str:
     """`uv pip compile --generate-hashes` for the cell's interpreter and platform, within
     `constraints` (pins the resolution must keep: what an image already holds). Index
@@ -105,7 +106,8 @@ def compile_requirements(
     the metadata given, and every other package still as a wheel.
 
     `root`: the matrix's directory, which local files (`name @ file:REL`) are relative to;
-    uv reads them at their absolute path, and the resolution names them relative again."""
+    uv reads them at their absolute path, and the resolution names them relative again;
+    `trees`: the content digests of the local directories among them, by name."""
     from gpuenv.matrix.requirements import absolute_local, portable_local
 
     if root is not None:
@@ -121,7 +123,7 @@ def compile_requirements(
             out = proc.stdout if root is None else portable_local(proc.stdout, root)
             if output_format != "requirements.txt":
                 return out
-            out = _with_tree_hashes(out, requirements, root) if root is not None else out
+            out = _with_tree_hashes(out, trees or {})
             return _with_source_hashes(out, allowed.values())
         needed = _WHEELS_REQUIRED.search(proc.stderr)
         if needed and sources is not None and len(allowed) < MAX_SOURCES:
@@ -220,32 +222,25 @@ def _with_source_hashes(text: str, allowed: Iterable[Metadata]) -> str:
     return "".join(out)
 
 
-def _with_tree_hashes(text: str, requirements: list[str], root: Path) -> str:
+def _with_tree_hashes(text: str, tree_hashes: dict[str, str]) -> str:
     """uv hashes no directory (it read a local project's pyproject.toml); the lock holds its
-    content digest (gpuenv/matrix/localtree.py), which the build checks the tree against."""
-    from urllib.parse import unquote
-
-    from gpuenv.building.layers import blocks
-    from gpuenv.matrix import localtree
-    from gpuenv.store.wheelhouse import normalize
-
-    trees: dict[str, str] = {}
-    for requirement in requirements:
-        name, sep, url = requirement.partition(" @ file://")
-        path = Path(unquote(url.split(";")[0].strip()))
-        if sep and path.is_dir():
-            try:
-                trees[normalize(name.split("[")[0])] = localtree.content_digest(path, root)
-            except localtree.TreeProblem as exc:
-                raise GpuenvError(f"{path}: {exc}") from None
-    if not trees:
+    content digest (gpuenv/matrix/localtree.py: what the line was read with, the cell's
+    hashes), which the build checks the tree against."""
+    if not tree_hashes:
         return text
+    from gpuenv.building.layers import blocks
+
     out = []
     for name, block in blocks(text):
-        if name in trees and "--hash=" not in block:
-            block = f"{block.rstrip()} \\\n    --hash=sha256:{trees[name]}\n"
+        if name in tree_hashes and " @ file:" in block and "--hash=" not in block:
+            block = f"{block.rstrip()} \\\n    --hash=sha256:{tree_hashes[name]}\n"
         out.append(block)
     return "".join(out)
+
+
+def tree_hashes(cell: Cell) -> dict[str, str]:
+    """The one digest each line with one gives (a local directory's content digest)."""
+    return {name: digests[0] for name, digests, _ in cell.hashes if len(digests) == 1}
 
 
 def _dependency_metadata(metadata: Iterable[Metadata]) -> str:
@@ -298,6 +293,7 @@ def lock_cell(
             requirements, cell.python, exclude_newer, *indexes,
             credentials=credentials, ca_bundle=ca_bundle, platform=platform,
             constraints=constraints, sources=sources if with_sources else None, root=root,
+            trees=tree_hashes(cell),
         )  # fmt: skip
 
     env = check_hashes(cell, resolved(env_requirements(cell), cell.constraints, True))

@@ -280,6 +280,7 @@ class Sender:
         offline: bool, say: Callable[[str], None] = lambda _: None,
     ) -> None:  # fmt: skip
         from gpuenv.building import near
+        from gpuenv.matrix.localtree import project_excludes
         from gpuenv.store import credentials, fetch, wheelhouse
 
         self.engine, self.project, self.ca_bundle, self.say = engine, project, ca_bundle, say
@@ -292,6 +293,7 @@ class Sender:
         self.fetcher: Fetcher = fetch.Fetcher(
             self.store, credentials=self.credentials, ca_bundle=ca_bundle, offline=offline,
             project_dir=project.dir.resolve(),
+            project_exclude=project_excludes(project.path.name),
         )  # fmt: skip
         self.architecture = engine.architecture()
         # The primary index (the matrix's index_url, or PyPI): the only one whose wheels may
@@ -324,6 +326,7 @@ class Sender:
             platform,
             cell.constraints,
             sources=self.sources(cell),
+            trees=locks.tree_hashes(cell),
         )
         locks.check_hashes(cell, env)
         cuda = ""
@@ -339,10 +342,11 @@ class Sender:
         platform: str,
         constraints: tuple[str, ...] = (),
         sources: locks.Sources | None = None,
+        trees: dict[str, str] | None = None,
     ) -> str:
         from gpuenv.building import lock as locks
 
-        memo = json.dumps([python, requirements, indexes, platform, constraints])
+        memo = json.dumps([python, requirements, indexes, platform, constraints, trees])
         with self._lock:
             if memo not in self._resolved:
                 # No exclude-newer date: what the indexes offer now, and an index that gives
@@ -351,7 +355,7 @@ class Sender:
                     requirements, python, None, *indexes,
                     credentials=self.credentials, ca_bundle=self.ca_bundle, platform=platform,
                     constraints=constraints, sources=sources,
-                    root=self.project.dir.resolve(),
+                    root=self.project.dir.resolve(), trees=trees,
                 )  # fmt: skip
             return self._resolved[memo]
 

@@ -33,12 +33,18 @@ class TreeProblem(Exception):
     """Why a directory cannot be taken (said to the user with the line that names it)."""
 
 
-def members(directory: Path, root: Path) -> list[tuple[str, Path]]:
+def members(directory: Path, root: Path, exclude: tuple[str, ...] = ()) -> list[tuple[str, Path]]:
     """The tree's files, sorted: (path relative to `directory`, posix; the file to read).
-    `root` is the project directory no symlink may lead out of."""
+    `root` is the project directory no symlink may lead out of; `exclude`: fnmatch patterns
+    of top-level files left out (for the project itself: its matrix and the locks gpuenv
+    writes, which must not change the digest they record)."""
+    from fnmatch import fnmatchcase
+
     out: list[tuple[str, Path]] = []
     total = 0
     for here, dirs, files in os.walk(directory):
+        if Path(here) == directory:
+            files = [f for f in files if not any(fnmatchcase(f, x) for x in exclude)]
         dirs[:] = sorted(d for d in dirs if d not in VCS_AND_CACHES)
         for d in dirs:
             if (Path(here) / d).is_symlink():
@@ -70,7 +76,9 @@ def members(directory: Path, root: Path) -> list[tuple[str, Path]]:
     return out
 
 
-def write_tar(directory: Path, root: Path, out: IO[bytes] | None) -> str:
+def write_tar(
+    directory: Path, root: Path, out: IO[bytes] | None, exclude: tuple[str, ...] = ()
+) -> str:
     """Write the tree's tar to `out` (None: nowhere); its sha256 (the content digest)."""
     top = directory.name or "project"
     digest = hashlib.sha256()
@@ -86,7 +94,7 @@ def write_tar(directory: Path, root: Path, out: IO[bytes] | None) -> str:
             return len(b)
 
     with tarfile.open(fileobj=_Hashing(), mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for relative, path in members(directory, root):
+        for relative, path in members(directory, root, exclude):
             info = tarfile.TarInfo(f"{top}/{relative}")
             try:
                 with path.open("rb") as f:
@@ -102,7 +110,13 @@ def write_tar(directory: Path, root: Path, out: IO[bytes] | None) -> str:
     return digest.hexdigest()
 
 
-def content_digest(directory: Path, root: Path) -> str:
+def content_digest(directory: Path, root: Path, exclude: tuple[str, ...] = ()) -> str:
     """The sha256 of the tree's tar, without keeping it."""
+    return write_tar(directory, root, None, exclude)
 
-    return write_tar(directory, root, None)
+
+def project_excludes(matrix_name: str) -> tuple[str, ...]:
+    """What the project itself is tarred without: the matrix, its lock (contract.py's
+    name for it) and the PEP 751 locks `gpuenv lock --pylock` writes beside it."""
+    stem = matrix_name.rsplit(".", 1)[0]
+    return (matrix_name, f"{stem}.lock", "pylock.*.toml")

@@ -174,12 +174,15 @@ def read(written: str, matrix_dir: Path) -> RequirementsFile:
 
 
 def read_pyproject(
-    written: str, matrix_dir: Path, extras: tuple[str, ...], groups: tuple[str, ...]
-) -> RequirementsFile:
+    written: str, matrix_dir: Path, extras: tuple[str, ...], groups: tuple[str, ...], *,
+    install_project: bool = False, exclude: tuple[str, ...] = (),
+) -> RequirementsFile:  # fmt: skip
     """A pyproject.toml's `[project] dependencies`, the `optional-dependencies` of `extras`
     and the PEP 735 `[dependency-groups]` `groups` (with their include-group entries), as
     requirement lines: each is what a requirements file's line would be, at the line of the
-    file it is written on."""
+    file it is written on. With `install_project`, the project itself too: its directory
+    as a local directory's line (`name @ file:.`), tarred without the files `exclude`
+    names (the matrix and its locks, localtree.project_excludes)."""
     import tomllib
 
     from packaging.dependency_groups import resolve_dependency_groups
@@ -236,6 +239,16 @@ def read_pyproject(
                 f"{requirement!r} is a pip option, not a requirement", path, number
             )
         reader._line(path, number, requirement, constraint=False)
+    if install_project:
+        name = project.get("name")
+        number = _line_of(physical, name) if isinstance(name, str) else 1
+        folder = os.path.relpath(path.parent, reader.root)
+
+        def bad(why: str) -> RequirementsProblem:
+            return RequirementsProblem(f"install_project: {why}", path, number)
+
+        reader._local_tree(path, number, "", "", folder, path.parent, "", (),
+                           constraint=False, bad=bad, itself=exclude)  # fmt: skip
     chosen = json.dumps([line.text for line in reader.lines]).encode()
     return RequirementsFile(
         written, path, tuple(reader.lines), (), hashlib.sha256(chosen).hexdigest(),
@@ -670,17 +683,21 @@ class _Reader:
     def _local_tree(
         self, path: Path, number: int, name: str, extras: str, written: str, resolved: Path,
         marker: str, hashes: tuple[str, ...], *, constraint: bool, bad: _Bad,
+        itself: tuple[str, ...] | None = None,
     ) -> None:  # fmt: skip
         """A local project directory (`./mypkg`, `mypkg @ file:mypkg`): named by its
         pyproject.toml (or the line), locked by its content digest (gpuenv/matrix/
-        localtree.py), built into a wheel in the sdist sandbox like any sdist."""
+        localtree.py), built into a wheel in the sdist sandbox like any sdist. `itself`:
+        the project's own directory (packages.pyproject's install_project), tarred without
+        those files."""
         import tomllib
 
         from packaging.utils import canonicalize_name
 
         from gpuenv.matrix import localtree
 
-        if resolved == self.root:
+        exclude = itself if itself is not None and resolved == self.root else ()
+        if resolved == self.root and itself is None:
             raise bad(
                 f"{written!r} is the project itself (the matrix's directory); pip would build "
                 "and install it: ask for that with packages: {pyproject: pyproject.toml, "
@@ -718,13 +735,13 @@ class _Reader:
                 f"refuse it too: name {declared}"
             )
         relative = resolved.relative_to(self.root).as_posix()
-        if not _LOCAL_CHARS.fullmatch(relative):
+        if not _LOCAL_CHARS.fullmatch(relative) and relative != ".":
             raise bad(
                 f"{relative!r}: gpuenv takes local paths of letters, digits and ._+-/ only "
                 "(they reach the lock as written): rename it"
             )
         try:
-            digest = localtree.content_digest(resolved, self.root)
+            digest = localtree.content_digest(resolved, self.root, exclude)
         except localtree.TreeProblem as exc:
             raise bad(f"{written}: {exc}") from None
         if marker:
@@ -766,8 +783,11 @@ def absolute_local(requirement: str, root: Path) -> str:
 
 
 def portable_local(text: str, root: Path) -> str:
-    """uv's resolution with the project's file URLs made relative again."""
-    return text.replace(f"@ {root.as_uri()}/", f"@ {LOCAL_PREFIX}")
+    """uv's resolution with the project's file URLs made relative again (the project's
+    own directory: `file:.`)."""
+    text = text.replace(f"@ {root.as_uri()}/", f"@ {LOCAL_PREFIX}")
+    return re.sub(rf"@ {re.escape(root.as_uri())}(?=[\s;]|$)", f"@ {LOCAL_PREFIX}.", text,
+                  flags=re.MULTILINE)  # fmt: skip
 
 
 _URL_CHARS = re.compile(r"[A-Za-z0-9._~:/?#\[\]@!&()*+,;=%-]+")

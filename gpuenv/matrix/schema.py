@@ -302,6 +302,11 @@ class Pyproject(_Strict):
     groups: list[GroupName] = Field(
         default_factory=list, description="PEP 735 [dependency-groups] to add"
     )
+    install_project: bool = Field(
+        False,
+        description="also build the project itself (the pyproject.toml's directory) into a "
+        "wheel and install it into the image (non-editable)",
+    )
 
 
 class Packages(_Strict):
@@ -371,6 +376,7 @@ class LoadedMatrix:
     def read_requirements(self) -> None:
         """Read every requirements file the matrix names; an unusable one is an error
         naming its line in the matrix, or the file's own line for a refused requirement."""
+        from gpuenv.matrix.localtree import project_excludes
         from gpuenv.matrix.requirements import RequirementsProblem, read, read_pyproject
 
         places: list[tuple[str, tuple[str | int, ...]]] = [
@@ -384,8 +390,10 @@ class LoadedMatrix:
         if source is not None:
             try:
                 self.requirements[source.file] = read_pyproject(
-                    source.file, self.dir, tuple(source.extras), tuple(source.groups)
-                )
+                    source.file, self.dir, tuple(source.extras), tuple(source.groups),
+                    install_project=source.install_project,
+                    exclude=project_excludes(self.path.name),
+                )  # fmt: skip
             except RequirementsProblem as exc:
                 if exc.line is None:
                     raise self.error(exc.message, ("packages", "pyproject")) from None

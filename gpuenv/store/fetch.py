@@ -86,10 +86,13 @@ class Fetcher:
         offline: bool = False,
         upstream: Upstream | None = None,
         project_dir: Path | None = None,
+        project_exclude: tuple[str, ...] = (),
     ) -> None:
         self.store = store
-        # Where a lock's local files (`name @ file:REL`) are read from (resolved).
+        # Where a lock's local files (`name @ file:REL`) are read from (resolved), and what
+        # the project directory itself is tarred without (localtree.project_excludes).
         self.project_dir = project_dir
+        self.project_exclude = project_exclude
         self.offline = offline
         self.credentials = credentials
         self._ca_bundle = ca_bundle
@@ -274,7 +277,8 @@ class Fetcher:
         try:
             with tempfile.TemporaryFile(dir=self.store.root) as tmp:
                 if path.is_dir():  # a project directory: its tree's tar, by its digest
-                    got = write_tar(path, root, tmp)
+                    got = write_tar(path, root, tmp,
+                                    self.project_exclude if path == root else ())  # fmt: skip
                 else:
                     digest = hashlib.sha256()
                     with open_regular(path) as source:

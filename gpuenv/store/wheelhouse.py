@@ -448,7 +448,8 @@ def archive_name(url: str) -> str:
 
     name = unquote(urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1])
     if url.startswith("file:") and not name.endswith((".whl", ".tar.gz", ".zip")):
-        return f"{name}.tar"  # a local project directory, kept as its tree's tar
+        # A local project directory, kept as its tree's tar (`file:.`: the project itself).
+        return f"{name if name not in ('', '.') else 'project'}.tar"
     return name
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuenv.building import sdists
-from gpuenv.building.lock import compile_requirements
+from gpuenv.building.lock import compile_requirements, tree_hashes
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.matrix.localtree import content_digest
 from gpuenv.project.project import open_project
@@ -109,7 +109,11 @@ def test_the_lock_holds_the_directory_relatively_with_its_content_digest(tmp_pat
     monkeypatch.setenv("UV_OFFLINE", "1")  # a project with no dependencies needs no index
     root = tmp_path.resolve()
     make_tree(root / "mypkg")
-    text = compile_requirements(["mypkg @ file:mypkg"], "3.12", None, None, root=root)
+    (root / "reqs.txt").write_text("./mypkg\n")
+    cell = open_project(write(root)).cells[0]
+    text = compile_requirements(
+        ["mypkg @ file:mypkg"], "3.12", None, None, root=root, trees=tree_hashes(cell)
+    )
     assert str(root) not in text
     [req] = locked_requirements(text)
     assert (req.name, req.url, req.hashes) == (
