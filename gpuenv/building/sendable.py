@@ -451,14 +451,20 @@ def wheel_builder(
 
 def sources_for(
     engine: Engine, settings: Settings, ca_bundle: Path | None, credentials: Credentials,
-    say: Callable[[str], None],
+    say: Callable[[str], None], matrix: Path | None = None,
 ) -> Callable[[Cell, str], locks.Sources]:  # fmt: skip
     """For `gpuenv lock`: per cell and lock date, the metadata of the sdists its resolution
-    takes (read from them, or from the wheel built on the engine, which a build reuses)."""
+    takes (read from them, or from the wheel built on the engine, which a build reuses);
+    `matrix`: the matrix file, whose directory local projects are read from."""
+    from gpuenv.matrix.localtree import project_excludes
     from gpuenv.store import fetch, wheelhouse
 
     store = wheelhouse.Store.default()
-    fetcher = fetch.Fetcher(store, credentials=credentials, ca_bundle=ca_bundle)
+    fetcher = fetch.Fetcher(
+        store, credentials=credentials, ca_bundle=ca_bundle,
+        project_dir=matrix.parent.resolve() if matrix else None,
+        project_exclude=project_excludes(matrix.name) if matrix else (),
+    )  # fmt: skip
     architecture = engine.architecture()
 
     def for_cell(cell: Cell, exclude_newer: str) -> locks.Sources:

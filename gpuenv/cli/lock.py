@@ -61,7 +61,7 @@ def lock_cmd(
             client, project.matrix, cells, every_cell=project.cells,
             current=project.lock, exclude_newer=exclude_newer, say=say,
             credentials=creds, ca_bundle=bundle, pylock=pylock,
-            sources_for=sources_for(client, project.settings, bundle, creds, say),
+            sources_for=sources_for(client, project.settings, bundle, creds, say, project.path),
         )  # fmt: skip
         print(path)
 

@@ -155,3 +155,25 @@ def test_the_build_keeps_its_tar_and_builds_the_tree_in_the_sandbox(tmp_path, mo
     with pytest.raises(GpuenvError, match="the lock says"):
         Fetcher(Store(tmp_path / "wheelhouse"), credentials=Credentials({}),
                 project_dir=root).url_file("file:mypkg", digest)  # fmt: skip
+
+
+def test_a_directory_whose_metadata_is_dynamic_is_built_first_for_it(tmp_path, monkeypatch):
+    # A setup.py project: uv cannot read its dependencies statically and asks for them
+    # (gpuenv/building/lock.py); the wheel is built in the sandbox and its METADATA read.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = (tmp_path / "project").resolve()
+    (root / "legacy").mkdir(parents=True)
+    (root / "legacy" / "setup.py").write_text("from setuptools import setup; setup()\n")
+    uv = tmp_path / "uv"
+    uv.write_bytes(b"#!uv")
+    engine = _Engine("jp-1.4.0-py3-none-any.whl")  # the stand-in builds "jp"
+    fetcher = Fetcher(Store(tmp_path / "wheelhouse"), credentials=Credentials({}),
+                      project_dir=root)  # fmt: skip
+    key = index_key(["https://pypi.example/simple/"])
+    builder = sdists.WheelBuilder(engine, fetcher, key, lambda *_: "", lambda _: uv)  # type: ignore[arg-type]
+    url = (root / "legacy").as_uri()  # what uv was given
+    got = builder.metadata("jp", [f"jp @ {url}"], SANDBOX, None)
+    assert (got.name, got.requires_dist) == ("jp", ("ply",))
+    assert (got.url, got.sha256) == (url, content_digest(root / "legacy", root))
+    (run,) = engine.runs
+    assert "/gpuenv-build/src/legacy/setup.py" in run["files"]
