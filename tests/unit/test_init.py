@@ -35,7 +35,8 @@ def newest(framework: str, python: str | None = None) -> str:
 
 
 def test_word_language_model_gets_the_newest_torch_its_requirement_allows(tmp_path):
-    """pytorch/examples word_language_model: requirements.txt is `torch>=2.6`."""
+    """pytorch/examples word_language_model, its real files (tests/projects/README.md):
+    requirements.txt is `torch>=2.6`."""
     root = project(tmp_path, "word_language_model")
     result = init(root)
     assert result.exit_code == 0, result.output

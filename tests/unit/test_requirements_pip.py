@@ -56,9 +56,10 @@ def cells(path: Path) -> dict[str, object]:
 
 
 def test_tensor_parallelism_marker_line_applies_to_every_linux_cell(tmp_path):
-    """pytorch/examples distributed/tensor_parallelism: `torch >= 2.7.1; sys_platform ==
-    "linux"` holds for every cell (all are Linux), and it only restates the framework the
-    cell installs (2.11 satisfies >=2.7.1): nothing is added, nothing left out."""
+    """pytorch/examples distributed/tensor_parallelism's real file (a comment, a blank line,
+    `torch >= 2.7.1; sys_platform == "linux"`): the marker holds for every cell (all are
+    Linux), and it only restates the framework the cell installs (2.11 satisfies >=2.7.1):
+    nothing is added, nothing left out."""
     shutil.copy(PROJECTS / "tensor_parallelism" / "requirements.txt", tmp_path)
     found = cells(torch_matrix(tmp_path))
     assert len(found) == 4
