@@ -7,7 +7,8 @@ sha256 of every file the lock lists: the resolution then picks that version wher
 cell needs the package, and the lock's pick must be one of those files (the `--hash` rule
 of requirements files). What the lock says of the project itself (uv's editable or
 virtual source, a pylock directory) is skipped: `gpuenv run` mounts the project. A package
-from git, a URL or a path is refused (gpuenv builds no sources yet). Python and platform
+from git, a URL or a path is refused (gpuenv builds no sources yet), and so is a local
+build (`torch 2.9.1+cpu`: see `_public`). Python and platform
 are checked per cell (`requires-python`, pylock's `environments`); the framework is checked
 as any constraint is (catalog/compat.py).
 """
@@ -92,6 +93,7 @@ def _uv(
         hashes = [w.get("hash", "") for w in package.get("wheels") or []]
         if package.get("sdist"):
             hashes.append(package["sdist"].get("hash", ""))
+        _public(name, str(version), str(source["registry"]), path, number)
         pins.append(_pin(name, str(version), marker, hashes, path, number))
     return pins, requires, ()
 
@@ -121,6 +123,7 @@ def _pylock(
                 path,
                 number,
             )
+        _public(package.name, str(package.version), str(package.index or "its index"), path, number)
         hashes = [w.hashes.get("sha256", "") for w in package.wheels or ()]
         if package.sdist is not None:
             hashes.append(package.sdist.hashes.get("sha256", ""))
@@ -129,6 +132,22 @@ def _pylock(
     requires = str(lock.requires_python) if lock.requires_python else ""
     environments = tuple(str(m) for m in lock.environments or ())
     return pins, requires, environments
+
+
+def _public(name: str, version: str, index: str, path: Path, number: int) -> None:
+    """A local version (`2.9.1+cpu`) is one index's build, not a release: a lock holds it
+    when the project picks a framework's build by an extra (uv forks on it, several builds
+    of one release at once), which gpuenv does per cell from the cell's variant."""
+    _, plus, label = version.partition("+")
+    if plus:
+        raise RequirementsProblem(
+            f"{name} {version} is a local build ('+{label}', from {index}), not a release: "
+            "gpuenv takes only released versions from a lock, and a framework's CPU or CUDA "
+            "build from the cell's variant: lock without the index that serves it "
+            "([tool.uv.sources]), or leave packages.lock out",
+            path,
+            number,
+        )
 
 
 def _pin(name: str, version: str, marker: str, hashes: list[str], path: Path, number: int) -> Line:

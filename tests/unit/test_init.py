@@ -101,3 +101,30 @@ def test_what_init_cannot_choose_is_one_error_and_no_file(tmp_path, files, says)
     assert says in result.stderr, result.stderr
     assert not (tmp_path / "matrix.yaml").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".matrix.")] == []
+
+
+def test_tensorflow_examples_recommendation_keeps_its_other_packages(tmp_path):
+    """tensorflow/examples `lite/examples/recommendation/ml/requirements.txt`, verbatim
+    (tests/projects/README.md): pandas, tensorflow>=2.2.0, absl-py."""
+    root = project(tmp_path, "tf_recommendation")
+    result = init(root)
+    assert result.exit_code == 0, result.output
+    text = (root / "matrix.yaml").read_text()
+    assert f'tensorflow: ["{newest("tensorflow")}"]' in text
+    assert "requirements.txt:2 asks for tensorflow>=2.2.0" in text
+    cells = open_project(root / "matrix.yaml").cells
+    assert {c.framework for c in cells} == {"tensorflow"}
+    assert {c.variant for c in cells} == {"cpu", "gpu"}
+    assert all(c.pip == ("pandas>=1.0.5", "absl-py>=0.1.6") for c in cells)
+
+
+def test_nanochat_pins_a_torch_its_python_version_cannot_take(tmp_path):
+    """karpathy/nanochat's pyproject.toml (`torch==2.9.1`) and `.python-version` (3.10),
+    verbatim: no Debian base ships 3.10, so init names both and writes nothing."""
+    root = project(tmp_path, "nanochat")
+    result = init(root)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
+    assert "no PyTorch release in gpuenv's catalog satisfies torch==2.9.1" in result.stderr
+    assert ".python-version (3.10)" in result.stderr
+    assert not (root / "matrix.yaml").exists()

@@ -25,7 +25,13 @@ VERBATIM = ROW.findall((PROJECTS / "README.md").read_text())
 
 def test_the_readme_lists_the_verbatim_copies():
     names = {name for name, _ in VERBATIM}
-    assert {"word_language_model/main.py", "tensor_parallelism/requirements.txt"} <= names
+    assert {
+        "word_language_model/main.py",
+        "tensor_parallelism/requirements.txt",
+        "nanochat/pyproject.toml",
+        "nanochat/uv.lock",
+        "tf_recommendation/requirements.txt",
+    } <= names
 
 
 @pytest.mark.parametrize(("name", "blob"), VERBATIM, ids=[name for name, _ in VERBATIM])

@@ -121,3 +121,34 @@ def test_an_unknown_extra_or_group_or_dynamic_dependencies_are_refused(tmp_path)
         text.replace('version = "0.1.0"', 'version = "0.1.0"\ndynamic = ["dependencies"]')
     )
     assert "declares its dependencies dynamic" in refused(write(root, "{}"))
+
+
+NANOCHAT = """\
+name: acme/nanochat
+matrix:
+  torch: ["2.9"]
+  python: ["3.11"]
+  variant: [cpu, gpu]
+bases:
+  "3.11": {debian: bookworm}
+packages:
+  pyproject: {groups: [dev]}
+"""
+
+
+def test_nanochat_dependencies_and_its_dev_group_are_the_cells_packages(tmp_path):
+    """karpathy/nanochat's own pyproject.toml (tests/projects/README.md): `torch==2.9.1`
+    restates the cell's framework; its PEP 735 `dev` group joins the dependencies; its
+    [tool.uv.sources] torch indexes are uv's and change nothing here."""
+    root = tmp_path / "nanochat"
+    shutil.copytree(PROJECTS / "nanochat", root)
+    (root / "matrix.yaml").write_text(NANOCHAT, encoding="utf-8")
+    cells = open_project(root / "matrix.yaml").cells
+    assert {(c.variant, c.framework_version) for c in cells} == {("cpu", "2.9.1"), ("gpu", "2.9.1")}
+    expected = ("filelock>=3.19.0", "kernels>=0.11.7", "numpy>=1.26.0", "psutil>=7.1.0",
+                "pyarrow>=21.0.0", "rustbpe>=0.1.0", "tiktoken>=0.11.0", "wandb>=0.21.3",
+                "ipykernel>=7.1.0", "matplotlib>=3.10.8", "pytest>=8.0.0",
+                "python-dotenv>=1.2.1")  # fmt: skip
+    assert all(c.pip == expected for c in cells)
+    (root / "matrix.yaml").write_text(NANOCHAT.replace("groups: [dev]", ""), encoding="utf-8")
+    assert all("pytest>=8.0.0" not in c.pip for c in open_project(root / "matrix.yaml").cells)

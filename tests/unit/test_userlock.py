@@ -130,3 +130,38 @@ def test_the_users_lock_rehashed_drifts_matrix_lock(tmp_path):
     (after,) = open_project(path).cells
     assert after.constraints == before.constraints  # the same versions
     assert lockfile.inputs_digest(after, "x") != lockfile.inputs_digest(before, "x")
+
+
+NANOCHAT = """\
+name: acme/nanochat
+matrix:
+  torch: ["2.9"]
+  python: ["3.11"]
+  variant: [{variant}]
+bases:
+  "3.11": {{debian: bookworm}}
+packages:
+  pyproject: {{groups: [dev]}}
+  lock: uv.lock
+"""
+
+
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+def test_nanochats_uv_lock_with_local_torch_builds_is_one_error_at_the_build(tmp_path, variant):
+    """karpathy/nanochat's own uv.lock (tests/projects/README.md): uv forked torch 2.9.1 by
+    the project's `cpu`/`gpu` extras, so the lock holds PyPI's 2.9.1, 2.9.1+cpu and
+    2.9.1+cu128 at once, and a cell can take none of them as a pin: one error at the first
+    local build, for either variant, naming the build and its index."""
+    root = tmp_path / "nanochat"
+    shutil.copytree(PROJECT.parent / "nanochat", root)
+    path = root / "matrix.yaml"
+    path.write_text(NANOCHAT.format(variant=variant), encoding="utf-8")
+    message = refused(path)
+    lock = (root / "uv.lock").resolve()
+    lines = lock.read_text().splitlines()
+    number = next(
+        n for n, line in enumerate(lines, 1)
+        if line == 'version = "2.9.1+cpu"' and lines[n - 2] == 'name = "torch"'
+    ) - 1  # fmt: skip
+    assert message.startswith(f"error: {lock}:{number}: torch 2.9.1+cpu is a local build")
+    assert "('+cpu', from https://download.pytorch.org/whl/cpu), not a release" in message
