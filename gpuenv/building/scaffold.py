@@ -72,10 +72,21 @@ def choose(directory: Path) -> Choice:
         if pythons:
             python = max(pythons, key=_key)
             return Choice(cat, row, python, suites[python], str(asked), where, python_why, source)
+    shipped = ", ".join(sorted(suites, key=_key))
+    for row in sorted(cat.releases.values(), key=lambda r: _key(r.version), reverse=True):
+        pythons = [p for p in row.python if allowed.contains(f"{p}.0", True)]
+        if python_why and pythons and asked.specifier.contains(row.version, prereleases=True):
+            # The requirement fits; only the Python the project pins has no Debian base.
+            raise GpuenvError(
+                f"{python_why}: no Debian base ships that Python (they ship {shipped}), "
+                f"though {cat.display} {row.version} satisfies {asked} ({where}) for Python "
+                f"{', '.join(pythons)}: allow one of {shipped} there, or write matrix.yaml "
+                "by hand with an image base (docs/matrix.md)"
+            )
     newest = max(cat.releases.values(), key=lambda r: _key(r.version))
     raise GpuenvError(
         f"{where}: no {cat.display} release in gpuenv's catalog satisfies {asked} with a "
-        f"Python that a Debian base ships ({', '.join(sorted(suites, key=_key))}) and "
+        f"Python that a Debian base ships ({shipped}) and "
         f"{python_why or 'the project'} allows; the newest is {newest.version} "
         f"(Python {', '.join(newest.python)}): relax the requirement, or write matrix.yaml "
         "by hand with an image base (docs/matrix.md)"

@@ -39,7 +39,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuenv.matrix.files import open_regular, read_regular
 
@@ -232,6 +232,7 @@ def read_pyproject(
                 f"[dependency-groups] {group}: {causes[0]}", written
             ) from None
     physical = text.splitlines()
+    wanted = _without_itself(wanted, project, optional, written, path, physical)
     for requirement in dict.fromkeys(wanted):
         number = _line_of(physical, requirement)
         if requirement.lstrip().startswith("-"):
@@ -254,6 +255,55 @@ def read_pyproject(
         written, path, tuple(reader.lines), (), hashlib.sha256(chosen).hexdigest(),
         files=tuple(reader.files),
     )  # fmt: skip
+
+
+def _without_itself(
+    wanted: list[str], project: dict[str, Any], optional: dict[str, Any], written: str,
+    path: Path, physical: list[str],
+) -> list[str]:  # fmt: skip
+    """`wanted` less the project naming itself (a dependency group's `"myproject"`, or
+    `"myproject[plots]"`, as uv's docs write it): pip would fetch a package of that name
+    from the index (someone else's, or none), where uv means this directory. It is left
+    out (`gpuenv run` mounts the project; `install_project: true` installs it) and the
+    extras it names join in their place."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    name = project.get("name")
+    if not isinstance(name, str):
+        return wanted
+    itself = canonicalize_name(name)
+    kept: list[str] = []
+    queue, seen = list(wanted), set[str]()
+    while queue:
+        text = queue.pop(0)
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            kept.append(text)  # refused at its line by the reader, as any other
+            continue
+        if canonicalize_name(req.name) != itself:
+            kept.append(text)
+            continue
+        if req.marker is not None or req.url:
+            raise RequirementsProblem(
+                f"{text}: the project names itself with a marker or URL; gpuenv takes "
+                "the project only as itself (`gpuenv run` mounts it): write the packages "
+                "you meant there instead",
+                path,
+                _line_of(physical, text),
+            )
+        for extra in sorted(req.extras - seen):
+            seen.add(extra)
+            if extra not in optional:
+                raise RequirementsProblem(
+                    f"{text}: extra {extra!r} is not in {written}'s "
+                    "[project.optional-dependencies]",
+                    path,
+                    _line_of(physical, text),
+                )
+            queue += _strings(optional[extra], written, f"optional-dependencies.{extra}")
+    return kept
 
 
 def _strings(value: object, written: str, where: str) -> list[str]:

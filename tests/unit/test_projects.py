@@ -30,6 +30,7 @@ def test_the_readme_lists_the_verbatim_copies():
         "tensor_parallelism/requirements.txt",
         "nanochat/pyproject.toml",
         "nanochat/uv.lock",
+        "jax_rl_playground/uv.lock",
         "tf_recommendation/requirements.txt",
     } <= names
 

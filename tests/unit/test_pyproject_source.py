@@ -152,3 +152,45 @@ def test_nanochat_dependencies_and_its_dev_group_are_the_cells_packages(tmp_path
     assert all(c.pip == expected for c in cells)
     (root / "matrix.yaml").write_text(NANOCHAT.replace("groups: [dev]", ""), encoding="utf-8")
     assert all("pytest>=8.0.0" not in c.pip for c in open_project(root / "matrix.yaml").cells)
+
+
+PLAYGROUND = """\
+name: acme/playground
+matrix:
+  jax: ["0.7"]
+  python: ["3.13"]
+  variant: [cpu]
+bases:
+  "3.13": {debian: trixie}
+packages:
+  pyproject: {groups: [dev]}
+"""
+
+
+def test_a_group_naming_the_project_itself_is_the_project_not_a_package(tmp_path):
+    """yberreby/jax-rl-playground's own pyproject.toml: its `dev` group lists
+    "jax-rl-playground", uv's way of saying "this project". pip would fetch a package of
+    that name from the index (someone else's, or none): it is left out of the cells."""
+    root = tmp_path / "jax_rl_playground"
+    shutil.copytree(PROJECTS / "jax_rl_playground", root)
+    (root / "matrix.yaml").write_text(PLAYGROUND, encoding="utf-8")
+    (cell,) = open_project(root / "matrix.yaml").cells
+    assert "jax-rl-playground" not in cell.pip
+    assert cell.pip[:3] == ("flax>=0.10.0", "optax>=0.2.0", "gymnasium>=1.0.0")
+    assert cell.pip[-2:] == ("ruff>=0.12.0", "rust-just>=1.40.0")
+    assert len(cell.pip) == 19  # 12 dependencies less jax, 9 in dev less the project
+
+
+def test_the_project_naming_itself_with_an_extra_brings_that_extras_packages(tmp_path):
+    root = flax(tmp_path)
+    text = (root / "pyproject.toml").read_text()
+    (root / "pyproject.toml").write_text(text.replace('"ruff"]', '"ruff", "flax-mnist[plots]"]'))
+    cells = open_project(write(root, "{groups: [dev]}")).cells
+    assert cells[0].pip[-3:] == ("pytest>=8", "ruff", "matplotlib>=3.8")
+    (root / "pyproject.toml").write_text(
+        text.replace('"ruff"]', '"ruff", \'flax-mnist; python_version < "3.12"\']')
+    )
+    message = refused(write(root, "{groups: [dev]}"))
+    number = text.splitlines().index('dev = [{include-group = "test"}, "ruff"]') + 1
+    assert message.startswith(f"error: {(root / 'pyproject.toml').resolve()}:{number}: ")
+    assert "the project names itself with a marker or URL" in message

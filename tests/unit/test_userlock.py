@@ -165,3 +165,21 @@ def test_nanochats_uv_lock_with_local_torch_builds_is_one_error_at_the_build(tmp
     ) - 1  # fmt: skip
     assert message.startswith(f"error: {lock}:{number}: torch 2.9.1+cpu is a local build")
     assert "('+cpu', from https://download.pytorch.org/whl/cpu), not a release" in message
+
+
+def test_a_real_lock_of_a_jax_the_catalog_lacks_is_one_error_naming_the_pin(tmp_path):
+    """yberreby/jax-rl-playground's own uv.lock pins jax 0.6.2 (uv's resolution of its
+    `jax>=0.6.2`), older than any JAX release in gpuenv's catalog (0.7 and later): a cell
+    cannot take that lock; one error at the lock's jax entry, naming both versions."""
+    root = tmp_path / "jax_rl_playground"
+    shutil.copytree(PROJECT.parent / "jax_rl_playground", root)
+    path = root / "matrix.yaml"
+    path.write_text(
+        MATRIX.format(lock="uv.lock", jax="0.7", python="3.13").replace("acme/jaxuv", "acme/rl"),
+        encoding="utf-8",
+    )
+    message = refused(path)
+    lock = (root / "uv.lock").resolve()
+    number = lock.read_text().splitlines().index('name = "jax"') + 1
+    assert message.startswith(f"error: {lock}:{number}: constraint jax==0.6.2 excludes ")
+    assert "the cell's JAX 0.7.2" in message
