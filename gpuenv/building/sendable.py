@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from gpuenv.building import layers, sdists
 from gpuenv.building.render import CA_FILE, FETCHED, SENT
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from gpuenv.store.fetch import Fetcher
     from gpuenv.store.wheelhouse import IndexFile, Requirement, Store
 
+T = TypeVar("T")
 # Requires-Dist of the wheels the store holds, by sha256 (a gpuenv cache record).
 REQUIRES_RECORD = "requires-dist.json"
 # glibc of each Debian suite's libc6 (packages.debian.org/<suite>/libc6): the newest
@@ -102,9 +103,9 @@ def assembled(
     resolution: CellLock,
     fetcher: Fetcher,
     key: str,
-    uv: Path,
+    uv: Path | Future[Path],
     target: WheelTarget,
-    near: Near | None = None,
+    near: Near | Future[Near] | None = None,
     primary: str = "",
     builder: Callable[[Requirement, IndexFile], tuple[IndexFile, Path]] | None = None,
 ) -> Iterator[Path]:
@@ -113,7 +114,9 @@ def assembled(
     With `near` deciding that the engine's host fetches the primary index's wheels, those
     are named in the part's index.txt (one hash each) instead of sent. A requirement the
     lock holds as an sdist is sent as the wheel `builder` gives for it (built on the
-    engine: gpuenv/building/sdists.py), under that wheel's hash."""
+    engine: gpuenv/building/sdists.py), under that wheel's hash. `uv` and `near` may still
+    be on their way (the download, the probe): they are waited for once the first part's
+    wheels are picked."""
     root.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # contexts/: no one else's
     root.mkdir(exist_ok=True, mode=0o700)
     here = root / ctx.cell.name
@@ -122,9 +125,10 @@ def assembled(
         shutil.rmtree(here, ignore_errors=True)
         here.mkdir(mode=0o700)
         ctx.write(root)
-        index = near.index if near is not None else None
         for part, text in parts(ctx.cell, resolution).items():
             picked = fetcher.picks(key, text, target.python, target.machine, target.glibc)
+            decided = None if near is None else _ready(near)
+            index = decided.index if decided is not None else None
             built = _built(picked, builder)
             for name, (wheel, _) in built.items():
                 text = sdists.with_wheel(text, name, wheel.filename, wheel.sha256)
@@ -132,8 +136,9 @@ def assembled(
                 if r.url and r.name not in built:  # a wheel named by its URL
                     text = sdists.with_wheel(text, r.name, w.filename, w.sha256)
             chosen = {r.name: built[r.name][0] if r.name in built else w for r, w, _ in picked}
-            fetched = {r.name for r, _, up in picked if near is not None and r.name not in built
-                       and not r.url and near.fetches(up, primary)}  # fmt: skip
+            fetched = {r.name for r, _, up in picked if decided is not None
+                       and r.name not in built and not r.url
+                       and decided.fetches(up, primary)}  # fmt: skip
             sent = [(r, w) for r, w, _ in picked if r.name not in fetched | set(built)]
             stored = {r.name: f for (r, _), f in zip(sent, fetcher.fetch_all(key, sent),
                                                       strict=True)}  # fmt: skip
@@ -147,10 +152,10 @@ def assembled(
                     update_record(REQUIRES_RECORD, requires.read)
                 for name, piece in ((layers.FRAMEWORK, split.framework),
                                     (layers.PACKAGES, split.packages)):  # fmt: skip
-                    _write_part(here / name, piece, chosen, stored, uv, index)
+                    _write_part(here / name, piece, chosen, stored, _ready(uv), index)
                 (here / layers.PACKAGES / layers.COMPILE).write_text(layers.COMPILE_SCRIPT)
             else:
-                _write_part(here / part, text, chosen, stored, uv, index)
+                _write_part(here / part, text, chosen, stored, _ready(uv), index)
         yield here
 
 
@@ -167,6 +172,10 @@ def _built(
                                   f"({file.filename}), and nothing here builds one")  # fmt: skip
             out[req.name] = builder(req, file)
     return out
+
+
+def _ready(value: T | Future[T]) -> T:
+    return value.result() if isinstance(value, Future) else value
 
 
 class _RequiresDist:
@@ -306,6 +315,12 @@ class Sender:
         )  # fmt: skip
         self._resolved: dict[str, str] = {}  # requirements, Python, indexes -> resolution
         self._lock = threading.Lock()
+        # uv's executable (a 17 MB wheel taken apart: about a second on a cold wheelhouse)
+        # is fetched while the first cell is resolved and its pages read, not after.
+        self._uv: dict[tuple[str, str], Future[Path]] = {}
+        if MACHINES.get(self.architecture) is not None:
+            for p in plans:
+                self._uv_for(p.wheelhouse_key, target_of(p.cell, self.architecture).machine)
 
     def resolution(self, p: CellPlan) -> CellLock:
         """The lock's entry, or (an unlocked cell) a resolution made now, each part once per
@@ -385,11 +400,9 @@ class Sender:
 
     def context(self, p: CellPlan) -> AbstractContextManager[Path]:
         """The cell's context directory, assembled (a context manager)."""
-        from gpuenv.building.render import UV_VERSION
-
         key = p.wheelhouse_key
         target = target_of(p.cell, self.architecture)
-        uv = self.fetcher.uv_file(key, UV_VERSION, target.machine)
+        uv = self._uv_for(key, target.machine)  # still on its way, perhaps
         # One directory per matrix and cell: builds of one cell name from two matrices
         # neither wait for each other nor undo each other's incremental transfers.
         project = hashlib.sha256(str(self.project.path.resolve()).encode()).hexdigest()[:16]
@@ -400,7 +413,27 @@ class Sender:
             return builder.wheel(req, sdist, sandbox)
 
         return assembled(root, p.context, self.resolution(p), self.fetcher, key, uv, target,
-                         self.near, self.primary, wheel)  # fmt: skip
+                         self._near, self.primary, wheel)  # fmt: skip
+
+    def _uv_for(self, key: str, machine: str) -> Future[Path]:
+        """uv's executable for `machine` from the indexes `key` names, fetched once in the
+        background (its error, if any, comes with the result)."""
+        from gpuenv.building.render import UV_VERSION
+
+        with self._lock:
+            if (key, machine) not in self._uv:
+                fetched: Future[Path] = Future()
+
+                def fetch() -> None:
+                    try:
+                        fetched.set_result(self.fetcher.uv_file(key, UV_VERSION, machine))
+                    except BaseException as exc:  # handed to context()
+                        fetched.set_exception(exc)
+
+                # A daemon thread: Ctrl-C ends the process now, not after the download.
+                threading.Thread(target=fetch, name="gpuenv-uv", daemon=True).start()
+                self._uv[key, machine] = fetched
+            return self._uv[key, machine]
 
     @property
     def near(self) -> Near:
