@@ -2,6 +2,7 @@
 """Benchmarks for `gpuenv build` against plain `docker build` (issue 3's targets).
 
     .venv/bin/python benchmarks/build.py [--repeat N] [-f MATRIX] [--cell CELL] [--keep]
+        [--skip-noop] [--skip-cold] [--before DIR] [--breakdown]
 
 Prints side-by-side ratios:
 
@@ -10,27 +11,33 @@ Prints side-by-side ratios:
    (the rendered files plus the install steps' wheels, assembled by gpuenv into its cache),
    built with the same labels. The warm build is checked to hit the cache: its image must
    have gpuenv's image's layers. Targets: <= 0.2 s per cell, <= 0.2x.
-2. Cold CPU cell: `gpuenv build CELL --no-cache` against hand-written single-stage
-   Dockerfiles that install the same packages (tensorflow==<version>) on the same base, one
-   with pip and one with uv; medians of --repeat runs, interleaved (gpuenv, pip, uv, gpuenv,
-   ...). Targets: <= 0.7x pip, <= 1.1x uv.
+2. Cold CPU cell: `gpuenv build CELL --no-cache` from an empty gpuenv cache (wheelhouse,
+   probe verdict) against hand-written single-stage Dockerfiles that install the same
+   packages (tensorflow==<version>) on the same base, one with pip and one with uv; medians
+   of --repeat runs, interleaved (gpuenv, pip, uv, gpuenv, ...), each run listed (the spread).
+   Targets: <= 0.7x pip, <= 1.0x uv (issue 33).
    The hand-written builds do the same work as gpuenv's resolution, download and install
    step, so the ratio is gpuenv's own overhead: a venv in /opt/venv, bytecode compiled (pip
    does that by default; uv is given --compile-bytecode, as gpuenv does), no cache kept.
-   gpuenv resolves and downloads on the client, then sends the wheels in the build context
-   to an install step with no network; the hand-written builds download inside their RUN
-   step instead (host networking), trusting the CA bundle ($PIP_CERT or --ca-bundle)
-   through a BuildKit secret mount (in no layer). The gpuenv cold builds use a copy of the
-   matrix renamed gpuenv-bench/..., so the matrix's own images are not replaced.
-   gpuenv's cold builds are as users get them: on this machine the probe finds PyPI (through
-   the site's proxy, the CA bundle given to the install step as a BuildKit secret), so the
-   engine's host fetches the wheels in the install step (gpuenv/building/near.py).
+   They download inside their RUN step (host networking), trusting the CA bundle ($PIP_CERT
+   or --ca-bundle) through a BuildKit secret mount (in no layer); the uv one bootstraps uv
+   with pip there. gpuenv's cold builds are as users get them: on this machine the probe
+   finds PyPI (through the site's proxy, the CA bundle given to the install step as a
+   BuildKit secret), so gpuenv resolves on the client and the engine's host fetches the
+   wheels in the install step (gpuenv/building/near.py), against one locked hash each. The
+   gpuenv cold builds use a copy of the matrix renamed gpuenv-bench/..., so the matrix's own
+   images are not replaced. With --before DIR, another checkout's gpuenv (DIR holds its
+   gpuenv/ and images/: `git archive main gpuenv images | tar -x -C DIR`) is timed too, in
+   the same interleaving: a change's before and after in one run, against the same
+   references.
 2b. Where the time goes (--breakdown): the same cold build with the wheels sent from the
    client (GPUENV_NEAR_FETCH=client, as every build was before) and fetched by the engine's
-   host (the default here), alternating, each timed in parts through a docker CLI wrapper
-   that keeps BuildKit's plain log: gpuenv before the engine (resolution, page and wheel
-   fetches into the empty wheelhouse, the context assembled), the context's transfer, the
-   install step, the export of the image, and gpuenv after it.
+   host (the default here), and the hand-written uv Dockerfile of part 2, alternating, each
+   timed in parts through a docker CLI wrapper that keeps BuildKit's plain log: gpuenv
+   before the engine (resolution, page and wheel fetches into the empty wheelhouse, the
+   context assembled), the context's transfer, the install step (the hand-written one
+   bootstraps uv with pip, resolves and downloads in it), the export of the image, and
+   gpuenv after it.
 3. Image size against the sum of its parts: the base image plus the install layers (the
    Python environment, and the CUDA wheels for GPU cells) from `docker history`. Anything
    else in the image (a stray `chown -R` copying the environment) shows as excess.
@@ -120,9 +127,11 @@ def docker_build(
     network: str = "host",
     ca: Path | None = None,
     labels: dict[str, str] | None = None,
+    log: list[str] | None = None,
 ) -> str:
     """A BuildKit build (untagged) of `context`; returns the image ID. `ca` is offered to
-    RUN steps as the secret `ca` (RUN --mount=type=secret,id=ca: in no layer)."""
+    RUN steps as the secret `ca` (RUN --mount=type=secret,id=ca: in no layer); `log`, when
+    given, receives BuildKit's plain log."""
     build_env = {**(env or DOCKER_ENV), "DOCKER_BUILDKIT": "1"}
     with tempfile.TemporaryDirectory(prefix="gpuenv-bench-iid-") as tmp:
         iid = Path(tmp) / "iid"
@@ -134,7 +143,9 @@ def docker_build(
             args += ["--secret", f"id=ca,src={ca}"]
         for key, value in sorted((labels or {}).items()):
             args += ["--label", f"{key}={value}"]
-        sh([*args, str(context)], env=build_env)
+        proc = sh([*args, str(context)], env=build_env)
+        if log is not None:
+            log.append(proc.stdout + proc.stderr)
         return iid.read_text().strip()
 
 
@@ -279,31 +290,54 @@ def handwritten_contexts(cell: dict, ca: Path | None, tmp: Path) -> dict[str, Pa
     return out
 
 
-def cold(shipped: Path, cell_name: str, repeat: int, ca: Path | None, tmp: Path) -> list[str]:
-    """Returns the bench images to size up (gpuenv's last cold build)."""
+def bench_matrix(shipped: Path, tmp: Path) -> Path:
+    """A copy of the matrix whose images are gpuenv-bench/..., so its own are not replaced."""
     import yaml
 
     doc = yaml.safe_load(shipped.read_text())
     doc["name"] = BENCH_REPOSITORY
     matrix = tmp / "bench-matrix.yaml"
     matrix.write_text(json.dumps(doc))  # JSON is YAML; version strings stay strings
+    return matrix
+
+
+def checkout_env(before: Path | None) -> tuple[dict[str, str], Path | None]:
+    """The environment and working directory that run another checkout's gpuenv (`--before`):
+    its directory first on the path, and as the working directory (python -m puts the
+    working directory before PYTHONPATH)."""
+    if before is None:
+        return DOCKER_ENV, None
+    return {**DOCKER_ENV, "PYTHONPATH": str(before)}, before
+
+
+def cold(
+    shipped: Path, cell_name: str, repeat: int, ca: Path | None, tmp: Path,
+    before: Path | None = None,
+) -> list[str]:  # fmt: skip
+    """Returns the bench images to size up (gpuenv's last cold build)."""
+    matrix = bench_matrix(shipped, tmp)
     cell = matrix_cells(matrix)[cell_name]
     contexts = handwritten_contexts(cell, ca, tmp)
-    times: dict[str, list[float]] = {"gpuenv": [], "pip": [], "uv": []}
+    runs = {"gpuenv": None, **({"gpuenv before": before} if before else {})}
+    times: dict[str, list[float]] = {name: [] for name in [*runs, *contexts]}
     sizes: dict[str, int] = {}
     ca_args = ["--ca-bundle", str(ca)] if ca else []
     for i in range(repeat):
-        # An empty wheelhouse each time: a cold build downloads everything, as the
-        # hand-written ones do (benchmarks/wheelhouse.py measures the warm rebuild).
-        seconds, proc = timed(
-            gpuenv("build", "-f", str(matrix), cell_name, "--no-cache", "--json", *ca_args),
-            env={**DOCKER_ENV, "XDG_CACHE_HOME": str(tmp / f"cold-cache-{i}")},
-        )
-        result = build_results(proc)[cell_name]
-        assert result["status"] == "built", result
-        times["gpuenv"].append(seconds)
-        sizes["gpuenv"] = result["size"]
-        print(f"  run {i + 1}: gpuenv {seconds:.1f} s", end="", flush=True)
+        print(f"  run {i + 1}:", end="", flush=True)
+        for name, checkout in runs.items():
+            # An empty cache each time: a cold build downloads everything, as the
+            # hand-written ones do (benchmarks/wheelhouse.py measures the warm rebuild).
+            env, cwd = checkout_env(checkout)
+            cache = tmp / f"cold-cache-{i}-{name.replace(' ', '-')}"
+            seconds, proc = timed(
+                gpuenv("build", "-f", str(matrix), cell_name, "--no-cache", "--json", *ca_args),
+                env={**env, "XDG_CACHE_HOME": str(cache)}, cwd=cwd,
+            )  # fmt: skip
+            result = build_results(proc)[cell_name]
+            assert result["status"] == "built", result
+            times[name].append(seconds)
+            sizes[name] = result["size"]
+            print(f" {name} {seconds:.1f} s,", end="", flush=True)
         for name, context in contexts.items():
             start = time.perf_counter()
             image_id = docker_build(context, no_cache=True, ca=ca)
@@ -311,17 +345,22 @@ def cold(shipped: Path, cell_name: str, repeat: int, ca: Path | None, tmp: Path)
             times[name].append(seconds)
             sizes[name] = int((inspect(image_id) or {}).get("Size") or 0)
             sh(["docker", "rmi", image_id], check=False)
-            print(f", {name} {seconds:.1f} s", end="", flush=True)
+            print(f" {name} {seconds:.1f} s,", end="", flush=True)
         print()
-    g, p, u = (median(times[k]) for k in ("gpuenv", "pip", "uv"))
+    m = {name: median(values) for name, values in times.items()}
     print(f"\n2. Cold build of {cell_name} (--no-cache), medians of {repeat}, interleaved")
-    for label, key, value in (("gpuenv build --no-cache", "gpuenv", g),
-                              ("hand-written Dockerfile, pip install", "pip", p),
-                              ("hand-written Dockerfile, uv pip install", "uv", u)):  # fmt: skip
-        runs = ", ".join(f"{t:.1f}" for t in times[key])
-        print(f"  {label:<44} {value:6.1f} s   [{runs}]  image {human(sizes[key])}")
-    print(ratio_line("gpuenv / hand-written pip", g, p, 0.7))
-    print(ratio_line("gpuenv / hand-written uv (gpuenv's overhead)", g, u, 1.1))
+    labels = {"gpuenv": "gpuenv build --no-cache",
+              "gpuenv before": f"gpuenv build --no-cache, {before}",
+              "pip": "hand-written Dockerfile, pip install",
+              "uv": "hand-written Dockerfile, uv pip install"}  # fmt: skip
+    for key in times:
+        listed = ", ".join(f"{t:.1f}" for t in times[key])
+        print(f"  {labels[key]:<44} {m[key]:6.1f} s   [{listed}]  image {human(sizes[key])}")
+    for key in runs:
+        print(ratio_line(f"{key} / hand-written pip", m[key], m["pip"], 0.7))
+        print(ratio_line(f"{key} / hand-written uv (gpuenv's overhead)", m[key], m["uv"], 1.0))
+        pairs = ", ".join(f"{g / u:.2f}" for g, u in zip(times[key], times["uv"], strict=True))
+        print(f"  {'  each run':<44} [{pairs}]x")
     return [f"{BENCH_REPOSITORY}:{cell_name}"]
 
 
@@ -366,28 +405,32 @@ def parts_of(log: str) -> dict[str, float]:
     return out
 
 
-def breakdown(shipped: Path, cell_name: str, repeat: int, ca: Path | None, tmp: Path) -> None:
-    import yaml
-
-    doc = yaml.safe_load(shipped.read_text())
-    doc["name"] = BENCH_REPOSITORY
-    matrix = tmp / "breakdown-matrix.yaml"
-    matrix.write_text(json.dumps(doc))
+def breakdown(
+    shipped: Path, cell_name: str, repeat: int, ca: Path | None, tmp: Path,
+    before: Path | None = None,
+) -> None:  # fmt: skip
+    matrix = bench_matrix(shipped, tmp)
+    handwritten = handwritten_contexts(matrix_cells(matrix)[cell_name], ca, tmp)["uv"]
     log = tmp / "buildkit.log"
     wrapper = tmp / "docker-wrapper"
     wrapper.write_text(WRAPPER.format(log=log, real=buildkit_command()[0]))
     wrapper.chmod(0o755)
     ca_args = ["--ca-bundle", str(ca)] if ca else []
-    rows: dict[str, list[dict[str, float]]] = {"client": [], "engine": []}
+    # column -> (checkout, GPUENV_NEAR_FETCH); the hand-written uv Dockerfile last
+    columns = {"wheels sent": (None, "client"), "fetched near": (None, "")}
+    if before is not None:
+        columns["near, before"] = (before, "")
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in [*columns, "hand-written uv"]}
     for i in range(repeat):
-        for mode in ("client", "engine"):
-            env = {**DOCKER_ENV, "XDG_CACHE_HOME": str(tmp / f"breakdown-{mode}-{i}"),
+        for name, (checkout, near) in columns.items():
+            env, cwd = checkout_env(checkout)
+            env = {**env, "XDG_CACHE_HOME": str(tmp / f"breakdown-{i}-{len(rows)}-{name[:4]}"),
                    "GPUENV_DOCKER_CLI": str(wrapper)}  # fmt: skip
-            if mode == "client":
-                env["GPUENV_NEAR_FETCH"] = "client"
+            if near:
+                env["GPUENV_NEAR_FETCH"] = near
             start = time.time()
             proc = sh(gpuenv("build", "-f", str(matrix), cell_name, "--no-cache", "--json",
-                             *ca_args), env=env)  # fmt: skip
+                             *ca_args), env=env, cwd=cwd)  # fmt: skip
             end = time.time()
             assert build_results(proc)[cell_name]["status"] == "built"
             began = float(Path(f"{log}.start").read_text())
@@ -396,15 +439,26 @@ def breakdown(shipped: Path, cell_name: str, repeat: int, ca: Path | None, tmp: 
             row["gpuenv before the engine"] = began - start
             row["gpuenv after the engine"] = end - ended
             row["total"] = end - start
-            rows[mode].append(row)
-            print(f"  run {i + 1} {mode}: {row['total']:.1f} s", flush=True)
+            rows[name].append(row)
+            print(f"  run {i + 1} {name}: {row['total']:.1f} s", flush=True)
+        logged: list[str] = []
+        start = time.time()
+        image_id = docker_build(handwritten, no_cache=True, ca=ca, log=logged)
+        row = {**parts_of(logged[0]), "total": time.time() - start}
+        sh(["docker", "rmi", image_id], check=False)
+        rows["hand-written uv"].append(row)
+        print(f"  run {i + 1} hand-written uv: {row['total']:.1f} s", flush=True)
     keys = ["gpuenv before the engine", "context transfer", "install step", "export",
             "gpuenv after the engine", "total", "context MB"]  # fmt: skip
-    print(f"\n2b. Where a cold build of {cell_name} goes, medians of {repeat} (seconds)")
-    print(f"  {'part':<28} {'wheels sent':>12} {'fetched by the engine':>22}")
+    print(f"\n2b. Where a cold build of {cell_name} goes, medians of {repeat} (seconds; "
+          "the range of the runs in brackets)")  # fmt: skip
+    print(f"  {'part':<26}" + "".join(f"{name:>22}" for name in rows))
     for key in keys:
-        values = [median([r.get(key, 0.0) for r in rows[m]]) for m in ("client", "engine")]
-        print(f"  {key:<28} {values[0]:12.1f} {values[1]:22.1f}")
+        cells = []
+        for name in rows:
+            values = [r.get(key, 0.0) for r in rows[name]]
+            cells.append(f"{median(values):.1f} [{min(values):.1f}-{max(values):.1f}]")
+        print(f"  {key:<26}" + "".join(f"{c:>22}" for c in cells))
 
 
 def sizes(images: list[str]) -> None:
@@ -450,19 +504,27 @@ def main() -> None:
     parser.add_argument("--skip-noop", action="store_true")
     parser.add_argument("--skip-cold", action="store_true")
     parser.add_argument(
+        "--before",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also time the gpuenv of another checkout (DIR holds its gpuenv/ and images/)",
+    )
+    parser.add_argument(
         "--breakdown",
         action="store_true",
-        help="only part 2b: where a cold build's time goes, on both paths",
+        help="only part 2b: where a cold build's time goes (both paths, hand-written uv)",
     )
     args = parser.parse_args()
     ca = args.ca_bundle or (Path(os.environ["PIP_CERT"]) if os.environ.get("PIP_CERT") else None)
     matrix = args.file.resolve()
+    earlier = args.before.resolve() if args.before else None
 
     before = tags()
     if args.breakdown:
         with tempfile.TemporaryDirectory(prefix="gpuenv-bench-") as tmp:
             try:
-                breakdown(matrix, args.cell, args.repeat, ca, Path(tmp))
+                breakdown(matrix, args.cell, args.repeat, ca, Path(tmp), earlier)
             finally:
                 for ref in tags() - before:
                     if ref.startswith(BENCH_REPOSITORY):
@@ -484,7 +546,7 @@ def main() -> None:
             if not args.skip_noop:
                 no_op(matrix, cells, args.repeat, ca, Path(tmp))
             if not args.skip_cold:
-                bench_images = cold(matrix, args.cell, args.repeat, ca, Path(tmp))
+                bench_images = cold(matrix, args.cell, args.repeat, ca, Path(tmp), earlier)
             sizes([c["image"] for c in cells.values()] + bench_images)
         finally:
             if not args.keep:

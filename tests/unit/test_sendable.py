@@ -225,6 +225,42 @@ def test_near_the_engine_public_wheels_are_named_and_private_ones_sent(cells, tm
         )
 
 
+def test_uv_and_the_probes_verdict_are_awaited_only_once_the_wheels_are_picked(cells, tmp_path):
+    """A cold build fetches uv and probes the engine while the cell's pages are read: the
+    assembly waits for them after the first part's wheels are picked, not before."""
+    from concurrent.futures import Future
+
+    from gpuenv.building.near import Near
+
+    events: list[str] = []
+
+    class Arriving(Future):
+        def __init__(self, name: str, value: object) -> None:
+            super().__init__()
+            self.name = name
+            self.set_result(value)
+
+        def result(self, timeout=None):
+            events.append(self.name)
+            return super().result(timeout)
+
+    class Picking(StandInFetcher):
+        def picks(self, *args):
+            events.append("picks")
+            return super().picks(*args)
+
+    cell = cells["tf2.21-py3.11-cpu"]
+    uv, six = _stored(tmp_path, "uv", b"uv", 0o755), _stored(tmp_path, "six", b"six")
+    fetcher = Picking({RESOLUTION.python_env: [("six-1.17.0-py2.py3-none-any.whl", six)]})
+    near = Arriving("probe", Near(PYPI, None, "probe: HTTP 200"))
+    ctx, target = render(cell, key_of(cell)), sendable.target_of(cell, "x86_64")
+    with sendable.assembled(tmp_path / "c", ctx, RESOLUTION, fetcher, "0" * 16,
+                            Arriving("uv", uv), target, near, PYPI) as here:  # type: ignore[arg-type]  # fmt: skip
+        assert (here / "python-env" / "uv").samefile(uv)
+        assert (here / "python-env" / "index.txt").read_text().startswith(f"--index-url {PYPI}")
+    assert events[0] == "picks" and {"uv", "probe"} <= set(events), events
+
+
 def test_a_wheel_that_cannot_be_had_stops_the_assembly(cells, tmp_path):
     class Failing:
         def picks(self, *args):
