@@ -61,9 +61,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH_REPOSITORY = "gpuenv-bench/tensorflow"
+T = TypeVar("T")
 DOCKER_ENV = dict(os.environ)
 
 
@@ -310,6 +312,11 @@ def checkout_env(before: Path | None) -> tuple[dict[str, str], Path | None]:
     return {**DOCKER_ENV, "PYTHONPATH": str(before)}, before
 
 
+def rotated(items: list[T], turn: int) -> list[T]:
+    """`items` started at `turn` (modulo their number): each takes each place in turn."""
+    return items[turn % len(items) :] + items[: turn % len(items)]
+
+
 def cold(
     shipped: Path, cell_name: str, repeat: int, ca: Path | None, tmp: Path,
     before: Path | None = None,
@@ -324,7 +331,9 @@ def cold(
     ca_args = ["--ca-bundle", str(ca)] if ca else []
     for i in range(repeat):
         print(f"  run {i + 1}:", end="", flush=True)
-        for name, checkout in runs.items():
+        # With --before, the two gpuenv builds swap places each run: the one right after the
+        # other was seen to be seconds slower, whichever gpuenv it was.
+        for name, checkout in rotated(list(runs.items()), i):
             # An empty cache each time: a cold build downloads everything, as the
             # hand-written ones do (benchmarks/wheelhouse.py measures the warm rebuild).
             env, cwd = checkout_env(checkout)
@@ -422,7 +431,7 @@ def breakdown(
         columns["near, before"] = (before, "")
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in [*columns, "hand-written uv"]}
     for i in range(repeat):
-        for name, (checkout, near) in columns.items():
+        for name, (checkout, near) in rotated(list(columns.items()), i):
             env, cwd = checkout_env(checkout)
             env = {**env, "XDG_CACHE_HOME": str(tmp / f"breakdown-{i}-{len(rows)}-{name[:4]}"),
                    "GPUENV_DOCKER_CLI": str(wrapper)}  # fmt: skip
