@@ -433,7 +433,7 @@ def breakdown(
     for i in range(repeat):
         for name, (checkout, near) in rotated(list(columns.items()), i):
             env, cwd = checkout_env(checkout)
-            env = {**env, "XDG_CACHE_HOME": str(tmp / f"breakdown-{i}-{len(rows)}-{name[:4]}"),
+            env = {**env, "XDG_CACHE_HOME": str(tmp / f"breakdown-{i}-{name[:4]}"),
                    "GPUENV_DOCKER_CLI": str(wrapper)}  # fmt: skip
             if near:
                 env["GPUENV_NEAR_FETCH"] = near
