@@ -318,6 +318,7 @@ class Sender:
         # uv's executable (a 17 MB wheel taken apart: about a second on a cold wheelhouse)
         # is fetched while the first cell is resolved and its pages read, not after.
         self._uv: dict[tuple[str, str], Future[Path]] = {}
+        self._uv_lock = threading.Lock()  # not self._lock, which a resolution holds
         if MACHINES.get(self.architecture) is not None:
             for p in plans:
                 self._uv_for(p.wheelhouse_key, target_of(p.cell, self.architecture).machine)
@@ -420,7 +421,7 @@ class Sender:
         background (its error, if any, comes with the result)."""
         from gpuenv.building.render import UV_VERSION
 
-        with self._lock:
+        with self._uv_lock:
             if (key, machine) not in self._uv:
                 fetched: Future[Path] = Future()
 
