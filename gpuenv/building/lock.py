@@ -113,6 +113,15 @@ def compile_requirements(
     if root is not None:
         requirements = [absolute_local(r, root) for r in requirements]
         constraints = [absolute_local(c, root) for c in constraints]
+    # A VCS reference is given to uv as its exported tree (gpuenv/matrix/vcs.py), and named
+    # by its pinned URL again in the resolution and to `sources`.
+    checkouts = _checkouts([*requirements, *constraints])
+    requirements = [_swap(r, checkouts) for r in requirements]
+    constraints = [_swap(c, checkouts) for c in constraints]
+    named_again = {tree: url for url, tree in checkouts.items()}
+    if sources is not None and checkouts:
+        given = sources
+        sources = lambda name, reqs: given(name, [_swap(r, named_again) for r in reqs])  # noqa: E731
     allowed: dict[str, Metadata] = {}
     while True:
         proc = _uv_compile(
@@ -121,6 +130,7 @@ def compile_requirements(
         )  # fmt: skip
         if proc.returncode == 0:
             out = proc.stdout if root is None else portable_local(proc.stdout, root)
+            out = _swap(out, named_again)
             if output_format != "requirements.txt":
                 return out
             out = _with_tree_hashes(out, trees or {})
@@ -222,6 +232,27 @@ def _with_source_hashes(text: str, allowed: Iterable[Metadata]) -> str:
     return "".join(out)
 
 
+def _checkouts(requirements: list[str]) -> dict[str, str]:
+    """Each VCS reference's pinned URL -> the file URL of its exported tree."""
+    from gpuenv.matrix import vcs
+
+    out = {}
+    for line in requirements:
+        _, sep, url = line.split(";", 1)[0].partition(f" @ {vcs.PREFIX}")
+        if sep:
+            url = vcs.PREFIX + url.strip()
+            ref = vcs.parse(url)
+            out[url] = vcs.tree(ref, ref.rev).as_uri()
+    return out
+
+
+def _swap(text: str, urls: dict[str, str]) -> str:
+    """`text` with each `@ URL` of `urls`' keys naming its value instead."""
+    for old, new in urls.items():
+        text = re.sub(rf"@ {re.escape(old)}(?=[\s;]|$)", f"@ {new}", text, flags=re.MULTILINE)
+    return text
+
+
 def _with_tree_hashes(text: str, tree_hashes: dict[str, str]) -> str:
     """uv hashes no directory (it read a local project's pyproject.toml); the lock holds its
     content digest (gpuenv/matrix/localtree.py: what the line was read with, the cell's
@@ -232,7 +263,8 @@ def _with_tree_hashes(text: str, tree_hashes: dict[str, str]) -> str:
 
     out = []
     for name, block in blocks(text):
-        if name in tree_hashes and " @ file:" in block and "--hash=" not in block:
+        local = " @ file:" in block or " @ git+" in block
+        if name in tree_hashes and local and "--hash=" not in block:
             block = f"{block.rstrip()} \\\n    --hash=sha256:{tree_hashes[name]}\n"
         out.append(block)
     return "".join(out)

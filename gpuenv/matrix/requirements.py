@@ -19,8 +19,10 @@ What differs, and why:
   CA from `build.ca_bundle`; an `--index-url` other than the matrix's is an error.
 - Direct references are taken as URLs of archives (`name @ https://…/name-1.0.tar.gz` or
   a wheel; a `#sha256=` fragment checked): gpuenv fetches them on the client and builds an
-  sdist on the engine (gpuenv/building/sdists.py). What gpuenv cannot yet do as pip would
-  (VCS checkouts, local paths, editable installs, --find-links, --no-binary,
+  sdist on the engine (gpuenv/building/sdists.py). A git reference (`name @ git+https://…
+  @REV`) is checked out on the client and taken as a local directory (gpuenv/matrix/
+  vcs.py). What gpuenv cannot yet do as pip would (other VCS, editable installs,
+  --find-links, --no-binary,
   --trusted-host, --pre) is one `error: FILE:LINE` saying what pip would have done and
   what to write instead.
 
@@ -614,7 +616,8 @@ class _Reader:
             raise bad(
                 "pip would install from that URL or VCS checkout, guessing the package's "
                 "name; gpuenv needs the name: write NAME @ https://HOST/PATH/ARCHIVE (an "
-                "sdist or wheel), or require it by name and version from an index"
+                "sdist or wheel), NAME @ git+https://HOST/REPO.git@REV, or require it by "
+                "name and version from an index"
             )
         try:
             req = Requirement(spec)
@@ -624,6 +627,9 @@ class _Reader:
                 f"{spec!r} is not a valid pip requirement (pip would stop here too): {reason}"
             ) from None
         marker = str(req.marker) if req.marker else ""
+        if req.url and req.url.startswith("git+"):
+            self._vcs(path, number, req, hashes, constraint=constraint, bad=bad)
+            return
         if req.url:
             url, pinned = direct_url(req.name, req.url, bad)
             if marker:  # checked as any line's marker is, below, on the plain name
@@ -740,8 +746,6 @@ class _Reader:
         localtree.py), built into a wheel in the sdist sandbox like any sdist. `itself`:
         the project's own directory (packages.pyproject's install_project), tarred without
         those files."""
-        import tomllib
-
         from packaging.utils import canonicalize_name
 
         from gpuenv.matrix import localtree
@@ -758,21 +762,7 @@ class _Reader:
                 f"{written!r} is a directory; pip cannot check a directory's hash and refuses "
                 "--hash for it: remove the --hash (gpuenv locks the directory's content)"
             )
-        declared = ""
-        pyproject, setup = resolved / "pyproject.toml", resolved / "setup.py"
-        if pyproject.is_file():
-            try:
-                doc = tomllib.loads(read_regular(pyproject, MAX_BYTES).decode("utf-8"))
-            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-                raise bad(f"{written}/pyproject.toml cannot be read as TOML: {exc}") from None
-            project = doc.get("project")
-            if isinstance(project, dict) and isinstance(project.get("name"), str):
-                declared = project["name"]
-        elif not setup.is_file():
-            raise bad(
-                f"{written!r} has neither pyproject.toml nor setup.py; pip would stop too "
-                "(not a Python project): name the project's directory"
-            )
+        declared = _declared_name(resolved, written, bad)
         if not declared and not name:
             raise bad(
                 f"{written!r}: its name is not in a pyproject.toml [project] table; pip would "
@@ -801,6 +791,69 @@ class _Reader:
         entry = Line(path, number, canonicalize_name(name or declared), requirement, marker,
                      (digest,))  # fmt: skip
         (self.constraints if constraint else self.lines).append(entry)
+
+    def _vcs(
+        self, path: Path, number: int, req: Any, hashes: tuple[str, ...], *,
+        constraint: bool, bad: _Bad,
+    ) -> None:  # fmt: skip
+        """A VCS reference (`name @ git+https://HOST/REPO.git@REV`): the commit's tree,
+        exported by gpuenv/matrix/vcs.py, is a local directory for the rest; the line
+        reaching the cell names the full commit, its hash is the tree's content digest."""
+        from packaging.utils import canonicalize_name
+
+        from gpuenv.matrix import localtree, vcs
+
+        if hashes:
+            raise bad(
+                f"{req.name} @ {req.url[:80]}: pip cannot check a checkout's hash and refuses "
+                "--hash for it: remove the --hash (gpuenv locks the commit and its tree)"
+            )
+        try:
+            ref = vcs.parse(req.url)
+            commit, tree = vcs.export(ref)
+        except vcs.VcsProblem as exc:
+            raise bad(f"{req.name} @ {exc}") from None
+        pinned = ref.at(commit)
+        declared = _declared_name(tree, pinned, bad)
+        if declared and canonicalize_name(req.name) != canonicalize_name(declared):
+            raise bad(
+                f"{req.name} @ {pinned}: that repository's project is {declared}; pip would "
+                f"refuse it too: name {declared}"
+            )
+        try:
+            digest = localtree.content_digest(tree, tree)
+        except localtree.TreeProblem as exc:
+            raise bad(f"{pinned}: {exc}") from None
+        marker = str(req.marker) if req.marker else ""
+        if marker:
+            _marker_line(path, number, req.name, marker, bad)
+        extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+        entry = Line(path, number, canonicalize_name(req.name),
+                     f"{req.name}{extras} @ {pinned}", marker, (digest,))  # fmt: skip
+        (self.constraints if constraint else self.lines).append(entry)
+
+
+def _declared_name(tree: Path, written: str, bad: _Bad) -> str:
+    """The project name a directory's pyproject.toml declares ("" when it declares none:
+    a setup.py project, or a dynamic name)."""
+    import tomllib
+
+    pyproject = tree / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            doc = tomllib.loads(read_regular(pyproject, MAX_BYTES).decode("utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise bad(f"{written}/pyproject.toml cannot be read as TOML: {exc}") from None
+        project = doc.get("project")
+        if isinstance(project, dict) and isinstance(project.get("name"), str):
+            return str(project["name"])
+        return ""
+    if not (tree / "setup.py").is_file():
+        raise bad(
+            f"{written!r} has neither pyproject.toml nor setup.py; pip would stop too "
+            "(not a Python project): name the project's directory"
+        )
+    return ""
 
 
 # A local file in a cell's requirements and its lock: `name @ file:PATH`, PATH relative to
@@ -851,12 +904,12 @@ def direct_url(name: str, url: str, bad: _Bad) -> tuple[str, tuple[str, ...]]:
     fragment, the sha256 it named.) Each refusal says what pip would have done."""
     from urllib.parse import urlsplit
 
-    if url.startswith(("git+", "hg+", "svn+", "bzr+")):
+    if url.startswith(("hg+", "svn+", "bzr+")):
         raise bad(
             f"{name} @ {url.split('+', 1)[0]}+...: pip would check out that repository and "
-            "build it here; gpuenv builds archives fetched by URL, on the engine: name a "
-            "commit's archive (GitHub: NAME @ https://github.com/OWNER/REPO/archive/COMMIT"
-            ".tar.gz), or publish the package to an index"
+            "build it here; gpuenv checks out git repositories only (git+https://…@REV): "
+            "name a commit's archive (NAME @ https://HOST/…/COMMIT.tar.gz), or publish the "
+            "package to an index"
         )
     parts = urlsplit(url)
     if parts.scheme == "file" or not parts.scheme:

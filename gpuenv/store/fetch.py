@@ -230,6 +230,8 @@ class Fetcher:
                 return path
         if url.startswith("file:"):
             return self._local_file(url, sha)
+        if url.startswith("git+"):
+            return self._checkout(url, sha)
         if self.offline:
             raise GpuenvError(f"--offline: the wheelhouse lacks {url}; build once online first")
 
@@ -297,6 +299,30 @@ class Fetcher:
             raise GpuenvError(f"{path}: {exc}") from None
         except OSError as exc:
             raise GpuenvError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+    def _checkout(self, url: str, sha: str | None) -> Path:
+        """A VCS reference's commit (`git+URL@COMMIT`, as the lock names it), exported
+        with the user's git (gpuenv/matrix/vcs.py) and stored as its tree's tar, checked
+        against the lock's content digest."""
+        from gpuenv.matrix import vcs
+        from gpuenv.matrix.localtree import TreeProblem, write_tar
+
+        try:
+            _, tree = vcs.export(vcs.parse(url), offline=self.offline)
+            self.store.make_private()
+            with tempfile.TemporaryFile(dir=self.store.root) as tmp:
+                got = write_tar(tree, tree, tmp)
+                tmp.seek(0)
+                if sha is not None and got != sha:
+                    raise HashMismatch(
+                        f"{url}: its tree's digest is {got}, the lock says {sha}; not stored "
+                        f"(remove {tree} if it was edited, or re-lock: gpuenv lock)"
+                    )
+                return self.store.put(got, tmp, url)
+        except (vcs.VcsProblem, TreeProblem) as exc:
+            raise GpuenvError(str(exc)) from None
+        except OSError as exc:
+            raise GpuenvError(f"cannot read {url}'s tree: {exc.strerror or exc}") from None
 
     def uv_file(self, key: str, version: str, machine: str) -> Path:
         """uv's executable for `machine`, the installer every build's steps run (and the

@@ -446,6 +446,10 @@ def archive_name(url: str) -> str:
     """The file name a direct reference's URL ends in."""
     from urllib.parse import unquote, urlsplit
 
+    if url.startswith("git+"):  # a VCS reference, kept as its commit's tree's tar
+        from gpuenv.matrix.vcs import parse
+
+        return f"{parse(url).name}.tar"
     name = unquote(urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1])
     if url.startswith("file:") and not name.endswith((".whl", ".tar.gz", ".zip")):
         # A local project directory, kept as its tree's tar (`file:.`: the project itself).

@@ -132,7 +132,7 @@ def test_a_comment_only_edit_changes_no_context(tmp_path):
         ("six==1.17.0 --hash=md5:abc\n", "expected sha256:<64 hex digits>"),
         ("six==1.17.0 --config-settings=x=y\n", "passes no build options"),
         ("git+https://github.com/x/y.git\n", "pip would install from that URL or VCS"),
-        ("y @ git+https://github.com/x/y@v1\n", "y @ git+...: pip would check out that"),
+        ("y @ git+https://github.com/x/y\n", "y @ git+https://github.com/x/y: no revision"),
         ("y @ https://example.org/y/\n", "gpuenv takes the URL of an archive"),
         ("y @ http://example.org/y-1.0.tar.gz\n", "gpuenv fetches direct references over https"),
         ("y @ https://example.org/y-1.0.zip#egg=y\n", "takes #sha256=<64 hex digits> only"),

@@ -1,0 +1,198 @@
+"""VCS direct references in requirements files (`name @ git+https://HOST/REPO.git@REV`).
+
+The repository is fetched on the client with the user's own `git` (gpuenv hands it no
+credentials and lets it prompt for none: GIT_TERMINAL_PROMPT=0; a credential helper of
+the user's own configuration still answers), REV resolved to its commit, and that
+commit's tree exported into gpuenv's cache, keyed by URL and commit. From there it is a
+local project directory like any other (gpuenv/matrix/localtree.py): locked by its
+content digest, its metadata read statically or built first, built in the sdist sandbox.
+A cell and its lock name the full commit (`git+URL@<40 hex>`), whatever REV named, so the
+lock is reproducible; a branch is resolved again each time the requirements are read.
+
+The tree is `git archive`'s, with the repository's own export-ignore and export-subst
+attributes overridden (what pip checks out is the commit's files, unsubstituted).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIX = "git+"
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+# A branch, tag or commit: nothing git could read as an option or a range.
+_REV = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/+-]*")
+_URL = re.compile(r"[A-Za-z0-9._~:/%+@-]+")
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+TIMEOUT = 300
+
+
+class VcsProblem(Exception):
+    """Why a VCS reference cannot be taken (said after `name @ ` at its line)."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    repository: str  # the URL git fetches (no `git+`, no `@REV`)
+    rev: str
+
+    @property
+    def name(self) -> str:
+        """The exported tree's directory (its tar's top directory): the repository's."""
+        last = self.repository.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
+        return last if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]*", last) else "repository"
+
+    def at(self, commit: str) -> str:
+        return f"{PREFIX}{self.repository}@{commit}"
+
+
+def parse(url: str) -> Reference:
+    """A `git+URL@REV` direct reference, checked; VcsProblem says what pip would have done
+    and what to write instead."""
+    from urllib.parse import urlsplit
+
+    shown = url[:100]
+    if not url.startswith(PREFIX):
+        scheme = url.split("+", 1)[0]
+        raise VcsProblem(
+            f"{shown}: pip would check that {scheme} repository out; gpuenv takes git "
+            "repositories only: name a commit's archive (https://…/COMMIT.tar.gz)"
+        )
+    parts = urlsplit(url.removeprefix(PREFIX))
+    if parts.scheme == "ssh" or (not parts.scheme and ":" in url):
+        raise VcsProblem(
+            f"{shown}: pip would run ssh with this machine's keys, agent and known_hosts, "
+            "which a lock someone else rebuilds from cannot rely on (and a host-key prompt "
+            "would wait with no terminal); gpuenv fetches repositories over https: write "
+            "git+https://HOST/REPO.git@REV"
+        )
+    loopback = parts.scheme == "http" and parts.hostname in _LOOPBACK
+    if parts.scheme != "https" and not loopback:
+        raise VcsProblem(
+            f"{shown}: pip would fetch it over {parts.scheme or 'that path'}, where anyone on "
+            "the way can change the code; gpuenv fetches repositories over https only (plain "
+            "http on loopback): write git+https://HOST/REPO.git@REV"
+        )
+    if parts.fragment:
+        raise VcsProblem(
+            f"{shown}: pip would read #{parts.fragment[:40]} (egg= names the package, which "
+            "the name before @ already does; subdirectory= builds a subdirectory, which "
+            "gpuenv does not yet): remove the fragment, or copy the subdirectory into the "
+            "project and name it as ./PATH"
+        )
+    if parts.username or parts.password or parts.query or not _URL.fullmatch(url):
+        raise VcsProblem(f"{shown}: not a URL gpuenv takes (credentials, a query or quotes)")
+    path, at, rev = parts.path.rpartition("@")
+    if not at or not rev or "/" not in path:
+        raise VcsProblem(
+            f"{shown}: no revision; pip would check out the default branch as it is today, "
+            "a different commit tomorrow; gpuenv needs one: write git+URL@COMMIT (or @TAG or "
+            "@BRANCH: the lock records the commit it names when read)"
+        )
+    if not _REV.fullmatch(rev) or ".." in rev:
+        raise VcsProblem(f"{shown}: {rev[:40]!r} is not a branch, tag or commit name")
+    return Reference(parts._replace(path=path).geturl(), rev)
+
+
+def cache_root() -> Path:
+    """<cache>/vcs (gpuenv/store/cache.py's directory: this layer cannot import it)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "gpuenv" / "vcs"
+
+
+def _place(ref: Reference) -> Path:
+    return cache_root() / hashlib.sha256(ref.repository.encode()).hexdigest()[:32]
+
+
+def tree(ref: Reference, commit: str) -> Path:
+    """Where the commit's tree is (or would be) exported."""
+    return _place(ref) / commit / ref.name
+
+
+def export(ref: Reference, *, offline: bool = False) -> tuple[str, Path]:
+    """(The commit REV names, the directory its tree is exported to.) A full commit
+    exported before needs no git and no network."""
+    if _COMMIT.fullmatch(ref.rev) and tree(ref, ref.rev).is_dir():
+        return ref.rev, tree(ref, ref.rev)
+    if shutil.which("git") is None:
+        raise VcsProblem(f"{ref.at(ref.rev)}: git is not installed here; install it")
+    place = _place(ref)
+    repo = place / "repo.git"
+    if not repo.is_dir():
+        place.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _git(ref, "init", "--quiet", "--bare", str(repo))
+        # What pip checks out: every file of the commit, unsubstituted (this file outranks
+        # the repository's own .gitattributes).
+        (repo / "info").mkdir(exist_ok=True)
+        (repo / "info" / "attributes").write_text("* -export-ignore -export-subst\n")
+    commit = _commit(repo, ref.rev) if _COMMIT.fullmatch(ref.rev) else ""
+    if not commit:
+        if offline:
+            raise VcsProblem(f"{ref.at(ref.rev)}: --offline, and not fetched before")
+        _git(ref, "-C", str(repo), "fetch", "--quiet", "--no-tags", "--", ref.repository,
+             "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*")  # fmt: skip
+        commit = _commit(repo, ref.rev)
+    if not commit:
+        raise VcsProblem(
+            f"{ref.at(ref.rev)}: {ref.rev!r} is no branch, tag or commit of that repository "
+            "(pip would stop too): name one it has"
+        )
+    out = tree(ref, commit)
+    if not out.is_dir():
+        archive = _git(ref, "-C", str(repo), "archive", "--format=tar", commit)
+        staging = Path(tempfile.mkdtemp(dir=place, prefix=".export-"))
+        try:
+            with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+                tar.extractall(staging / ref.name, filter="data")
+            out.parent.mkdir(exist_ok=True, mode=0o700)
+            try:
+                (staging / ref.name).rename(out)
+            except OSError:
+                if not out.is_dir():  # not another gpuenv's export of the same commit
+                    raise
+        except (tarfile.TarError, OSError) as exc:
+            raise VcsProblem(f"{ref.at(commit)}: its tree cannot be exported: {exc}") from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return commit, out
+
+
+def _commit(repo: Path, rev: str) -> str:
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+        capture_output=True, text=True, check=False, env=_environment(),
+    )  # fmt: skip
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def _environment() -> dict[str, str]:
+    return {
+        **os.environ,
+        "GIT_TERMINAL_PROMPT": "0",  # no prompt for a password gpuenv would then hold
+        "GIT_ALLOW_PROTOCOL": "https:http",  # no redirect to ssh, file or ext transports
+        "GIT_ASKPASS": "",
+        "SSH_ASKPASS": "",
+    }
+
+
+def _git(ref: Reference, *args: str) -> bytes:
+    try:
+        proc = subprocess.run(["git", *args], capture_output=True, check=False,
+                              env=_environment(), timeout=TIMEOUT)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise VcsProblem(f"{ref.at(ref.rev)}: git {args[-1][:40]} took over {TIMEOUT} s") from None
+    if proc.returncode != 0:
+        said = proc.stderr.decode(errors="replace").strip().splitlines()
+        raise VcsProblem(
+            f"{ref.at(ref.rev)}: git {args[-1][:40] if args[0] != '-C' else args[2]} failed: "
+            f"{said[-1][:200] if said else proc.returncode}"
+        )
+    return proc.stdout
