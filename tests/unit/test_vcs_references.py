@@ -53,6 +53,10 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[st
     (work / "mypkg").mkdir(parents=True)
     (work / "pyproject.toml").write_text(PYPROJECT)
     (work / "mypkg" / "__init__.py").write_text("Y = 1\n")
+    # What pip checks out has every file, unsubstituted, whatever git archive would do.
+    (work / ".gitattributes").write_text("NOTES export-ignore\nmypkg/v.py export-subst\n")
+    (work / "NOTES").write_text("kept\n")
+    (work / "mypkg" / "v.py").write_text("V = '$Format:%d$'\n")
     _git("init", "--quiet", cwd=work)
     _git("add", ".", cwd=work)
     _git("commit", "--quiet", "-m", "one", cwd=work)
@@ -63,7 +67,7 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[st
     _git("update-server-info", cwd=public / "mypkg.git")
     handler = functools.partial(_Quiet, directory=str(public))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
     thread.start()
     try:
         url = f"git+http://127.0.0.1:{server.server_address[1]}/mypkg.git"
@@ -86,6 +90,8 @@ def test_a_branch_or_tag_reaches_the_cell_as_its_commit_with_the_tree_s_digest(t
         [exported] = tree.glob(f"*/{commit}/mypkg")
         assert not (exported / ".git").exists()
         assert (exported / "mypkg" / "__init__.py").read_text() == "Y = 1\n"
+        assert (exported / "NOTES").is_file()
+        assert (exported / "mypkg" / "v.py").read_text() == "V = '$Format:%d$'\n"
         assert (name, digest) == ("mypkg", content_digest(exported, exported))
 
 
@@ -158,7 +164,8 @@ def test_the_build_keeps_the_commit_s_tar_and_builds_it_in_the_sandbox(tmp_path,
     (run,) = engine.runs
     assert set(run["files"]) == {
         "/gpuenv-build/uv", "/gpuenv-build/src/mypkg/pyproject.toml",
-        "/gpuenv-build/src/mypkg/mypkg/__init__.py",
+        "/gpuenv-build/src/mypkg/mypkg/__init__.py", "/gpuenv-build/src/mypkg/mypkg/v.py",
+        "/gpuenv-build/src/mypkg/NOTES", "/gpuenv-build/src/mypkg/.gitattributes",
     }  # fmt: skip
 
     # The tag moved to another commit: the lock's commit is still the one fetched.
