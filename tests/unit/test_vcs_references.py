@@ -182,3 +182,36 @@ def test_the_build_keeps_the_commit_s_tar_and_builds_it_in_the_sandbox(tmp_path,
     with pytest.raises(GpuenvError, match="the lock says"):
         Fetcher(Store(tmp_path / "wheelhouse"), credentials=Credentials({}),
                 project_dir=root).url_file(pinned, digest)  # fmt: skip
+
+
+def test_a_repository_whose_metadata_is_dynamic_is_asked_for_by_its_git_url(
+    tmp_path, served, monkeypatch
+):
+    # A setup.py project: uv cannot read its metadata and asks for it (`sources`: the
+    # sandbox build of gpuenv/building/sdists.py), by the pinned git URL, not the cache's path.
+    monkeypatch.setenv("UV_OFFLINE", "1")
+    url, _, work = served
+    (work / "pyproject.toml").unlink()
+    (work / "setup.py").write_text("from setuptools import setup; setup(name='mypkg')\n")
+    _git("add", "-A", cwd=work)
+    _git("commit", "--quiet", "-m", "legacy", cwd=work)
+    public = tmp_path / "public" / "mypkg.git"
+    _git("push", "--quiet", str(public), "main", cwd=work)
+    _git("update-server-info", cwd=public)
+    commit = _git("rev-parse", "HEAD", cwd=work)
+    root = (tmp_path / "project").resolve()
+    root.mkdir()
+    (root / "reqs.txt").write_text(f"mypkg @ {url}@main\n")
+    cell = open_project(write(root)).cells[0]
+    [(_, (digest,), _)] = cell.hashes
+    asked: list[tuple[str, list[str]]] = []
+
+    def sources(name: str, requirements: list[str]) -> sdists.Metadata:
+        asked.append((name, requirements))
+        return sdists.Metadata("mypkg", "0.3", (), url=f"{url}@{commit}", sha256=digest)
+
+    text = compile_requirements([f"mypkg @ {url}@{commit}"], "3.12", None, None, root=root,
+                                trees=tree_hashes(cell), sources=sources)  # fmt: skip
+    assert asked == [("mypkg", [f"mypkg @ {url}@{commit}"])]
+    [req] = locked_requirements(text)
+    assert (req.url, req.hashes) == (f"{url}@{commit}", frozenset({digest}))
