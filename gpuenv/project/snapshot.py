@@ -113,9 +113,15 @@ def cell_from_json(data: dict[str, Any]) -> Cell:
         if name == "base":
             value = Base(**value)
         elif isinstance(value, dict) and set(value) == {"tuple"}:
-            value = tuple(value["tuple"])
+            value = _tuples(value["tuple"])
         values[name] = value
     return Cell(**values)
+
+
+def _tuples(value: Any) -> Any:
+    """JSON's lists as the tuples they were (a cell's `hashes` nests them: without this,
+    a cell with a hashed line never equalled itself read back, and no snapshot was kept)."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def lock_to_json(lock: Lock) -> dict[str, Any]:

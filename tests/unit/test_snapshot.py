@@ -286,3 +286,14 @@ def test_an_included_file_or_an_expanded_variable_changed_misses(project_dir, mo
     assert "tomli==2.2.0" in open_project(path, cached=True).cells[0].pip
     monkeypatch.setenv("ATTRS_PIN", "24.3.0")
     assert "attrs==24.3.0" in open_project(path, cached=True).cells[0].pip
+
+
+def test_a_cell_with_hashed_lines_is_kept(project_dir):
+    # A cell's `hashes` nests tuples, which JSON gives back as lists: the snapshot must
+    # still equal what it was made from, or it is never written.
+    (project_dir / "reqs.txt").write_text("six==1.17.0 --hash=sha256:" + "a" * 64 + "\n")
+    path = project_dir / "matrix.yaml"
+    assert open_project(path, cached=True).snapshot is not None
+    hit = open_project(path, cached=True)
+    assert hit._matrix is None
+    same(open_project(path), hit)
