@@ -170,7 +170,7 @@ def read(written: str, matrix_dir: Path) -> RequirementsFile:
         digest = combined.hexdigest()
     return RequirementsFile(
         written, path, tuple(reader.lines), tuple(reader.constraints), digest,
-        reader.index_url, tuple(reader.extra_index_urls), tuple(reader.files),
+        reader.index_url, tuple(reader.extra_index_urls), (*reader.files, *reader.moving),
         tuple(sorted(reader.environment.items())),
     )  # fmt: skip
 
@@ -255,7 +255,7 @@ def read_pyproject(
     chosen = json.dumps([line.text for line in reader.lines]).encode()
     return RequirementsFile(
         written, path, tuple(reader.lines), (), hashlib.sha256(chosen).hexdigest(),
-        files=tuple(reader.files),
+        files=(*reader.files, *reader.moving),
     )  # fmt: skip
 
 
@@ -458,6 +458,8 @@ class _Reader:
     extra_index_urls: list[tuple[str, Line]] = field(default_factory=list)
     stack: list[Path] = field(default_factory=list)
     named: str = ""  # the path of the file being opened, joined but not resolved
+    # Git references by branch or tag: inputs of the cached reading, not of the digest.
+    moving: list[tuple[str, Path, str]] = field(default_factory=list)
 
     def open(self, written: str, relative_to: Path) -> tuple[Path, bytes]:
         """A file named by the matrix or an -r/-c line, checked (the problem names it as
@@ -827,6 +829,11 @@ class _Reader:
         marker = str(req.marker) if req.marker else ""
         if marker:
             _marker_line(path, number, req.name, marker, bad)
+        if ref.rev != commit:
+            # A branch or tag may move: the cached reading of the matrix (gpuenv/project/
+            # snapshot.py) must never hold for it, as for a local directory (no file's
+            # state is ever "rev:…"). A full commit names one tree for good.
+            self.moving.append((str(tree), tree, f"rev:{ref.rev}"))
         extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
         entry = Line(path, number, canonicalize_name(req.name),
                      f"{req.name}{extras} @ {pinned}", marker, (digest,))  # fmt: skip

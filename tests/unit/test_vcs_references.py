@@ -215,3 +215,26 @@ def test_a_repository_whose_metadata_is_dynamic_is_asked_for_by_its_git_url(
     assert asked == [("mypkg", [f"mypkg @ {url}@{commit}"])]
     [req] = locked_requirements(text)
     assert (req.url, req.hashes) == (f"{url}@{commit}", frozenset({digest}))
+
+
+def test_a_branch_that_moves_is_resolved_again_a_commit_reading_is_kept(tmp_path, served):
+    url, first, work = served
+    root = (tmp_path / "project").resolve()
+    root.mkdir()
+    (root / "reqs.txt").write_text(f"mypkg @ {url}@main\n")
+    matrix = write(root)
+    assert open_project(matrix, cached=True).cells[0].pip[-1].endswith(f"@{first}")
+    (work / "mypkg" / "__init__.py").write_text("Y = 2\n")
+    _git("commit", "--quiet", "-am", "two", cwd=work)
+    public = tmp_path / "public" / "mypkg.git"
+    _git("push", "--quiet", str(public), "main", cwd=work)
+    _git("update-server-info", cwd=public)
+    second = _git("rev-parse", "HEAD", cwd=work)
+    # The matrix and the requirements file are unchanged; the branch is not.
+    again = open_project(matrix, cached=True)
+    assert again._matrix is not None  # read again, not the reading kept
+    assert again.cells[0].pip[-1].endswith(f"@{second}")
+    # A full commit names one tree for good: the reading is kept.
+    (root / "reqs.txt").write_text(f"mypkg @ {url}@{second}\n")
+    assert open_project(matrix, cached=True).snapshot is not None
+    assert open_project(matrix, cached=True)._matrix is None
