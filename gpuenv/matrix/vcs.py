@@ -173,26 +173,27 @@ def _commit(repo: Path, rev: str) -> str:
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
-def _environment() -> dict[str, str]:
+def _environment(ref: Reference | None = None) -> dict[str, str]:
+    plain = ref is not None and ref.repository.startswith("http:")  # loopback (parse)
     return {
         **os.environ,
         "GIT_TERMINAL_PROMPT": "0",  # no prompt for a password gpuenv would then hold
-        "GIT_ALLOW_PROTOCOL": "https:http",  # no redirect to ssh, file or ext transports
+        # No redirect to plain http, ssh, file or ext transports.
+        "GIT_ALLOW_PROTOCOL": "http:https" if plain else "https",
         "GIT_ASKPASS": "",
         "SSH_ASKPASS": "",
     }
 
 
 def _git(ref: Reference, *args: str) -> bytes:
+    command = args[2] if args[0] == "-C" else args[0]
     try:
         proc = subprocess.run(["git", *args], capture_output=True, check=False,
-                              env=_environment(), timeout=TIMEOUT)  # fmt: skip
+                              env=_environment(ref), timeout=TIMEOUT)  # fmt: skip
     except subprocess.TimeoutExpired:
-        raise VcsProblem(f"{ref.at(ref.rev)}: git {args[-1][:40]} took over {TIMEOUT} s") from None
+        raise VcsProblem(f"{ref.at(ref.rev)}: git {command} took over {TIMEOUT} s") from None
     if proc.returncode != 0:
         said = proc.stderr.decode(errors="replace").strip().splitlines()
-        raise VcsProblem(
-            f"{ref.at(ref.rev)}: git {args[-1][:40] if args[0] != '-C' else args[2]} failed: "
-            f"{said[-1][:200] if said else proc.returncode}"
-        )
+        why = said[-1][:200] if said else f"exit {proc.returncode}"
+        raise VcsProblem(f"{ref.at(ref.rev)}: git {command} failed: {why}")
     return proc.stdout
