@@ -18,5 +18,6 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-def fail(message: str, code: int = 125) -> GpuenvError:
+def run_error(message: str, code: int = 125) -> GpuenvError:
+    """gpuenv's own failure of a run, to raise: exit 125 unless the cause knows better."""
     return GpuenvError(message, exit_code=code)

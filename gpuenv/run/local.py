@@ -30,7 +30,7 @@ from gpuenv.gpu.cdi import devices_for
 from gpuenv.gpu.gpus import GpuRequest, explain_start_error
 from gpuenv.matrix import contract
 from gpuenv.matrix.errors import GpuenvError
-from gpuenv.run.console import fail, warn
+from gpuenv.run.console import run_error, warn
 from gpuenv.run.options import parse_env, parse_ports, parse_volume
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ _MISSING_SOURCE = re.compile(r"bind source path does not exist: ([^\s\"']+)")
 def container_spec(opts: RunOptions) -> ContainerSpec:
     cwd = str(opts.cwd)
     if cwd == "/":
-        raise fail("run gpuenv from your project directory: it mounts the current directory")
+        raise run_error("run gpuenv from your project directory: it mounts the current directory")
     multi = multi_gpu_settings(opts.gpus, os.environ)
     env = {"HOME": HOME, **multi.env, **parse_env(opts.env)}
     return ContainerSpec(
@@ -169,7 +169,7 @@ def check_bind_sources(binds: list[str]) -> None:
     for bind in binds:
         src = bind.split(":", 1)[0]
         if src.startswith("/") and not os.path.exists(src):
-            raise fail(
+            raise run_error(
                 f"-v {bind}: {src} does not exist on this machine; fix the path, or create "
                 f"it first (mkdir -p {src})"
             )
@@ -289,12 +289,12 @@ def _start_error(exc: Exception, opts: RunOptions, engine_url: str = "") -> Gpue
     text = str(getattr(exc, "detail", "") or exc)
     explained = explain_start_error(text, opts.image)
     if explained:
-        return fail(explained)
+        return run_error(explained)
     missing_source = _MISSING_SOURCE.search(text)
     if missing_source:
         src = missing_source.group(1)
         here = " (this machine has it, but gpuenv sends only the working directory)"
-        return fail(
+        return run_error(
             f"-v {src}: no such path on the engine's host ({engine_url}), which cannot see "
             f"this machine's files{here if os.path.exists(src) else ''}; put the data on "
             "that host, or in a volume there (-v NAME:/data)"
@@ -303,9 +303,9 @@ def _start_error(exc: Exception, opts: RunOptions, engine_url: str = "") -> Gpue
     # container-init binary): it means the command only when it names the command.
     missing = "no such file or directory" in text and opts.command[0] in text
     if "executable file not found" in text or missing:
-        return fail(f"{opts.command[0]}: command not found in {opts.image}", 127)
+        return run_error(f"{opts.command[0]}: command not found in {opts.image}", 127)
     if "permission denied" in text.lower() and "exec" in text:
-        return fail(f"{opts.command[0]}: cannot be executed in {opts.image}", 126)
+        return run_error(f"{opts.command[0]}: cannot be executed in {opts.image}", 126)
     if isinstance(exc, GpuenvError):
         return exc
     from gpuenv.engine.client import engine_error

@@ -8,19 +8,19 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gpuenv.run.console import fail
+from gpuenv.run.console import run_error
 
 
 def command_for(args: list[str], cwd: Path) -> list[str]:
     """A .py script runs with the image's Python; anything else runs as a command."""
     if not args:
-        raise fail("nothing to run: give a script (train.py) or a command", 125)
+        raise run_error("nothing to run: give a script (train.py) or a command", 125)
     first = args[0]
     if first.startswith("-"):
-        raise fail(f"no such option: {first} (put the command after --, or fix the option)")
+        raise run_error(f"no such option: {first} (put the command after --, or fix the option)")
     if first.endswith(".py"):
         if not (cwd / first).is_file():
-            raise fail(
+            raise run_error(
                 f"{first}: no such file in {cwd} (gpuenv mounts the current directory; "
                 "run from the directory that holds the script)",
                 127,
@@ -38,7 +38,7 @@ def check_options(
         parse_volume(item, cwd)
     parse_ports(ports)
     if workdir is not None and (not workdir.startswith("/") or _BAD_PATH.search(workdir)):
-        raise fail(f"--workdir {workdir!r}: expected an absolute path in the container", 125)
+        raise run_error(f"--workdir {workdir!r}: expected an absolute path in the container", 125)
 
 
 _BAD_PATH = re.compile(r"[\x00-\x1f]")
@@ -54,7 +54,7 @@ def parse_env(items: list[str], read: bool = True) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not _ENV_NAME.fullmatch(key) or "\n" in item:
             shown = repr(key[:80] + ("=..." if sep else ""))
-            raise fail(f"-e {shown}: expected KEY=VALUE or KEY (a name without spaces)", 125)
+            raise run_error(f"-e {shown}: expected KEY=VALUE or KEY (a name without spaces)", 125)
         if not read:
             continue
         if not sep:
@@ -74,7 +74,7 @@ def parse_volume(item: str, cwd: Path) -> str:
         or (len(parts) == 3 and parts[2] not in _VOLUME_MODES)
         or _BAD_PATH.search(item)
     ):
-        raise fail(f"-v {item!r}: expected SRC:DST[:ro|rw] with an absolute DST", 125)
+        raise run_error(f"-v {item!r}: expected SRC:DST[:ro|rw] with an absolute DST", 125)
     src = parts[0]
     if src.startswith((".", "/", "~")):
         src = str((cwd / Path(src).expanduser()).resolve())
@@ -93,7 +93,7 @@ def parse_ports(items: list[str]) -> dict[str, Any]:
             or proto not in ("", "tcp", "udp", "sctp")
             or (ip and not _ip(ip.strip("[]")))
         ):
-            raise fail(f"-p {item!r}: expected [IP:]HOST_PORT:CONTAINER_PORT[/tcp|udp]", 125)
+            raise run_error(f"-p {item!r}: expected [IP:]HOST_PORT:CONTAINER_PORT[/tcp|udp]", 125)
         key = container if "/" in container else f"{container}/tcp"
         if ip:
             ports[key] = (ip, int(hport)) if hport else (ip,)

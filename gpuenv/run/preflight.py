@@ -10,7 +10,7 @@ from gpuenv.engine.client import ContainerSpec, Engine, EngineError
 from gpuenv.gpu.cdi import devices_for
 from gpuenv.gpu.gpus import GpuInfo, GpuRequest, explain_start_error
 from gpuenv.matrix import contract
-from gpuenv.run.console import fail, warn
+from gpuenv.run.console import run_error, warn
 from gpuenv.run.local import RunOptions, _start_error
 from gpuenv.run.target import Target
 from gpuenv.store import cache
@@ -44,7 +44,7 @@ def gpu_preflight(engine: Engine, target: Target, gpus: GpuRequest | None) -> No
         verdicts.append(gpu_verdict(found, claims.framework, claims.framework_version))
     for verdict in verdicts:
         if verdict.level == "error":
-            raise fail(verdict.message)
+            raise run_error(verdict.message)
     for verdict in verdicts:
         if verdict.level == "warning":
             warn(verdict.message)
@@ -119,7 +119,7 @@ def probe_gpus(engine: Engine, image: str, gpus: GpuRequest) -> list[GpuInfo] | 
     except EngineError as exc:
         explained = explain_start_error(exc.detail, image)
         if explained:
-            raise fail(explained) from None
+            raise run_error(explained) from None
         warn(f"could not learn the host's NVIDIA driver: {exc.detail.splitlines()[0][:200]}")
         return None
     finally:

@@ -11,7 +11,7 @@ from gpuenv.engine.client import ContainerSpec, Engine, EngineError
 from gpuenv.gpu.cdi import devices_for
 from gpuenv.gpu.gpus import GpuRequest, explain_start_error
 from gpuenv.matrix import contract
-from gpuenv.run.console import fail, say
+from gpuenv.run.console import run_error, say
 
 if TYPE_CHECKING:
     from gpuenv.matrix.cell import Cell
@@ -50,7 +50,7 @@ def target_for(
         assert image is not None  # project_for opens the matrix for everything but a reference
         labels = engine.labels(image)
         if labels is None:
-            raise fail(f"image {image} not found in the engine")
+            raise run_error(f"image {image} not found in the engine")
         return Target(image, labels)
     cell = project.default_cell(want_gpu) if image is None else project.one_cell(image, "-i")
     labels = engine.labels(cell.image)
@@ -82,7 +82,7 @@ def check_engine_gives_gpus(engine: Engine, cell: Cell, gpus: GpuRequest) -> Non
     except EngineError as exc:
         explained = explain_start_error(exc.detail, cell.image)
         if explained:
-            raise fail(explained) from None
+            raise run_error(explained) from None
     finally:
         engine.remove_container(cid)
 
@@ -104,4 +104,4 @@ def _build_for_run(engine: Engine, project: Project, cell: Cell) -> None:
     finally:
         reporter.close()
     if results[0].status == "failed":
-        raise fail(f"building {cell.image} failed: {results[0].error}")
+        raise run_error(f"building {cell.image} failed: {results[0].error}")
