@@ -240,23 +240,6 @@ def direct_reference(name: str, requirements: list[str]) -> str | None:
     return None
 
 
-def pinned_version(name: str, requirements: list[str]) -> str | None:
-    """The version `requirements` pin `name` to (`name==V`), if one does."""
-    from packaging.requirements import InvalidRequirement
-    from packaging.requirements import Requirement as Parsed
-
-    for line in requirements:
-        try:
-            req = Parsed(line)
-        except InvalidRequirement:
-            continue
-        if normalize(req.name) == normalize(name):
-            pins = [s.version for s in req.specifier if s.operator in ("==", "===")]
-            if pins and "*" not in pins[0]:
-                return pins[0]
-    return None
-
-
 def choose_source(
     files: list[IndexFile], name: str, requirements: list[str], python: str,
     exclude_newer: str | None,
