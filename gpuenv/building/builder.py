@@ -92,11 +92,8 @@ def plan_and_build(
         engine, project, cells, no_cache=no_cache, pull_from=pull_from, vet=vet,
         prepared=prepared,
     )  # fmt: skip
-    if offline:
-        from gpuenv.building.sendable import check_offline
-
-        check_offline(engine, project, plan.cells)
-    # Only a build needs the wheelhouse (a no-op build reads no netrc, imports no ssl).
+    # Only a build needs the wheelhouse (a no-op build reads no netrc, imports no ssl); with
+    # --offline, the sender first checks that everything the build needs is at hand.
     building = [p for p in plan.cells if p.action != "up-to-date"]
     sender = None
     if building:  # sendable imports packaging's markers (layers): not for a no-op build

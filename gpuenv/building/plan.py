@@ -67,10 +67,10 @@ def _short(text: str) -> str:
 
 
 def input_digests(
-    ctx: BuildContext, base_id: str, lock: CellLock | None, settings: Settings
+    ctx: BuildContext, templates: str, base_id: str, lock: CellLock | None, settings: Settings
 ) -> dict[str, str]:
-    from gpuenv.building.render import templates_digest
-
+    """The digest per input (INPUTS) the io.gpuenv.inputs label records; `templates` is
+    images/'s digest (render.templates_digest)."""
     cell = ctx.cell
     framework = {
         "framework": cell.framework_requirement,
@@ -78,7 +78,7 @@ def input_digests(
         "index": [settings.index_url, *settings.extra_index_urls, *cell.indexes],
     }
     return {
-        "template": templates_digest()[:16],
+        "template": templates[:16],
         "base": base_id,
         "apt": _short(json.dumps(list(cell.apt))),
         "framework": _short(json.dumps(framework, sort_keys=True)),
@@ -86,7 +86,7 @@ def input_digests(
         # path=digest per requirements file, so a rebuild names the file that changed.
         "requirements": ",".join(f"{p}={d[:12]}" for p, d in sorted(cell.requirements.items())),
         "lock": _short(f"{lock.python_env}\0{lock.cuda}") if lock else "",
-        "context": ctx.digest()[:16],
+        "context": ctx.digest[:16],
     }
 
 
@@ -101,6 +101,7 @@ class CellPlan:
     lock: CellLock | None
     indexes: tuple[str, ...]  # the package indexes its wheels come from, in order
     wheelhouse_key: str  # their name in the wheelhouse (and in the Dockerfile's index key)
+    templates: str  # the digest of images/ the context was rendered from
     base_id: str | None = None  # None: the base is missing (the build bootstraps it first)
     spec_hash: str | None = None  # None until the base exists
     inputs: dict[str, str] = field(default_factory=dict)
@@ -155,7 +156,7 @@ def prepare(project: Project, cells: list[Cell]) -> dict[str, CellPlan]:
     """Every cell's plan as far as the project decides it: its lock entry, its indexes and
     wheelhouse key (computed here, once), its build context. A template error, or a lock
     that no longer matches, stops here, before anything touches the engine."""
-    from gpuenv.building.render import BuildContext
+    from gpuenv.building.render import BuildContext, render, templates_digest
     from gpuenv.store.wheelhouse import index_key
 
     settings = project.settings
@@ -165,42 +166,22 @@ def prepare(project: Project, cells: list[Cell]) -> dict[str, CellPlan]:
     # The snapshot's contexts (gpuenv/project/snapshot.py: its key covers the matrix, lock,
     # catalog and templates); only the cells it lacks are rendered.
     contexts = project.cached_contexts()
-    missing = [c for c in cells if c.name not in contexts]
-    if missing:
-        from gpuenv.building.render import render
-
-        fresh = {c.name: render(c, keys[c.name], locked.get(c.name)).files for c in missing}
+    templates = templates_digest()
+    fresh = {
+        c.name: render(c, keys[c.name], locked.get(c.name)).files
+        for c in cells
+        if c.name not in contexts
+    }
+    if fresh:
         project.remember_contexts(fresh)
-        contexts = {**contexts, **fresh}
+    contexts = {**contexts, **fresh}
     return {
         c.name: CellPlan(
             c, BuildContext(c, dict(contexts[c.name])), locked.get(c.name), indexes[c.name],
-            keys[c.name],
+            keys[c.name], templates,
         )
         for c in cells
     }  # fmt: skip
-
-
-def _engine_state(
-    engine: Engine, project: Project, cells: list[Cell]
-) -> tuple[dict[str, ImageInfo | None], dict[str, ImageInfo | None]]:
-    """What the engine holds: each base and each cell's image (None when missing). A base
-    that drifted from the lock is an error: building on it would not give the locked
-    environment."""
-    bases = {c.base.image: engine.image(c.base.image) for c in cells}
-    images = {c.image: engine.image(c.image) for c in cells}
-    lock = project.lock
-    if lock is not None:
-        from gpuenv.project import lockfile
-
-        for image, info in bases.items():
-            why = lockfile.base_drift(lock, image, info) if info else None
-            if why:
-                raise GpuenvError(
-                    f"base {image} differs from {lock.path} ({why}): load the saved "
-                    "base (gpuenv base --load FILE) or re-lock (gpuenv lock)"
-                )
-    return bases, images
 
 
 def _why_rebuild(existing: ImageInfo, inputs: dict[str, str]) -> tuple[list[str], str]:
@@ -260,16 +241,30 @@ def make_plan(
     """Decide per cell what a build would do. `pull_from` is the repository published
     images are pulled from before building ($GPUENV_REGISTRY's, gpuenv/building/pull.py);
     `prepared` is `prepare`'s result when the caller already has it."""
+    from gpuenv.project import lockfile
+
     if prepared is None:
         prepared = prepare(project, cells)
-    bases, images = _engine_state(engine, project, cells)
+    # What the engine holds: each base and each cell's image (None when missing). A base
+    # that drifted from the lock is an error: building on it would not give the locked
+    # environment.
+    bases = {c.base.image: engine.image(c.base.image) for c in cells}
+    images = {c.image: engine.image(c.image) for c in cells}
+    lock = project.lock
+    for image, info in bases.items():
+        why = lockfile.base_drift(lock, image, info) if lock and info else None
+        if why:
+            raise GpuenvError(
+                f"base {image} differs from {project.lock_path} ({why}): load the saved "
+                "base (gpuenv base --load FILE) or re-lock (gpuenv lock)"
+            )
     plans = []
     for cell in cells:
         p = prepared[cell.name]
         base = bases[cell.base.image]
         p.base_id = base.id if base else None
-        p.spec_hash = spec_hash(p.context.digest(), p.base_id) if p.base_id else None
-        p.inputs = input_digests(p.context, p.base_id or "", p.lock, project.settings)
+        p.spec_hash = spec_hash(p.context.digest, p.base_id) if p.base_id else None
+        p.inputs = input_digests(p.context, p.templates, p.base_id or "", p.lock, project.settings)
         p.existing = existing = images[cell.image]
         if p.base_id is None:
             p.reasons = [f"base {cell.base.image} is missing (it is made first)"]

@@ -22,7 +22,6 @@ from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
     from gpuenv.engine.client import Engine
-    from gpuenv.project.project import Project
 
 PULLED_RECORD = "pulled"  # image ID -> REPO@DIGEST it was pulled from (gpuenv's cache)
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "ppc64le": "ppc64le"}
@@ -33,31 +32,6 @@ _ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "ppc64le": "pp
 # Given by the verb (gpuenv/publish/attest/verify.py: vetting_from_env), as publishing sits
 # above building.
 Vet = Callable[[str, str], tuple[str, str]]
-
-
-def wanted(offline: bool) -> bool:
-    """Whether a build looks for published images first: $GPUENV_REGISTRY is set (and
-    well-formed: a malformed one is an error here, before the engine) and it is online."""
-    from gpuenv.registry.names import registry_from_env
-
-    return bool(registry_from_env()) and not offline
-
-
-def source(
-    project: Project, offline: bool, vet: Vet | None, say: Callable[[str], None]
-) -> str | None:
-    """The repository a build pulls published images from (REG/<last part of name> for
-    $GPUENV_REGISTRY=REG), or None: offline, no $GPUENV_REGISTRY, or no key to verify
-    their provenance with (`say` says so)."""
-    from gpuenv.registry.names import registry_from_env, target_repository
-
-    registry = None if offline else registry_from_env()
-    repository = target_repository(project.settings.name, registry) if registry else None
-    if repository and vet is None:
-        say(f"not pulling from {repository}: set $GPUENV_VERIFY_KEY to the publisher's "
-            "public key, which a published image's provenance must verify with")  # fmt: skip
-        return None
-    return repository
 
 
 def remote_labels(ref: str, *, timeout: float = 20) -> dict[str, str]:

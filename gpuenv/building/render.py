@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,8 +43,9 @@ class BuildContext:
     def dockerfile(self) -> str:
         return self.files["Dockerfile"]
 
+    @cached_property
     def digest(self) -> str:
-        """sha256 over the context's files (names and contents)."""
+        """sha256 over the context's files (names and contents), taken once."""
         h = hashlib.sha256()
         for name in sorted(self.files):
             data = self.files[name].encode()

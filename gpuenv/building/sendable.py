@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from gpuenv.building import layers, sdists
-from gpuenv.building.render import CA_FILE, FETCHED, SENT
+from gpuenv.building.render import CA_FILE, FETCHED, SENT, UV_VERSION
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.project.lockfile import framework_requirements
 from gpuenv.store.cache import read_record, update_record, write_record
@@ -289,9 +289,10 @@ class Sender:
         offline: bool, say: Callable[[str], None] = lambda _: None,
     ) -> None:  # fmt: skip
         from gpuenv.building import near
-        from gpuenv.matrix.localtree import project_excludes
         from gpuenv.store import credentials, fetch, wheelhouse
 
+        if offline:
+            check_offline(engine, project, plans)
         self.engine, self.project, self.ca_bundle, self.say = engine, project, ca_bundle, say
         self.store = wheelhouse.Store.default()
         # Bound to the origins the user named, whatever indexes the matrix lists.
@@ -301,10 +302,12 @@ class Sender:
                 self.store.save_index(p.wheelhouse_key, p.indexes)
         self.fetcher: Fetcher = fetch.Fetcher(
             self.store, credentials=self.credentials, ca_bundle=ca_bundle, offline=offline,
-            project_dir=project.dir.resolve(),
-            project_exclude=project_excludes(project.path.name),
+            project_dir=project.dir.resolve(), matrix_name=project.path.name,
         )  # fmt: skip
         self.architecture = engine.architecture()
+        if MACHINES.get(self.architecture) is not None:  # uv, while the resolution is made
+            for p in plans:
+                self.fetcher.uv_soon(p.wheelhouse_key, UV_VERSION, p.cell.machine)
         # The primary index (the matrix's index_url, or PyPI): the only one whose wheels may
         # be fetched by the engine's host (gpuenv/building/near.py).
         self.primary = wheelhouse.upstreams(project.settings.index_url)[-1]
@@ -315,13 +318,6 @@ class Sender:
         )  # fmt: skip
         self._resolved: dict[str, str] = {}  # requirements, Python, indexes -> resolution
         self._lock = threading.Lock()
-        # uv's executable (a 17 MB wheel taken apart: about a second on a cold wheelhouse)
-        # is fetched while the first cell is resolved and its pages read, not after.
-        self._uv: dict[tuple[str, str], Future[Path]] = {}
-        self._uv_lock = threading.Lock()  # not self._lock, which a resolution holds
-        if MACHINES.get(self.architecture) is not None:
-            for p in plans:
-                self._uv_for(p.wheelhouse_key, target_of(p.cell, self.architecture).machine)
 
     def resolution(self, p: CellPlan) -> CellLock:
         """The lock's entry, or (an unlocked cell) a resolution made now, each part once per
@@ -403,7 +399,7 @@ class Sender:
         """The cell's context directory, assembled (a context manager)."""
         key = p.wheelhouse_key
         target = target_of(p.cell, self.architecture)
-        uv = self._uv_for(key, target.machine)  # still on its way, perhaps
+        uv = self.fetcher.uv_soon(key, UV_VERSION, target.machine)  # on its way, perhaps
         # One directory per matrix and cell: builds of one cell name from two matrices
         # neither wait for each other nor undo each other's incremental transfers.
         project = hashlib.sha256(str(self.project.path.resolve()).encode()).hexdigest()[:16]
@@ -415,26 +411,6 @@ class Sender:
 
         return assembled(root, p.context, self.resolution(p), self.fetcher, key, uv, target,
                          self._near, self.primary, wheel)  # fmt: skip
-
-    def _uv_for(self, key: str, machine: str) -> Future[Path]:
-        """uv's executable for `machine` from the indexes `key` names, fetched once in the
-        background (its error, if any, comes with the result)."""
-        from gpuenv.building.render import UV_VERSION
-
-        with self._uv_lock:
-            if (key, machine) not in self._uv:
-                fetched: Future[Path] = Future()
-
-                def fetch() -> None:
-                    try:
-                        fetched.set_result(self.fetcher.uv_file(key, UV_VERSION, machine))
-                    except BaseException as exc:  # handed to context()
-                        fetched.set_exception(exc)
-
-                # A daemon thread: Ctrl-C ends the process now, not after the download.
-                threading.Thread(target=fetch, name="gpuenv-uv", daemon=True).start()
-                self._uv[key, machine] = fetched
-            return self._uv[key, machine]
 
     @property
     def near(self) -> Near:
@@ -469,7 +445,6 @@ def wheel_builder(
     """A WheelBuilder whose build requirements resolve against the build's indexes (as
     wheels: `uv pip compile --no-build`) and whose uv is the one the install steps run."""
     from gpuenv.building import lock as locks
-    from gpuenv.building.render import UV_VERSION
 
     def resolve(requirements: list[str], python: str, platform: str) -> str:
         return locks.compile_requirements(
@@ -490,14 +465,13 @@ def sources_for(
     """For `gpuenv lock`: per cell and lock date, the metadata of the sdists its resolution
     takes (read from them, or from the wheel built on the engine, which a build reuses);
     `matrix`: the matrix file, whose directory local projects are read from."""
-    from gpuenv.matrix.localtree import project_excludes
     from gpuenv.store import fetch, wheelhouse
 
     store = wheelhouse.Store.default()
     fetcher = fetch.Fetcher(
         store, credentials=credentials, ca_bundle=ca_bundle,
         project_dir=matrix.parent.resolve() if matrix else None,
-        project_exclude=project_excludes(matrix.name) if matrix else (),
+        matrix_name=matrix.name if matrix else None,
     )  # fmt: skip
     architecture = engine.architecture()
 
@@ -520,11 +494,11 @@ OFFLINE_SHOWN = 8  # missing distributions named in the error
 
 
 def check_offline(engine: Engine, project: Project, plans: list[CellPlan]) -> None:
-    """What --offline cannot do, as one error before anything is built (the plan says what
-    the engine holds): a cell that is not locked, apt packages (Debian's archive), a base
-    not in the engine (it would have to be bootstrapped), or locked distributions (or uv
-    itself) the wheelhouse does not hold."""
-    from gpuenv.building.render import UV_VERSION
+    """What --offline cannot do for the cells it builds, as one error before anything is
+    built (the plan says what the engine holds): a cell that is not locked, apt packages
+    (Debian's archive), a base not in the engine (it would have to be bootstrapped), or
+    locked distributions (or uv itself) the wheelhouse does not hold. A cell already up to
+    date needs none of it."""
     from gpuenv.store import wheelhouse
 
     cells = [p.cell for p in plans]

@@ -72,9 +72,10 @@ def validate_cmd(
             project = open_project(file) if patterns or not image else None
             cells = project.select(patterns) if project is not None else []
             report = session.validate(
-                engine.connect(), project, cells, image or [], request, junitxml,
-                record_sizes, verbose,
-            )  # fmt: skip
+                engine.connect(), project, cells, image or [], request, junitxml, verbose
+            )
+            if record_sizes:
+                session.record_sizes(report)
     show(report, as_json, junitxml)
 
 

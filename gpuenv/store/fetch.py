@@ -25,7 +25,7 @@ import threading
 import urllib.error
 import urllib.request
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -86,13 +86,13 @@ class Fetcher:
         offline: bool = False,
         upstream: Upstream | None = None,
         project_dir: Path | None = None,
-        project_exclude: tuple[str, ...] = (),
+        matrix_name: str | None = None,
     ) -> None:
         self.store = store
-        # Where a lock's local files (`name @ file:REL`) are read from (resolved), and what
-        # the project directory itself is tarred without (localtree.project_excludes).
+        # Where a lock's local files (`name @ file:REL`) are read from (resolved), and the
+        # matrix file there: it and its locks are no part of the project's own tree.
         self.project_dir = project_dir
-        self.project_exclude = project_exclude
+        self.matrix_name = matrix_name
         self.offline = offline
         self.credentials = credentials
         self._ca_bundle = ca_bundle
@@ -100,6 +100,8 @@ class Fetcher:
         self.problems: list[str] = []  # why a page or file could not be given: for the error
         self.fetched = 0  # files downloaded upstream
         self._lock = threading.Lock()
+        self._uv: dict[tuple[str, str], Future[Path]] = {}  # uv_soon's, by indexes and machine
+        self._uv_lock = threading.Lock()
 
     @property
     def ca_bundle(self) -> Path | None:
@@ -267,7 +269,7 @@ class Fetcher:
         sha256, checked against the lock's as a download is; read again inside the project
         only (a symlink swapped in since the lock is refused)."""
         from gpuenv.matrix.files import open_regular
-        from gpuenv.matrix.localtree import TreeProblem, write_tar
+        from gpuenv.matrix.localtree import TreeProblem, project_excludes, write_tar
 
         root = self.project_dir
         if root is None:
@@ -279,8 +281,8 @@ class Fetcher:
         try:
             with tempfile.TemporaryFile(dir=self.store.root) as tmp:
                 if path.is_dir():  # a project directory: its tree's tar, by its digest
-                    got = write_tar(path, root, tmp,
-                                    self.project_exclude if path == root else ())  # fmt: skip
+                    matrix = self.matrix_name if path == root else None
+                    got = write_tar(path, root, tmp, project_excludes(matrix) if matrix else ())
                 else:
                     digest = hashlib.sha256()
                     with open_regular(path) as source:
@@ -362,6 +364,26 @@ class Fetcher:
                 "the file; not used"
             )
         return self.store.put(sha, io.BytesIO(executable), member, mode=0o755)
+
+    def uv_soon(self, key: str, version: str, machine: str) -> Future[Path]:
+        """`uv_file` fetched once per indexes and machine, in the background, so that a build
+        takes uv (a 17 MB wheel taken apart: about a second on a cold wheelhouse) while its
+        resolution is made and its pages are read, not after (its error, if any, comes
+        with the result)."""
+        with self._uv_lock:
+            if (key, machine) not in self._uv:
+                fetched: Future[Path] = Future()
+
+                def fetch() -> None:
+                    try:
+                        fetched.set_result(self.uv_file(key, version, machine))
+                    except BaseException as exc:  # the caller's, with the result
+                        fetched.set_exception(exc)
+
+                # A daemon thread: Ctrl-C ends the process now, not after the download.
+                threading.Thread(target=fetch, name="gpuenv-uv", daemon=True).start()
+                self._uv[key, machine] = fetched
+            return self._uv[key, machine]
 
     def pick(
         self, key: str, req: Requirement, python: str, machine: str, glibc: tuple[int, int]

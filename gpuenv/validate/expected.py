@@ -20,6 +20,9 @@ def from_cell(
 ) -> dict[str, Any]:
     """What the cell's image must hold. `lock_drift` says why the matrix's lock entry for
     the cell no longer matches it: the lock check then fails with that reason."""
+    pins = _pins(cell.pip)
+    # With a lock, the environment must hold exactly the locked packages.
+    locked = locked_versions(lock, cell.is_gpu) if lock else None
     data = cell.to_json()
     data.update(
         uid=UID,
@@ -30,9 +33,8 @@ def from_cell(
         # The version the framework's own metadata reports (torch's CPU build: 2.9.1+cpu).
         installed_version=cell.framework_requirement.partition("==")[2],
         labels=image_labels(cell),
-        pip_pins=_pins(cell.pip),
-        # With a lock, the environment must hold exactly the locked packages.
-        locked=locked_versions(lock, cell.is_gpu) if lock else None,
+        pip_pins=pins,
+        locked=locked,
         lock_drift=lock_drift,
         source="matrix+lock" if lock else "matrix",
     )

@@ -52,6 +52,8 @@ class Outcome:
 @dataclass
 class Report:
     outcomes: list[Outcome] = field(default_factory=list)
+    baseline: Path | None = None  # the project's size baseline (sizes.py), cells validated
+    passed_sizes: dict[str, int] = field(default_factory=dict)  # id -> bytes, of those passed
     sizes_recorded: Path | None = None
     sizes_count: int = 0
 
@@ -81,7 +83,6 @@ def validate(
     images: list[str],
     gpus: GpuRequest | None,
     junitxml: Path | None = None,
-    record_sizes: bool = False,
     verbose: bool = False,
 ) -> Report:
     """Validate the project's `cells` (their images) and the `images` named by reference."""
@@ -94,7 +95,7 @@ def validate(
         from gpuenv.project import lockfile
 
         baseline_path = sizes.baseline_path(project.path)
-        baseline = sizes.load(baseline_path)
+        baseline = sizes.read_baseline(baseline_path)
         lock = project.lock
         for cell in cells:
             entry = lock.cells.get(cell.name) if lock else None
@@ -107,19 +108,29 @@ def validate(
             raise GpuenvError(f"image {ref} not found in the engine")
         targets.append(runner.Subject(ref, ref, expected.from_labels(ref, labels)))
     summaries = {s.id: s for s in runner.validate(engine, targets, gpus, junitxml, verbose)}
-    report = Report()
+    report = Report(baseline=baseline_path)
     for t in targets:
         if t.id in summaries:
             image_id = t.info.id if t.info is not None else ""
             report.outcomes.append(Outcome(summaries[t.id], t.image, image_id, _devices(t, gpus)))
     # push refuses what failed; only a full pass records an image as validated.
     publish.record_validation({o.image_id: o.passed for o in report.outcomes if o.image_id})
-    if record_sizes and baseline_path is not None:
+    if baseline_path is not None:
         passed = {o.summary.id for o in report.outcomes if o.passed}
-        recorded = {t.id: t.info.size for t in targets if t.id in passed and t.info is not None}
-        sizes.record(baseline_path, recorded)
-        report.sizes_recorded, report.sizes_count = baseline_path, len(recorded)
+        report.passed_sizes = {
+            t.id: t.info.size for t in targets if t.id in passed and t.info is not None
+        }
     return report
+
+
+def record_sizes(report: Report) -> None:
+    """`validate --record-sizes`: the sizes of the images that passed become the project's
+    baseline (nothing without a project: images named by reference alone have none)."""
+    from gpuenv.validate import sizes
+
+    if report.baseline is not None:
+        sizes.record(report.baseline, report.passed_sizes)
+        report.sizes_recorded, report.sizes_count = report.baseline, len(report.passed_sizes)
 
 
 def validate_host(

@@ -23,7 +23,7 @@ def baseline_path(matrix: Path) -> Path:
     return matrix.with_name(f"{matrix.stem}.sizes.json")
 
 
-def load(path: Path) -> dict[str, int]:
+def read_baseline(path: Path) -> dict[str, int]:
     """The recorded sizes; {} when there is no baseline file. A file that is not a JSON
     object is an error: ignoring it would switch the gate off without a word."""
     from gpuenv.matrix.files import read_regular
@@ -47,8 +47,9 @@ def load(path: Path) -> dict[str, int]:
 
 def record(path: Path, sizes: dict[str, int]) -> None:
     """Merge `sizes` into the baseline, atomically: a write interrupted (a signal, a full
-    disk) leaves the previous baseline whole, never a truncated file that `load` refuses."""
-    data = {**load(path), **sizes}
+    disk) leaves the previous baseline whole, never a truncated file that
+    `read_baseline` refuses."""
+    data = {**read_baseline(path), **sizes}
     text = json.dumps(dict(sorted(data.items())), indent=2) + "\n"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:

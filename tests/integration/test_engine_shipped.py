@@ -65,7 +65,7 @@ def test_spec_hash_label_is_what_gpuenv_computes(shipped, inspect, shipped_matri
     ctx = render.render(cell, index_key(project.settings.indexes(cell)))
     base_id = engine.connect().image(cell.base.image).id
     labels = inspect(shipped["image"])["Config"]["Labels"]
-    assert labels[contract.SPEC_HASH] == plan.spec_hash(ctx.digest(), base_id)
+    assert labels[contract.SPEC_HASH] == plan.spec_hash(ctx.digest, base_id)
 
 
 def test_tensorflow_imports_and_user_is_not_root(shipped, in_image, inspect):

@@ -64,8 +64,7 @@ def test_the_lock_names_it_file_dot_and_the_build_tars_it_the_same_way(tmp_path,
     assert archive_name(req.url) == "project.tar"
     # A lock written since: the build's tar still has the locked digest.
     (root / "matrix.lock").write_text("{}\n")
-    excludes = project_excludes("matrix.yaml")
     fetcher = Fetcher(Store(tmp_path / "wheelhouse"), credentials=Credentials({}),
-                      project_dir=root, project_exclude=excludes)  # fmt: skip
+                      project_dir=root, matrix_name="matrix.yaml")  # fmt: skip
     stored = fetcher.url_file("file:.", next(iter(req.hashes)))
     assert hashlib.sha256(stored.read_bytes()).hexdigest() == next(iter(req.hashes))

@@ -11,7 +11,7 @@ import pytest
 from rendering import key_of
 
 from gpuenv.building import layers
-from gpuenv.building.render import render
+from gpuenv.building.render import render, templates_digest
 from gpuenv.project.lockfile import framework_requirements
 from gpuenv.project.snapshot import Settings
 
@@ -149,7 +149,7 @@ def test_dry_run_names_the_first_layer_an_edit_rebuilds(cells, write_matrix):
         cpu = next(c for c in compat.resolve(matrix.load(write_matrix(text))).cells
                    if c.variant == "cpu")  # fmt: skip
         ctx = BuildContext(cpu, render(cpu, key_of(cpu), None).files)
-        return plan.input_digests(ctx, "sha256:b", None, Settings("t"))
+        return plan.input_digests(ctx, templates_digest(), "sha256:b", None, Settings("t"))
 
     head = 'name: t/x\nmatrix: {tensorflow: ["2.21"], python: ["3.11"], variant: [cpu]}\n'
     head += 'bases: {"3.11": {debian: bookworm}}\n'

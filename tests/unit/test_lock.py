@@ -282,10 +282,10 @@ def test_without_a_lock_nothing_is_copied_and_the_steps_are_the_same(cells):
 
 def test_the_lock_is_part_of_the_spec_hash(cells):
     cpu = cells["cpu"]
-    plain = spec_hash(render(cpu, key_of(cpu)).digest(), BASE_ID)
-    locked = spec_hash(render(cpu, key_of(cpu), cell_lock(cpu)).digest(), BASE_ID)
+    plain = spec_hash(render(cpu, key_of(cpu)).digest, BASE_ID)
+    locked = spec_hash(render(cpu, key_of(cpu), cell_lock(cpu)).digest, BASE_ID)
     other = spec_hash(
-        render(cpu, key_of(cpu), cell_lock(cpu, PYTHON_ENV.replace("2.3.1", "2.3.2"))).digest(),
+        render(cpu, key_of(cpu), cell_lock(cpu, PYTHON_ENV.replace("2.3.1", "2.3.2"))).digest,
         BASE_ID,
     )
     assert len({plain, locked, other}) == 3

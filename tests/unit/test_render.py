@@ -291,12 +291,11 @@ def test_rendering_is_deterministic():
         for options in OPTIONS:
             a, b = render(cell, key_of(cell, options)), render(cell, key_of(cell, options))
             assert a.files == b.files
-            assert a.digest() == b.digest()
+            assert a.digest == b.digest
     cpu, gpu = next(pairs())
-    assert render(cpu, key_of(cpu)).digest() != render(gpu, key_of(gpu)).digest()
+    assert render(cpu, key_of(cpu)).digest != render(gpu, key_of(gpu)).digest
     assert (
-        render(cpu, key_of(cpu, OPTIONS[0])).digest()
-        != render(cpu, key_of(cpu, OPTIONS[1])).digest()
+        render(cpu, key_of(cpu, OPTIONS[0])).digest != render(cpu, key_of(cpu, OPTIONS[1])).digest
     )
 
 

@@ -85,8 +85,9 @@ def test_an_edit_changes_the_plan_inputs_and_names_the_file(tmp_path):
     def inputs() -> tuple[dict[str, str], str]:
         project = open_project(path)
         cell = project.cells[0]
-        ctx = plan.prepare(project, [cell])[cell.name].context
-        return plan.input_digests(ctx, "sha256:b", None, project.settings), ctx.digest()
+        p = plan.prepare(project, [cell])[cell.name]
+        inputs = plan.input_digests(p.context, p.templates, "sha256:b", None, project.settings)
+        return inputs, p.context.digest
 
     (tmp_path / "reqs.txt").write_text("six==1.16.0\n")
     path = write(tmp_path)
@@ -111,7 +112,7 @@ def test_a_comment_only_edit_changes_no_context(tmp_path):
     first = contexts(open_project(path))
     (tmp_path / "reqs.txt").write_text("# why: tests\nsix==1.17.0\n")
     second = contexts(open_project(path))
-    assert {k: v.digest() for k, v in first.items()} == {k: v.digest() for k, v in second.items()}
+    assert {k: v.digest for k, v in first.items()} == {k: v.digest for k, v in second.items()}
 
 
 @pytest.mark.parametrize(

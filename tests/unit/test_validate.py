@@ -246,24 +246,24 @@ def test_baseline_path_is_next_to_the_matrix() -> None:
 
 
 def test_sizes_load_missing_is_empty(tmp_path: Path) -> None:
-    assert sizes.load(tmp_path / "matrix.sizes.json") == {}
+    assert sizes.read_baseline(tmp_path / "matrix.sizes.json") == {}
 
 
 def test_sizes_record_and_load(tmp_path: Path) -> None:
     path = tmp_path / "matrix.sizes.json"
     sizes.record(path, {"b-cell": 200, "a-cell": 100})
-    assert sizes.load(path) == {"a-cell": 100, "b-cell": 200}
+    assert sizes.read_baseline(path) == {"a-cell": 100, "b-cell": 200}
     text = path.read_text(encoding="utf-8")
     assert text.endswith("\n") and text.index("a-cell") < text.index("b-cell")  # sorted
     # Recording merges: other cells keep their sizes, recorded ones are replaced.
     sizes.record(path, {"b-cell": 250, "c-cell": 300})
-    assert sizes.load(path) == {"a-cell": 100, "b-cell": 250, "c-cell": 300}
+    assert sizes.read_baseline(path) == {"a-cell": 100, "b-cell": 250, "c-cell": 300}
 
 
 def test_sizes_load_ignores_non_integer_entries(tmp_path: Path) -> None:
     path = tmp_path / "m.sizes.json"
     path.write_text('{"a": 1, "b": "big", "c": 2.5, "d": true, "e": null}', encoding="utf-8")
-    assert sizes.load(path) == {"a": 1}
+    assert sizes.read_baseline(path) == {"a": 1}
 
 
 @pytest.mark.parametrize("text", ["{not json", "[1, 2]", '"x"'])
@@ -272,7 +272,7 @@ def test_sizes_load_broken_file_is_an_error(tmp_path: Path, text: str) -> None:
     path = tmp_path / "matrix.sizes.json"
     path.write_text(text, encoding="utf-8")
     with pytest.raises(GpuenvError, match=r"matrix\.sizes\.json"):
-        sizes.load(path)
+        sizes.read_baseline(path)
 
 
 # --------------------------------------------------------------------------- the suites

@@ -121,14 +121,23 @@ KEY_ENV = "GPUENV_VERIFY_KEY"  # the public key `verify` and pull before build c
 def pull_source(
     project: Project, offline: bool, say: Callable[[str], None]
 ) -> tuple[str | None, Vet | None]:
-    """Where a build pulls published images from, and the check each must pass: the
-    repository $GPUENV_REGISTRY names (gpuenv/building/pull.py: source) and the key
-    $GPUENV_VERIFY_KEY names; (None, None) offline or unset. A malformed registry or an
-    unreadable key is an error now, before the engine, not a build."""
-    from gpuenv.building import pull
+    """Where a build pulls published images from (REG/<last part of the matrix's name> for
+    $GPUENV_REGISTRY=REG, gpuenv/building/pull.py) and the check each must pass (the key
+    $GPUENV_VERIFY_KEY names); (None, None) offline, with no registry, or with no key to
+    verify their provenance with (`say` says so). A malformed registry or an unreadable key
+    is an error now, before the engine, not a build."""
+    from gpuenv.registry.names import registry_from_env, target_repository
 
-    vet = vetting_from_env() if pull.wanted(offline) else None
-    return pull.source(project, offline, vet, say), vet
+    registry = None if offline else registry_from_env()
+    if not registry:
+        return None, None
+    repository = target_repository(project.settings.name, registry)
+    vet = vetting_from_env()
+    if vet is None:
+        say(f"not pulling from {repository}: set ${KEY_ENV} to the publisher's public key, "
+            "which a published image's provenance must verify with")  # fmt: skip
+        return None, None
+    return repository, vet
 
 
 def vetting_from_env() -> Vet | None:
