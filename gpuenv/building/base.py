@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuenv.engine.client import Engine
+from gpuenv.engine.client import Engine, ImageInfo
 from gpuenv.matrix import contract
 from gpuenv.matrix.cell import Base, Cell
 from gpuenv.matrix.errors import GpuenvError
@@ -84,9 +84,11 @@ def mmdebstrap_command(suite: str, arch: str = "amd64") -> list[str]:
     return command
 
 
-def ensure(engine: Engine, base: Base, progress: Callable[[str], None]) -> str:
-    """The base's image ID, bootstrapping it first when it is missing."""
-    info = engine.image(base.image)
+def ensure(
+    engine: Engine, base: Base, info: ImageInfo | None, progress: Callable[[str], None]
+) -> str:
+    """The base's image ID, bootstrapping it first when it is missing. `info` is what the
+    engine holds under the base's reference (None: nothing), asked by the caller."""
     if info is not None:
         if info.architecture and info.architecture != base.arch:
             raise GpuenvError(
@@ -113,7 +115,7 @@ def ensure_all(
     for cell in cells:
         if any(cell.base.image == image for image, _, _ in out):
             continue
-        image_id = ensure(engine, cell.base, progress)
+        image_id = ensure(engine, cell.base, engine.image(cell.base.image), progress)
         target = None
         if save_dir is not None:
             save_dir.mkdir(parents=True, exist_ok=True)

@@ -54,11 +54,10 @@ def prepare_bases(engine: Engine, cells: list[Cell], say: Reporter) -> None:
     """Make the bases the cells need (a missing Debian base is bootstrapped)."""
     from gpuenv.building import base as bases
 
-    done: set[str] = set()
-    for cell in cells:
-        if cell.base.image not in done:
-            bases.ensure(engine, cell.base, say.info)
-            done.add(cell.base.image)
+    needed = {c.base.image: c.base for c in cells}
+    found = {image: engine.image(image) for image in needed}
+    for image, base in needed.items():
+        bases.ensure(engine, base, found[image], say.info)
 
 
 def plan_and_build(

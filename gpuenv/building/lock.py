@@ -455,8 +455,8 @@ def relock(
     locked_bases = dict(current.bases) if current else {}
     for image in sorted({c.base.image for c in cells}):
         cell = next(c for c in cells if c.base.image == image)
-        bases.ensure(engine, cell.base, say)
-        info = engine.image(image)
+        bases.ensure(engine, cell.base, engine.image(image), say)
+        info = engine.image(image)  # as bootstrapped, if it was missing
         if info is None:
             raise GpuenvError(f"base {image} vanished from the engine while locking")
         platform = cell.platform if cell.arch != "amd64" else None

@@ -294,6 +294,9 @@ class Sender:
         if offline:
             check_offline(engine, project, plans)
         self.engine, self.project, self.ca_bundle, self.say = engine, project, ca_bundle, say
+        # The primary index (the matrix's index_url, or PyPI): the only one whose wheels may
+        # be fetched by the engine's host (gpuenv/building/near.py).
+        self.primary = wheelhouse.upstreams(project.settings.index_url)[-1]
         self.store = wheelhouse.Store.default()
         # Bound to the origins the user named, whatever indexes the matrix lists.
         self.credentials = credentials.load()
@@ -308,9 +311,6 @@ class Sender:
         if MACHINES.get(self.architecture) is not None:  # uv, while the resolution is made
             for p in plans:
                 self.fetcher.uv_soon(p.wheelhouse_key, UV_VERSION, p.cell.machine)
-        # The primary index (the matrix's index_url, or PyPI): the only one whose wheels may
-        # be fetched by the engine's host (gpuenv/building/near.py).
-        self.primary = wheelhouse.upstreams(project.settings.index_url)[-1]
         # Decided while the resolution is made (the probe is a container: about a second).
         self._near: Future[Near] = ThreadPoolExecutor(1).submit(
             near.decide, engine, self.primary, image=plans[0].cell.base.image, ca_bundle=ca_bundle,
