@@ -141,6 +141,19 @@ def test_offline_with_an_empty_wheelhouse_names_what_is_missing(online, tmp_path
     assert (inspect(IMAGE) or {}).get("Id") == (before or {}).get("Id")  # nothing retagged
 
 
+def test_offline_with_an_empty_wheelhouse_leaves_an_up_to_date_cell_as_it_is(online, tmp_path):
+    """--offline checks what the cells it builds need: one whose image is up to date needs
+    nothing from the wheelhouse, so an empty one is no error."""
+    env = unreachable(clean_env(XDG_CACHE_HOME=str(tmp_path / "empty")))
+    before = inspect(IMAGE)
+    proc = gpuenv_cmd(
+        "build", "-f", str(online["matrix"]), "--offline", "--json", env=env, check=False
+    )
+    assert proc.returncode == 0, output(proc)
+    assert json.loads(proc.stdout)["results"][0]["status"] == "cached", output(proc)
+    assert (inspect(IMAGE) or {}).get("Id") == (before or {}).get("Id")
+
+
 def test_offline_refuses_apt_packages_and_unlocked_cells(tmp_path, wheelhouse_cache):
     env = clean_env(XDG_CACHE_HOME=str(wheelhouse_cache))
     matrix = tmp_path / "matrix.yaml"
