@@ -108,14 +108,13 @@ def main() -> None:
                        env=env, check=True, capture_output=True)  # fmt: skip
         sent = {**env, "GPUENV_NEAR_FETCH": "client"}
         gpuenv("build", args.cell, cwd=project, env=sent)  # the wheelhouse, the mirror's files
-        contexts = next((cache / "gpuenv" / "contexts").glob(f"*/{args.cell}/python-env"))
+        # Every install step's part holds wheels: python-env/, and cuda/ in a GPU cell.
+        context = next((cache / "gpuenv" / "contexts").glob(f"*/{args.cell}"))
         wheels = work / "wheels"
-        shutil.copytree(
-            contexts,
-            wheels,
-            copy_function=os.link,
-            ignore=lambda _d, names: [n for n in names if not n.endswith(".whl")],
-        )
+        wheels.mkdir()
+        for wheel in context.glob("*/*.whl"):
+            if not (wheels / wheel.name).exists():
+                os.link(wheel, wheels / wheel.name)
         size = sum(p.stat().st_size for p in wheels.glob("*.whl"))
         print(f"{args.cell}: {len(list(wheels.glob('*.whl')))} wheels, {size / 1e6:.0f} MB")
         for i in range(args.repeat):
