@@ -122,11 +122,13 @@ def main() -> None:
                 subprocess.run(["docker", "rmi", image], env=env, capture_output=True, check=False)
                 seconds, _ = gpuenv("build", args.cell, "--no-cache", cwd=project, env=run_env)
                 times.setdefault(label, []).append(seconds)
+                print(f"    {label}: {seconds:.1f} s", flush=True)  # kept if a later leg fails
             for label, mode in (("remote first (50 Mbit/s)", "auto"),
                                 ("remote first, wheels sent (50 Mbit/s)", "client")):  # fmt: skip
                 seconds, nbytes, _ = remote(project, cache, wheels, env, args.cell, mode)
                 times.setdefault(label, []).append(seconds)
                 crossed.setdefault(label, []).append(nbytes)
+                print(f"    {label}: {seconds:.1f} s, {nbytes / 1e6:.1f} MB crossed", flush=True)
             loads.append(os.getloadavg()[0])
             print(f"  round {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()),
                   flush=True)  # fmt: skip
