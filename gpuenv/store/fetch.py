@@ -38,6 +38,7 @@ from gpuenv.store.wheelhouse import (
     IndexFile,
     Requirement,
     Store,
+    Wanted,
     locked_requirements,
     normalize,
     parse_page,
@@ -123,13 +124,17 @@ class Fetcher:
 
     # ---------------------------------------------------------------- pages
 
-    def page(self, key: str, project: str) -> list[IndexFile] | None:
-        """The project's files through the upstreams `key` names; None: no index knows it."""
-        answered = self.page_from(key, project)
+    def page(self, key: str, project: str, wanted: Wanted | None = None) -> list[IndexFile] | None:
+        """The project's files through the upstreams `key` names (those `wanted` accepts,
+        when given); None: no index knows it."""
+        answered = self.page_from(key, project, wanted)
         return None if answered is None else answered[0]
 
-    def page_from(self, key: str, project: str) -> tuple[list[IndexFile], str] | None:
-        """The project's files and the upstream index that answered for it (the first of
+    def page_from(
+        self, key: str, project: str, wanted: Wanted | None = None
+    ) -> tuple[list[IndexFile], str] | None:
+        """The project's files (those `wanted` accepts, when given: only they are read out
+        of the page and stored) and the upstream index that answered for it (the first of
         `key`'s that knows it); None: no index knows it."""
         project = normalize(project)
         if self.offline:
@@ -164,7 +169,7 @@ class Fetcher:
                 reason = getattr(exc, "reason", exc)
                 self.problem(f"cannot reach the index {base} (for {project}): {reason}")
                 raise _Upstream(502) from None
-            files = parse_page(body, ctype, final)
+            files = parse_page(body, ctype, final, wanted)
             self.store.save_page(key, project, files, base)
             return files, base
         return None
@@ -334,7 +339,9 @@ class Fetcher:
         against that hash (Store.verified: hashed again whenever the file changed), so an
         installer planted in the store, or brought by a restored cache, is never sent."""
         try:
-            wheel = uv_wheel(self.page(key, "uv") or [], version, machine)
+            release = f"uv-{version}-"  # its files alone: uv's page lists every release's
+            files = self.page(key, "uv", lambda name, _: name.startswith(release)) or []
+            wheel = uv_wheel(files, version, machine)
             stored = None if wheel is None else self.file(key, "uv", wheel.sha256, wheel.filename)
         except _Upstream:
             wheel = stored = None
@@ -406,7 +413,11 @@ class Fetcher:
                     "or its source distribution"
                 )
             return IndexFile(filename, req.url, next(iter(req.hashes))), ""
-        answered = self.page_from(key, req.name)
+
+        def locked(_: str, sha: str) -> bool:  # the locked release's files alone
+            return sha in req.hashes
+
+        answered = self.page_from(key, req.name, locked)
         if answered is None:
             raise GpuenvError(
                 self.problems[-1]
@@ -418,7 +429,7 @@ class Fetcher:
         if wheel is None and not any(f.sha256 in req.hashes for f in files):
             # A release minutes old may be missing from one CDN node's copy of the page
             # while the resolver saw it on another's: ask once more before refusing.
-            files, upstream = self.page_from(key, req.name) or answered
+            files, upstream = self.page_from(key, req.name, locked) or answered
             wheel = pick_wheel(files, req, python, machine, glibc)
         if wheel is None and not any(f.sha256 in req.hashes for f in files):
             raise GpuenvError(

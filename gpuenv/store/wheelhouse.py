@@ -6,9 +6,10 @@ Layout under the gpuenv cache directory (gpuenv/store/cache.py), `wheelhouse/`:
   of its bytes; written atomically after the bytes were checked against the index's hash,
   checked again when a build takes it. Its access time is its last use (prune keeps recent
   ones); its modification time is fixed (FILE_MTIME), see there.
-- `pages/<key>/<project>.json`: the last index page of a project seen through the upstream
-  indexes `<key>` names, as the list of files they offer (what an offline build
-  resolves against).
+- `pages/<key>/<project>.json`: the files of a project the upstream indexes `<key>` names
+  were last seen to offer, for the releases builds asked for (a build reads only the
+  locked release's files of a page; each save adds them to those stored before): what an
+  offline build resolves against.
 - `indexes/<key>.json`: the upstream URLs a key stands for (never credentials).
 
 The fetcher (gpuenv/store/fetch.py) fills it host side; builds take their wheels from it
@@ -20,6 +21,7 @@ target installs, what prune drops, and the export/import tarball.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -98,21 +100,31 @@ class IndexFile:
     upload_time: str | None = None
 
 
-def parse_page(body: bytes, content_type: str, page_url: str) -> list[IndexFile]:
-    """An upstream project page (PEP 691 JSON or PEP 503 HTML) as files. Files the index
-    gives no sha256 for are left out: the wheelhouse cannot check them."""
+# Which of a page's files to read, by (file name, sha256): a build needs only the files of
+# its locked release (grpcio's page lists 11,282 files of every release, and making each one
+# an IndexFile, its URL joined, is most of a cold build's time before the engine).
+Wanted = Callable[[str, str], bool]
+
+
+def parse_page(
+    body: bytes, content_type: str, page_url: str, wanted: Wanted | None = None
+) -> list[IndexFile]:
+    """An upstream project page (PEP 691 JSON or PEP 503 HTML) as files, those `wanted`
+    accepts when given. Files the index gives no sha256 for are left out: the wheelhouse
+    cannot check them."""
     if content_type.split(";")[0].strip() == JSON_TYPE:
         try:
             doc = json.loads(body)
         except ValueError:
             raise GpuenvError(f"{page_url}: the index sent a page that is not JSON") from None
-        return _from_json(doc, page_url)
+        return _from_json(doc, page_url, wanted)
     parser = _Links()
     parser.feed(body.decode("utf-8", "replace"))
-    return [f for f in (_from_link(attrs, page_url) for attrs in parser.links) if f]
+    found = (_from_link(attrs, page_url) for attrs in parser.links)
+    return [f for f in found if f and (wanted is None or wanted(f.filename, f.sha256))]
 
 
-def _from_json(doc: Any, page_url: str) -> list[IndexFile]:
+def _from_json(doc: Any, page_url: str, wanted: Wanted | None = None) -> list[IndexFile]:
     files = doc.get("files") if isinstance(doc, dict) else None
     if not isinstance(files, list):
         raise GpuenvError(f"{page_url}: the index's JSON page has no file list")
@@ -122,6 +134,8 @@ def _from_json(doc: Any, page_url: str) -> list[IndexFile]:
             continue
         hashes = f.get("hashes") if isinstance(f.get("hashes"), dict) else {}
         sha = str(hashes.get("sha256", "")).lower()
+        if wanted is not None and not wanted(f["filename"], sha):
+            continue
         if not _SHA256.fullmatch(sha) or not _safe_filename(f["filename"]):
             continue
         meta = f.get("core-metadata", f.get("dist-info-metadata"))
@@ -369,10 +383,21 @@ class Store:
             return None
 
     def save_page(self, key: str, project: str, files: list[IndexFile], upstream: str) -> None:
-        doc = {"project": normalize(project), "upstream": upstream,
-               "files": [asdict(f) for f in files]}  # fmt: skip
+        """Store what a page offered (`files`: perhaps only a release's), added to the files
+        stored for the project before (same name and hash: the new entry wins), so that an
+        offline build of an earlier lock still finds its release's. Under a lock per page:
+        two builds saving one page both keep theirs (a fetch reads its entry back)."""
         self.make_private()
-        _write_atomic(self._page_path(key, project), json.dumps(doc).encode())
+        path = self._page_path(key, project)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with path.with_name(f".{path.name}.lock").open("w") as lock:  # dot: not exported
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            before = self.page_from(key, project)
+            merged = {(f.filename, f.sha256): f for f in (before[0] if before else [])}
+            merged.update({(f.filename, f.sha256): f for f in files})
+            doc = {"project": normalize(project), "upstream": upstream,
+                   "files": [asdict(f) for f in merged.values()]}  # fmt: skip
+            _write_atomic(path, json.dumps(doc).encode())
 
     def save_index(self, key: str, urls: tuple[str, ...]) -> None:
         path = self.root / "indexes" / f"{key}.json"

@@ -76,6 +76,63 @@ def test_html_page_is_parsed_from_fragments_and_data_attributes():
     assert files[0].url == "https://index.example/f/demo-1.0.tar.gz"
 
 
+def test_a_page_is_read_for_the_wanted_files_alone():
+    """A build reads a page for its locked release only (grpcio's lists 11,282 files): the
+    files `wanted` refuses are never made IndexFiles, in JSON and HTML pages alike."""
+    other = hashlib.sha256(b"another release").hexdigest()
+    doc = {"files": [
+        {"filename": "demo-1.0-py3-none-any.whl", "url": "/f/a.whl", "hashes": {"sha256": SHA}},
+        {"filename": "demo-0.9-py3-none-any.whl", "url": "/f/b.whl", "hashes": {"sha256": other}},
+    ]}  # fmt: skip
+    html = f'<a href="/f/a.whl#sha256={SHA}">a</a><a href="/f/b.whl#sha256={other}">b</a>'.encode()
+    asked: list[tuple[str, str]] = []
+
+    def wanted(filename: str, sha: str) -> bool:
+        asked.append((filename, sha))
+        return sha == SHA
+
+    json_files = wheelhouse.parse_page(json.dumps(doc).encode(), wheelhouse.JSON_TYPE,
+                                       PAGE_URL, wanted)  # fmt: skip
+    html_files = wheelhouse.parse_page(html, "text/html", PAGE_URL, wanted)
+    assert [f.sha256 for f in json_files] == [f.sha256 for f in html_files] == [SHA]
+    assert ("demo-0.9-py3-none-any.whl", other) in asked  # JSON: asked by name and hash
+
+
+def test_a_saved_page_adds_to_the_files_stored_before(tmp_path):
+    """Each save keeps what earlier saves stored (an earlier lock's release, for an offline
+    build of it); a file seen again replaces its entry (now yanked, say)."""
+    store = Store(tmp_path)
+    key = wheelhouse.index_key(UPSTREAM)
+    old = IndexFile("demo-0.9.tar.gz", "https://x/0.9", "0" * 64)
+    new = IndexFile("demo-1.0.tar.gz", "https://x/1.0", "1" * 64)
+    store.save_page(key, "demo", [old], UPSTREAM[0])
+    store.save_page(key, "demo", [new], UPSTREAM[0])
+    store.save_page(key, "demo", [IndexFile(new.filename, new.url, new.sha256, yanked="bad")],
+                    UPSTREAM[0])  # fmt: skip
+    assert store.page(key, "demo") == [old, IndexFile(new.filename, new.url, new.sha256,
+                                                      yanked="bad")]  # fmt: skip
+
+
+def test_pages_saved_at_once_keep_every_saver_s_files(tmp_path):
+    """Builds saving one project's page at the same time (two cells, two processes) each
+    read their entry back to download it: none may be lost to another's save."""
+    store = Store(tmp_path)
+    key = wheelhouse.index_key(UPSTREAM)
+    files = [IndexFile(f"demo-{i}.0.tar.gz", f"https://x/{i}", f"{i:064x}") for i in range(16)]
+    start = threading.Barrier(len(files))
+
+    def save(f: IndexFile) -> None:
+        start.wait()
+        store.save_page(key, "demo", [f], UPSTREAM[0])
+
+    threads = [threading.Thread(target=save, args=(f,)) for f in files]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(store.page(key, "demo") or [], key=lambda f: f.sha256) == files
+
+
 def test_store_keeps_only_bytes_that_match_their_hash(tmp_path):
     store = Store(tmp_path)
     with pytest.raises(wheelhouse.HashMismatch, match="the index said"):
@@ -617,6 +674,21 @@ def test_a_page_without_the_locked_release_is_asked_for_once_more(tmp_path):
     assert up.asked.count("https://idx.example/simple/demo/") == 2
 
 
+def test_a_build_stores_its_locked_release_of_a_page_and_keeps_the_earlier_ones(tmp_path):
+    """Only the locked release's files are read out of a page and stored; a later lock's
+    release adds to them, so an offline build of the earlier lock still has its page."""
+    older = ("demo-0.9-cp311-cp311-manylinux_2_28_x86_64.whl", b"the 0.9 wheel")
+    up = demo_upstream(GOOD, older)
+    f = fetcher(tmp_path, up)
+    f.wheels(KEY, locked("demo", "1.0", GOOD[1]), "3.11", "x86_64", BOOKWORM)
+    assert [e.filename for e in f.store.page(KEY, "demo") or []] == [GOOD[0]]
+    f.wheels(KEY, locked("demo", "0.9", older[1]), "3.11", "x86_64", BOOKWORM)
+    assert {e.filename for e in f.store.page(KEY, "demo") or []} == {GOOD[0], older[0]}
+    offline = fetcher(tmp_path, StubUpstream({}, {}), offline=True)
+    got = offline.wheels(KEY, locked("demo", "1.0", GOOD[1]), "3.11", "x86_64", BOOKWORM)
+    assert [name for name, _ in got] == [GOOD[0]]
+
+
 def test_offline_with_an_empty_wheelhouse_is_an_error_and_asks_no_one(tmp_path):
     up = demo_upstream(GOOD)
     f = fetcher(tmp_path, up, offline=True)
@@ -745,6 +817,17 @@ def test_uv_file_is_uvs_executable_out_of_its_checked_wheel(tmp_path):
     assert offline.uv_file(KEY, "0.13.9", "x86_64").read_bytes() == b"\x7fELF uv"
     with pytest.raises(GpuenvError, match=r"lacks uv 0\.13\.9 for aarch64"):
         offline.uv_file(KEY, "0.13.9", "aarch64")
+
+
+def test_uv_file_reads_and_stores_its_release_of_uvs_page_alone(tmp_path):
+    whl = _uv_wheel("0.13.9", b"\x7fELF uv")
+    up = uv_upstream(whl)
+    other = UV_NAME.replace("0.13.9", "0.13.8")
+    listing = f'<a href="/f/{other}#sha256={SHA}">uv</a>'
+    up.pages["https://idx.example/simple/uv/"] += listing.encode()
+    f = fetcher(tmp_path, up)
+    f.uv_file(KEY, "0.13.9", "x86_64")
+    assert [e.filename for e in f.store.page(KEY, "uv") or []] == [UV_NAME]
 
 
 def test_a_uv_wheel_tampered_on_the_way_in_gives_no_uv(tmp_path):
