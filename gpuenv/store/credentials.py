@@ -18,8 +18,8 @@ branch under test, the credentials from the runner's secrets):
    The `default` entry, which stands for every host, is never used.
 
 Only https URLs of exactly that origin get one: never plain http (anyone on the path could
-read it), never another port of the host, never after a redirect (fetch.py sets the header
-as unredirected; uv gets no netrc of its own, only the URLs gpuenv gave credentials to).
+read it), never another port of the host, never after a redirect (fetch.py drops the header
+when it follows one; uv gets no netrc of its own, only the URLs gpuenv gave credentials to).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urljoin, urlsplit
 
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.store.credentials import Credentials
@@ -53,26 +54,149 @@ PARALLEL = 8  # downloads at once (uv's default is 50; 8 fills a link without a 
 
 class Upstream:
     """Fetches from the upstream indexes: proxies from the environment, the CA bundle, and
-    the credentials of the host asked (never carried over a redirect)."""
+    the credentials of the host asked (never carried over a redirect).
+
+    Connections are kept and reused (urllib3's pools, a pool per host and proxy, as many
+    connections as downloads run at once): a build asks for some 35 pages and files of one
+    host, and a connection each cost a DNS lookup and a TLS handshake each (a burst of DNS
+    lookups was seen to stall 5 s on a resolver that limits them)."""
 
     def __init__(self, credentials: Credentials, ca_bundle: Path | None) -> None:
+        import urllib3
+
         self.credentials = credentials
         context = ssl.create_default_context()
         if ca_bundle is not None:
             context.load_verify_locations(cafile=str(ca_bundle))
-        self.opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
+        self._context = context
+        self._proxies = urllib.request.getproxies()  # *_proxy, as urllib reads them
+        self._direct = urllib3.PoolManager(maxsize=PARALLEL, ssl_context=context)
+        self._via: dict[str, urllib3.ProxyManager] = {}
+        self._lock = threading.Lock()
 
-    def open(self, url: str, accept: str | None = None) -> Any:
-        request = urllib.request.Request(url, headers={"User-Agent": "gpuenv-wheelhouse"})
+    def _manager(self, url: str) -> Any:
+        """The pools `url` is reached through: its scheme's proxy, unless no_proxy names
+        its host (urllib's rules), else directly."""
+        import urllib3
+
+        parts = urlsplit(url)
+        proxy = self._proxies.get(parts.scheme)
+        if not proxy or urllib.request.proxy_bypass(parts.netloc):
+            return self._direct
+        with self._lock:
+            if proxy not in self._via:
+                where = urlsplit(proxy)
+                auth = None
+                if where.username is not None:
+                    user = f"{unquote(where.username)}:{unquote(where.password or '')}"
+                    auth = urllib3.make_headers(proxy_basic_auth=user)
+                self._via[proxy] = urllib3.ProxyManager(
+                    proxy, proxy_headers=auth, maxsize=PARALLEL, ssl_context=self._context
+                )
+            return self._via[proxy]
+
+    def open(self, url: str, accept: str | None = None) -> Reply:
+        """The reply to GET `url`, redirects followed (http and https only); an HTTP error
+        is urllib.error.HTTPError, a connection's failure urllib.error.URLError."""
+        import urllib3
+
+        headers = {"User-Agent": "gpuenv-wheelhouse"}
         if accept:  # an index page: fresh from the origin, as pip asks for one. A CDN's
             # copy can be minutes older than what the resolver just saw: a release made
             # meanwhile would be missing, and the lock's hash of it "not offered".
-            request.add_header("Accept", accept)
-            request.add_header("Cache-Control", "max-age=0")
+            headers["Accept"] = accept
+            headers["Cache-Control"] = "max-age=0"
         credential = self.credentials.for_url(url)
         if credential is not None:
-            request.add_unredirected_header("Authorization", credential.header())
-        return self.opener.open(request, timeout=TIMEOUT)
+            headers["Authorization"] = credential.header()  # this URL's alone
+        for _ in range(MAX_REDIRECTS + 1):
+            try:
+                reply = self._manager(url).request(
+                    "GET", url, headers=headers, redirect=False, retries=_retry(),
+                    preload_content=False, timeout=TIMEOUT,
+                )  # fmt: skip
+            except urllib3.exceptions.HTTPError as exc:
+                raise urllib.error.URLError(_reason(exc)) from None
+            location = reply.headers.get("Location")
+            if reply.status in (301, 302, 303, 307, 308) and location:
+                reply.drain_conn()
+                reply.release_conn()
+                url = urljoin(url, location)
+                if urlsplit(url).scheme not in ("http", "https"):
+                    raise urllib.error.HTTPError(url, reply.status, "a redirect to another "
+                                                 "scheme", reply.headers, None)  # fmt: skip
+                headers.pop("Authorization", None)  # never carried over a redirect
+                continue
+            if reply.status >= 400:
+                reply.drain_conn()
+                reply.release_conn()
+                raise urllib.error.HTTPError(url, reply.status, reply.reason or "",
+                                             reply.headers, None)  # fmt: skip
+            return Reply(reply, url)
+        raise urllib.error.HTTPError(url, 310, "too many redirects", {}, None)  # type: ignore[arg-type]
+
+
+MAX_REDIRECTS = 10  # urllib's own limit
+
+
+def _retry() -> Any:
+    """Once more on a fresh connection when a kept one turns out closed by the server (a
+    read error before any answer), never after a failed connect or a redirect."""
+    import urllib3
+
+    return urllib3.Retry(total=1, connect=0, read=1, other=0, redirect=False)
+
+
+def _reason(exc: BaseException) -> str:
+    """What failed, without urllib3's wrapping: the innermost error's last part (`[Errno
+    111] Connection refused`), said to be the proxy's when it was."""
+    import urllib3
+
+    proxy = False
+    while True:
+        proxy = proxy or isinstance(exc, urllib3.exceptions.ProxyError)
+        inner = getattr(exc, "reason", None)
+        nested = [a for a in getattr(exc, "args", ()) if isinstance(a, BaseException)]
+        if isinstance(inner, BaseException):
+            exc = inner
+        elif nested:
+            exc = nested[-1]
+        else:
+            break
+    text = str(exc).rpartition("): ")[2] or str(exc)
+    return f"the proxy: {text}" if proxy else text
+
+
+class Reply:
+    """A reply being read (a context manager): its bytes, headers and final URL. Its
+    connection goes back to the pool once it has been read to the end, and is closed
+    otherwise; a failure while reading is an OSError, as urllib's would be."""
+
+    def __init__(self, reply: Any, url: str) -> None:
+        self._reply, self._url = reply, url
+        self.headers = reply.headers
+        self.status = reply.status
+
+    def read(self, amount: int | None = None) -> bytes:
+        import urllib3
+
+        try:
+            return bytes(self._reply.read(amount))
+        except urllib3.exceptions.HTTPError as exc:
+            raise OSError(f"reading {self._url}: {_reason(exc)}") from None
+
+    def geturl(self) -> str:
+        return self._url
+
+    def __enter__(self) -> Reply:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None and self._reply.read(1) == b"":  # read to the end: reusable
+            self._reply.release_conn()
+        else:
+            self._reply.close()
+            self._reply.release_conn()
 
 
 class Fetcher:

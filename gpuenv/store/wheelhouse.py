@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urldefrag, urljoin
 
 from gpuenv.matrix import contract
@@ -203,6 +203,12 @@ def _safe_filename(name: str) -> bool:
 # ------------------------------------------------------------------------------ the store
 
 
+class Readable(Protocol):
+    """What a stored file is read from: a download, a temporary file."""
+
+    def read(self, amount: int, /) -> bytes: ...
+
+
 class HashMismatch(GpuenvError):
     pass
 
@@ -255,7 +261,7 @@ class Store:
     def has(self, sha: str) -> bool:
         return self.path(sha).is_file()
 
-    def put(self, sha: str, stream: IO[bytes], what: str, mode: int = 0o600) -> Path:
+    def put(self, sha: str, stream: Readable, what: str, mode: int = 0o600) -> Path:
         """Store what `stream` gives as `sha`, checking it is: else HashMismatch, nothing
         stored. `mode`: 0o755 for uv's executable, which a build's steps run."""
         target = self.path(sha)

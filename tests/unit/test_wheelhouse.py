@@ -905,3 +905,97 @@ def test_a_store_that_cannot_be_written_is_one_error_naming_the_fix(tmp_path):
     store = wheelhouse.Store(tmp_path / "file" / "gpuenv" / "wheelhouse")
     with pytest.raises(GpuenvError, match=r"cannot write gpuenv's wheel store .*XDG_CACHE_HOME"):
         store.make_private()
+
+
+# ------------------------------------------------------------------------------ upstream
+
+
+def test_upstream_keeps_its_connections_for_the_next_request(tmp_path, monkeypatch):
+    """A build asks one host for some 35 pages: one connection (one DNS lookup, one TLS
+    handshake) serves them one after another, and each reply is read whole."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from gpuenv.store.fetch import Upstream
+
+    connections: list[int] = []
+
+    class Index(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive
+
+        def setup(self) -> None:
+            super().setup()
+            connections.append(self.client_address[1])
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = self.path.encode() * 1000
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        upstream = Upstream(credentials.Credentials({}), None)
+        base = f"http://127.0.0.1:{server.server_port}"
+        for n in range(10):
+            with upstream.open(f"{base}/simple/p{n}/") as reply:
+                assert reply.read() == f"/simple/p{n}/".encode() * 1000
+                assert reply.geturl() == f"{base}/simple/p{n}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(connections) == 1
+
+
+class _Pools:
+    """urllib3's pools as Upstream.open uses them: scripted replies by URL, the requests'
+    Authorization headers recorded."""
+
+    def __init__(self, answers: dict[str, tuple[int, dict[str, str]]]) -> None:
+        self.answers, self.asked = answers, []
+
+    def request(self, method: str, url: str, headers: dict[str, str], **kw: object) -> object:
+        self.asked.append((url, headers.get("Authorization")))
+        status, reply_headers = self.answers.get(url, (404, {}))
+
+        class Reply(io.BytesIO):
+            reason = "scripted"
+
+            def drain_conn(self) -> None:
+                pass
+
+            def release_conn(self) -> None:
+                pass
+
+        reply = Reply(b"page")
+        reply.status, reply.headers = status, reply_headers  # type: ignore[attr-defined]
+        return reply
+
+
+def test_upstream_sends_credentials_to_their_origin_and_never_over_a_redirect():
+    from gpuenv.store.credentials import Credential, origin_of
+    from gpuenv.store.fetch import Upstream
+
+    url = "https://private.example/simple/p/"
+    origin = origin_of(url)
+    assert origin is not None
+    upstream = Upstream(credentials.Credentials({origin: Credential("u", "p", "netrc")}), None)
+    pools = _Pools({url: (302, {"Location": "/moved/p/"}),
+                    "https://private.example/moved/p/": (200, {})})  # fmt: skip
+    upstream._manager = lambda _: pools  # type: ignore[method-assign]
+    with upstream.open(url) as reply:
+        assert reply.geturl() == "https://private.example/moved/p/"
+    assert [(u, a is not None) for u, a in pools.asked] == [
+        (url, True), ("https://private.example/moved/p/", False)]  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        upstream.open("https://private.example/simple/missing/")
+    assert caught.value.code == 404
+    pools.answers[url] = (302, {"Location": "file:///etc/passwd"})
+    with pytest.raises(urllib.error.HTTPError, match="another scheme"):
+        upstream.open(url)
