@@ -142,3 +142,54 @@ def test_bad_overrides_are_one_error_naming_the_variable(monkeypatch, name, valu
         decide(ProbedEngine())
     assert name in caught.value.message and says in caught.value.message
     assert "secret" not in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("head", "get", "code", "asked"),
+    [
+        (200, 200, 0, ["HEAD"]),  # the root's head: never its listing of every project
+        (501, 200, 0, ["HEAD", "GET"]),  # a server that answers GET alone
+        (401, 200, 1, ["HEAD"]),  # credentials needed: the step would fail too
+        (404, 404, 1, ["HEAD"]),
+    ],
+)
+def test_the_probe_asks_for_the_index_root_s_head(tmp_path, head, get, code, asked):
+    """The probe's script, run by this Python against a local index: HEAD (PyPI's root is
+    40 MB, which a proxy may fetch whole before answering), GET only where HEAD is not
+    served; an HTTP error is unreachable."""
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    seen: list[str] = []
+
+    class Index(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def answer(self, status: int) -> None:
+            seen.append(self.command)
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_HEAD(self) -> None:
+            self.answer(head)
+
+        def do_GET(self) -> None:
+            self.answer(get)
+
+    server = HTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        import certifi
+
+        script = near.PROBE_SCRIPT.replace(repr(near.PROBE_TRUST), repr(certifi.where()))
+        url = f"http://127.0.0.1:{server.server_port}/simple/"
+        done = subprocess.run([sys.executable, "-c", script, url], capture_output=True,
+                              text=True, timeout=60, check=False)  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (done.returncode, seen) == (code, asked), done.stdout + done.stderr
