@@ -55,9 +55,7 @@ def target_for(
     cell = project.default_cell(want_gpu) if image is None else project.one_cell(image, "-i")
     labels = engine.labels(cell.image)
     if labels is None:
-        if gpus is not None:
-            check_engine_gives_gpus(engine, cell, gpus)
-        _build_for_run(engine, project, cell)
+        _build_for_run(engine, project, cell, gpus)
         labels = engine.labels(cell.image) or {}
     return Target(cell.image, labels, cell)
 
@@ -87,13 +85,16 @@ def check_engine_gives_gpus(engine: Engine, cell: Cell, gpus: GpuRequest) -> Non
         engine.remove_container(cid)
 
 
-def _build_for_run(engine: Engine, project: Project, cell: Cell) -> None:
+def _build_for_run(engine: Engine, project: Project, cell: Cell, gpus: GpuRequest | None) -> None:
     """Build the missing cell as `gpuenv build` would, pulling a published image first
-    when $GPUENV_REGISTRY names one whose signed provenance verifies."""
+    when $GPUENV_REGISTRY names one whose signed provenance verifies; for `gpus`, only once
+    the engine was seen to give containers GPUs at all."""
     from gpuenv.building import builder
     from gpuenv.building.progress import ConsoleReporter
     from gpuenv.publish.attest.verify import pull_source
 
+    if gpus is not None:
+        check_engine_gives_gpus(engine, cell, gpus)
     say(f"{cell.image} is not built yet; building it first")
     pull_from, vet = pull_source(project, False, say)
     reporter = ConsoleReporter()

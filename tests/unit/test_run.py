@@ -447,8 +447,17 @@ def test_a_missing_gpu_cell_is_built_only_on_an_engine_that_gives_gpus(
     engine = fake_engine(local={cell.base.image: image("sha256:base")})
     if not gives_gpus:
         engine.outcomes[cell.base.image] = EngineError(f"500 Server Error: {REFUSED}")
+    from gpuenv.building import builder
+    from gpuenv.building.results import CellResult
+
     built = []
-    monkeypatch.setattr(target, "_build_for_run", lambda e, p, c: built.append(c.name))
+
+    def plan_and_build(engine, project, cells, reporter, **kw):
+        built.append(cells[0].name)
+        return [CellResult(cells[0], status="built")]
+
+    monkeypatch.setattr(builder, "plan_and_build", plan_and_build)
+    monkeypatch.delenv("GPUENV_REGISTRY", raising=False)
     gpus = parse_gpus("all")
     if gives_gpus:
         target.target_for(engine, None, True, project, gpus)
