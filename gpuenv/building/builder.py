@@ -175,6 +175,8 @@ def execute(
                 fut.result()
         except KeyboardInterrupt:
             stop.set()  # cells not started yet are not started
+            if sender is not None:
+                sender.stop()  # the threads' downloads end now, not once all are fetched
             engine.close()
             raise
     return [results[c.name] for c in cells]

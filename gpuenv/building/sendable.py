@@ -319,6 +319,10 @@ class Sender:
         self._resolved: dict[str, str] = {}  # requirements, Python, indexes -> resolution
         self._lock = threading.Lock()
 
+    def stop(self) -> None:
+        """gpuenv is ending (Ctrl-C, SIGTERM): no download goes on (Fetcher.stop)."""
+        self.fetcher.stop()
+
     def resolution(self, p: CellPlan) -> CellLock:
         """The lock's entry, or (an unlocked cell) a resolution made now, each part once per
         set of requirements: a GPU cell's environment step then gets exactly its CPU

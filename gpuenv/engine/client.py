@@ -22,6 +22,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -310,6 +311,8 @@ class Engine:
         self._podman: bool | None = None
         self._gpu_facts: GpuEngineFacts | None = None
         self._builds: set[Any] = set()  # the docker CLIs building now (subprocess.Popen)
+        self._closed = False  # by close(): no docker CLI starts building any more
+        self._builds_lock = threading.Lock()
 
     @property
     def _api(self) -> Any:
@@ -359,7 +362,10 @@ class Engine:
         """Close the client's connections; streams in flight (a build) end, and the engine
         cancels what they were doing. The docker CLIs building (other threads' cells under
         `build -j`) are told to cancel too: they would outlive gpuenv."""
-        _cancel(list(self._builds))
+        with self._builds_lock:
+            self._closed = True
+            builds = list(self._builds)
+        _cancel(builds)
         if self._client is not None:
             self._client.api.close()
 
@@ -628,11 +634,14 @@ class Engine:
                 command += ["--secret", f"id={name},src={path}"]
             command.append(str(directory))
             tail: list[str] = []
-            proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, errors="replace")  # fmt: skip
+            with self._builds_lock:  # a CLI started after close() would outlive gpuenv
+                if self._closed:
+                    raise EngineError("gpuenv is ending: the build was not started")
+                proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, errors="replace")  # fmt: skip
+                self._builds.add(proc)
             assert proc.stdout is not None
-            self._builds.add(proc)
             try:
                 for line in proc.stdout:
                     line = _ANSI.sub("", line.rstrip("\n"))

@@ -953,6 +953,85 @@ def test_upstream_keeps_its_connections_for_the_next_request(tmp_path, monkeypat
     assert len(connections) == 1
 
 
+def test_a_stopped_upstream_gives_up_in_the_middle_of_a_reply_and_opens_nothing(monkeypatch):
+    """Ctrl-C or SIGTERM while wheels download: the download in flight ends at its next read,
+    and nothing more is asked of the index."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from gpuenv.store.fetch import Stopped, Upstream
+
+    asked: list[str] = []
+    go_on = threading.Event()
+
+    class Index(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", str(2 << 20))
+            self.end_headers()
+            self.wfile.write(b"x" * (1 << 20))  # the first megabyte, then the rest on go_on
+            self.wfile.flush()
+            go_on.wait(10)
+            self.wfile.write(b"x" * (1 << 20))
+
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stopped = threading.Event()
+    try:
+        upstream = Upstream(credentials.Credentials({}), None, stopped)
+        base = f"http://127.0.0.1:{server.server_port}"
+        with pytest.raises(Stopped), upstream.open(f"{base}/f/big.whl") as reply:
+            assert len(reply.read(1 << 20)) == 1 << 20
+            stopped.set()
+            reply.read(1 << 20)
+        with pytest.raises(Stopped):
+            upstream.open(f"{base}/f/next.whl")
+    finally:
+        go_on.set()
+        server.shutdown()
+        server.server_close()
+    assert asked == ["/f/big.whl"]
+
+
+def test_a_stopped_fetcher_starts_none_of_the_downloads_still_queued(tmp_path):
+    """The interpreter runs a thread pool's queued work before it exits: an interrupted
+    build went on fetching every wheel. Stopped, the queued ones never start."""
+    from gpuenv.store.fetch import PARALLEL, Stopped
+
+    wheels = [(f"demo{n}-1.0-py3-none-any.whl", f"wheel {n}".encode()) for n in range(3 * PARALLEL)]
+    up = StubUpstream(
+        {f"https://idx.example/simple/demo{n}/": page(w) for n, w in enumerate(wheels)},
+        {f"https://idx.example/f/{name}": body for name, body in wheels},
+    )
+    up.delay = 0.3
+    f = fetcher(tmp_path, up)
+    text = "".join(locked(f"demo{n}", "1.0", body) for n, (_, body) in enumerate(wheels))
+    caught: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            f.wheels(KEY, text, "3.11", "x86_64", BOOKWORM)
+        except BaseException as exc:
+            caught.append(exc)
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not any("/f/" in url for url in up.asked) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    f.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert len(caught) == 1 and isinstance(caught[0], Stopped), caught
+    files_asked = [url for url in up.asked if "/f/" in url]
+    assert 0 < len(files_asked) <= PARALLEL, files_asked  # those in flight, no more
+
+
 class _Pools:
     """urllib3's pools as Upstream.open uses them: scripted replies by URL, the requests'
     Authorization headers recorded."""
