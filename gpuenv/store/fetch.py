@@ -65,14 +65,12 @@ class Upstream:
     host, and a connection each cost a DNS lookup and a TLS handshake each (a burst of DNS
     lookups was seen to stall 5 s on a resolver that limits them)."""
 
-    def __init__(
-        self, credentials: Credentials, ca_bundle: Path | None,
-        stopped: threading.Event | None = None,
-    ) -> None:  # fmt: skip
+    def __init__(self, credentials: Credentials, ca_bundle: Path | None) -> None:
         import urllib3
 
         self.credentials = credentials
-        self.stopped = stopped or threading.Event()  # set: every open and read is Stopped
+        self.stopped = threading.Event()  # by stop(): every open and read is Stopped
+        self._reading: set[Any] = set()  # the urllib3 replies being read, for stop()
         context = ssl.create_default_context()
         if ca_bundle is not None:
             context.load_verify_locations(cafile=str(ca_bundle))
@@ -81,6 +79,20 @@ class Upstream:
         self._direct = urllib3.PoolManager(maxsize=PARALLEL, ssl_context=context)
         self._via: dict[str, urllib3.ProxyManager] = {}
         self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        """gpuenv is ending: no request starts, and each reply being read ends now. Its
+        socket is shut down (urllib3's HTTPResponse.shutdown), so that a read waiting on a
+        stalled link returns too, not after TIMEOUT."""
+        with self._lock:
+            self.stopped.set()
+            reading = list(self._reading)
+        for reply in reading:
+            reply.shutdown()
+
+    def _done(self, reply: Any) -> None:
+        with self._lock:
+            self._reading.discard(reply)
 
     def _manager(self, url: str) -> Any:
         """The pools `url` is reached through: its scheme's proxy, unless no_proxy names
@@ -142,7 +154,12 @@ class Upstream:
                 reply.release_conn()
                 raise urllib.error.HTTPError(url, reply.status, reply.reason or "",
                                              reply.headers, None)  # fmt: skip
-            return Reply(reply, url, self.stopped)
+            with self._lock:
+                if self.stopped.is_set():
+                    reply.close()
+                    raise Stopped()
+                self._reading.add(reply)
+            return Reply(reply, url, self)
         raise urllib.error.HTTPError(url, 310, "too many redirects", {}, None)  # type: ignore[arg-type]
 
 
@@ -186,23 +203,29 @@ class Stopped(BaseException):
 class Reply:
     """A reply being read (a context manager): its bytes, headers and final URL. Its
     connection goes back to the pool once it has been read to the end, and is closed
-    otherwise; a failure while reading is an OSError, as urllib's would be; once `stopped`
-    is set, the next read is Stopped."""
+    otherwise; a failure while reading is an OSError, as urllib's would be. Once its
+    upstream is stopped, a read is Stopped, whatever it got."""
 
-    def __init__(self, reply: Any, url: str, stopped: threading.Event) -> None:
-        self._reply, self._url, self._stopped = reply, url, stopped
+    def __init__(self, reply: Any, url: str, upstream: Upstream) -> None:
+        self._reply, self._url, self._upstream = reply, url, upstream
         self.headers = reply.headers
         self.status = reply.status
 
     def read(self, amount: int | None = None) -> bytes:
         import urllib3
 
-        if self._stopped.is_set():
+        stopped = self._upstream.stopped
+        if stopped.is_set():
             raise Stopped()
         try:
-            return bytes(self._reply.read(amount))
-        except urllib3.exceptions.HTTPError as exc:
+            data = bytes(self._reply.read(amount))
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            if stopped.is_set():  # its socket was shut down under it
+                raise Stopped() from None
             raise OSError(f"reading {self._url}: {_reason(exc)}") from None
+        if stopped.is_set():  # what a shut-down socket gave: an end that is none
+            raise Stopped()
+        return data
 
     def geturl(self) -> str:
         return self._url
@@ -211,6 +234,7 @@ class Reply:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._upstream._done(self._reply)
         if exc[0] is None and self._reply.read(1) == b"":  # read to the end: reusable
             self._reply.release_conn()
         else:
@@ -258,15 +282,21 @@ class Fetcher:
         offline build or one whose cells are all cached never asks upstream."""
         with self._lock:
             if self._upstream is None:
-                self._upstream = Upstream(self.credentials, self._ca_bundle, self._stopped)
+                self._upstream = Upstream(self.credentials, self._ca_bundle)
+                if self._stopped.is_set():
+                    self._upstream.stop()
             return self._upstream
 
     def stop(self) -> None:
-        """gpuenv is ending (Ctrl-C, SIGTERM): each download in flight gives up at its next
-        megabyte, and no other starts (both are Stopped). Without it the end waited for
-        every queued one: the interpreter runs a thread pool's queued work before it exits
-        (31 s of wheels on CI's link, while `build -j`'s threads went on to build)."""
-        self._stopped.set()
+        """gpuenv is ending (Ctrl-C, SIGTERM): each download in flight ends now, and no
+        other starts (both are Stopped). Without it the end waited for every queued one:
+        the interpreter runs a thread pool's queued work before it exits (31 s of wheels on
+        CI's link, while `build -j`'s threads went on to build)."""
+        with self._lock:
+            self._stopped.set()
+            upstream = self._upstream
+        if upstream is not None:
+            upstream.stop()
 
     def _parallel(self, one: Callable[[T], R], items: Iterable[T]) -> list[R]:
         """`one` of each item, PARALLEL at once, in order. Interrupted here (the main
