@@ -177,6 +177,7 @@ def execute(
             stop.set()  # cells not started yet are not started
             if sender is not None:
                 sender.stop()  # the threads' downloads end now, not once all are fetched
+            engine.end_builds()
             engine.close()
             raise
     return [results[c.name] for c in cells]

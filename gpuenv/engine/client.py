@@ -311,7 +311,7 @@ class Engine:
         self._podman: bool | None = None
         self._gpu_facts: GpuEngineFacts | None = None
         self._builds: set[Any] = set()  # the docker CLIs building now (subprocess.Popen)
-        self._closed = False  # by close(): no docker CLI starts building any more
+        self._ending = False  # by end_builds(): no docker CLI starts building any more
         self._builds_lock = threading.Lock()
 
     @property
@@ -359,15 +359,23 @@ class Engine:
             time.sleep(0.5)
 
     def close(self) -> None:
-        """Close the client's connections; streams in flight (a build) end, and the engine
-        cancels what they were doing. The docker CLIs building (other threads' cells under
-        `build -j`) are told to cancel too: they would outlive gpuenv."""
+        """Close the client's connections (the engine stays usable: they reopen on the next
+        call); streams in flight (a build) end, and the engine cancels what they were
+        doing. The docker CLIs building are told to cancel too: they would outlive gpuenv."""
         with self._builds_lock:
-            self._closed = True
             builds = list(self._builds)
         _cancel(builds)
         if self._client is not None:
             self._client.api.close()
+
+    def end_builds(self) -> None:
+        """gpuenv is ending (Ctrl-C or SIGTERM under `build -j`): the docker CLIs building
+        other threads' cells are told to cancel, and none starts from now on (one started
+        later would outlive gpuenv, and could tag)."""
+        with self._builds_lock:
+            self._ending = True
+            builds = list(self._builds)
+        _cancel(builds)
 
     # ------------------------------------------------------------------ images
 
@@ -634,8 +642,8 @@ class Engine:
                 command += ["--secret", f"id={name},src={path}"]
             command.append(str(directory))
             tail: list[str] = []
-            with self._builds_lock:  # a CLI started after close() would outlive gpuenv
-                if self._closed:
+            with self._builds_lock:
+                if self._ending:
                     raise EngineError("gpuenv is ending: the build was not started")
                 proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -58,3 +58,32 @@ def test_no_engine_at_the_socket_says_how_to_start_one(tmp_path, monkeypatch):
     monkeypatch.setattr(engines, "_conn", engines._Connection())
     with pytest.raises(EngineError, match="cannot reach the Docker Engine"):
         engines.connect()
+
+
+def test_close_leaves_the_engine_usable_and_end_builds_starts_no_build(
+    engine_on_fake_api, tmp_path, monkeypatch
+):
+    """close() only drops connections (the process-wide engine is used again after a Slurm or
+    Kubernetes run closes it); after end_builds() (Ctrl-C under `build -j`) no docker CLI
+    starts, since one started then would outlive gpuenv and could tag."""
+    eng, _ = engine_on_fake_api
+    started = tmp_path / "started"
+    cli = tmp_path / "docker-build"
+    cli.write_text(  # a stand-in for `docker buildx build`: it writes the image ID asked for
+        f"#!/bin/sh\necho >> {started}\nwhile [ $# -gt 0 ]; do\n"
+        '  [ "$1" = --iidfile ] && echo sha256:built > "$2"\n  shift\ndone\n'
+    )
+    cli.chmod(0o755)
+    monkeypatch.setattr(engines, "buildkit_cli", lambda engine: ([str(cli)], {}))
+    context = tmp_path / "context"
+    context.mkdir()
+
+    def build() -> str:
+        return eng._build_buildkit(context, {}, False, "none", lambda line: None)
+
+    eng.close()
+    assert build() == "sha256:built"
+    eng.end_builds()
+    with pytest.raises(EngineError, match="not started"):
+        build()
+    assert started.read_text().count("\n") == 1
