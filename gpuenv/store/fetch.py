@@ -16,6 +16,7 @@ wheelhouse alone and a miss is recorded, naming the distribution.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import io
@@ -88,7 +89,10 @@ class Upstream:
             self.stopped.set()
             reading = list(self._reading)
         for reply in reading:
-            reply.shutdown()
+            # A reply read to its end may have given its connection back already (urllib3
+            # then refuses, RuntimeError): nothing of it is left to end.
+            with contextlib.suppress(ValueError, RuntimeError, OSError):
+                reply.shutdown()
 
     def _done(self, reply: Any) -> None:
         with self._lock:

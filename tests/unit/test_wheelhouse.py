@@ -1004,6 +1004,37 @@ def test_a_stopped_upstream_ends_a_blocked_read_and_opens_nothing(monkeypatch):
     assert asked == ["/f/big.whl"]
 
 
+def test_stopping_an_upstream_whose_reply_was_read_to_its_end_is_no_error(monkeypatch):
+    """urllib3 gives a reply's connection back once its body is read; the reply, not yet
+    closed, has no socket left to shut down (urllib3 raises RuntimeError for it)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from gpuenv.store.fetch import Upstream
+
+    class Index(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "5")
+            self.end_headers()
+            self.wfile.write(b"hello")
+
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        upstream = Upstream(credentials.Credentials({}), None)
+        with upstream.open(f"http://127.0.0.1:{server.server_port}/f/small.whl") as reply:
+            assert reply.read() == b"hello"
+            upstream.stop()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_stopped_fetcher_starts_none_of_the_downloads_still_queued(tmp_path):
     """The interpreter runs a thread pool's queued work before it exits: an interrupted
     build went on fetching every wheel. Stopped, the queued ones never start."""
