@@ -4,6 +4,7 @@ fetcher filling the store from a stub upstream (no network, no engine)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -12,6 +13,7 @@ import tarfile
 import threading
 import time
 import urllib.error
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -913,10 +915,27 @@ def test_a_store_that_cannot_be_written_is_one_error_naming_the_fix(tmp_path):
 # ------------------------------------------------------------------------------ upstream
 
 
+@contextlib.contextmanager
+def local_index(handler: type, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An index on 127.0.0.1 answered by `handler` (an http.server request handler), reached
+    directly (no proxy from the environment): its base URL."""
+    from http.server import ThreadingHTTPServer
+
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_upstream_keeps_its_connections_for_the_next_request(tmp_path, monkeypatch):
     """A build asks one host for some 35 pages: one connection (one DNS lookup, one TLS
     handshake) serves them one after another, and each reply is read whole."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     from gpuenv.store.fetch import Upstream
 
@@ -939,27 +958,19 @@ def test_upstream_keeps_its_connections_for_the_next_request(tmp_path, monkeypat
             self.end_headers()
             self.wfile.write(body)
 
-    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Index)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with local_index(Index, monkeypatch) as base:
         upstream = Upstream(credentials.Credentials({}), None)
-        base = f"http://127.0.0.1:{server.server_port}"
         for n in range(10):
             with upstream.open(f"{base}/simple/p{n}/") as reply:
                 assert reply.read() == f"/simple/p{n}/".encode() * 1000
                 assert reply.geturl() == f"{base}/simple/p{n}/"
-    finally:
-        server.shutdown()
-        server.server_close()
     assert len(connections) == 1
 
 
 def test_a_stopped_upstream_ends_a_blocked_read_and_opens_nothing(monkeypatch):
     """Ctrl-C or SIGTERM while wheels download: the download in flight ends now, even one
     waiting for bytes that do not come, and nothing more is asked of the index."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     from gpuenv.store.fetch import Stopped, Upstream
 
@@ -980,34 +991,28 @@ def test_a_stopped_upstream_ends_a_blocked_read_and_opens_nothing(monkeypatch):
             go_on.wait(10)
             self.wfile.write(b"x" * (1 << 20))
 
-    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Index)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        upstream = Upstream(credentials.Credentials({}), None)
-        base = f"http://127.0.0.1:{server.server_port}"
-        with pytest.raises(Stopped), upstream.open(f"{base}/f/big.whl") as reply:
-            assert len(reply.read(1 << 20)) == 1 << 20
-            # The rest waits on the server, as on a stalled link: the read is blocked when
-            # another thread stops the upstream, and ends then.
-            threading.Timer(0.5, upstream.stop).start()
-            started = time.monotonic()
-            reply.read(1 << 20)
-        assert time.monotonic() - started < 5
-        with pytest.raises(Stopped):
-            upstream.open(f"{base}/f/next.whl")
-    finally:
-        go_on.set()
-        server.shutdown()
-        server.server_close()
+    with local_index(Index, monkeypatch) as base:
+        try:
+            upstream = Upstream(credentials.Credentials({}), None)
+            with pytest.raises(Stopped), upstream.open(f"{base}/f/big.whl") as reply:
+                assert len(reply.read(1 << 20)) == 1 << 20
+                # The rest waits on the server, as on a stalled link: the read is blocked
+                # when another thread stops the upstream, and ends then.
+                threading.Timer(0.5, upstream.stop).start()
+                started = time.monotonic()
+                reply.read(1 << 20)
+            assert time.monotonic() - started < 5
+            with pytest.raises(Stopped):
+                upstream.open(f"{base}/f/next.whl")
+        finally:
+            go_on.set()  # the handler ends before the server closes
     assert asked == ["/f/big.whl"]
 
 
 def test_stopping_an_upstream_whose_reply_was_read_to_its_end_is_no_error(monkeypatch):
     """urllib3 gives a reply's connection back once its body is read; the reply, not yet
     closed, has no socket left to shut down (urllib3 raises RuntimeError for it)."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     from gpuenv.store.fetch import Upstream
 
@@ -1021,18 +1026,11 @@ def test_stopping_an_upstream_whose_reply_was_read_to_its_end_is_no_error(monkey
             self.end_headers()
             self.wfile.write(b"hello")
 
-    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Index)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with local_index(Index, monkeypatch) as base:
         upstream = Upstream(credentials.Credentials({}), None)
-        with upstream.open(f"http://127.0.0.1:{server.server_port}/f/small.whl") as reply:
+        with upstream.open(f"{base}/f/small.whl") as reply:
             assert reply.read() == b"hello"
             upstream.stop()
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_stopped_fetcher_starts_none_of_the_downloads_still_queued(tmp_path):
