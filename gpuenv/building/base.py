@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gpuenv.engine.client import Engine, ImageInfo
 from gpuenv.matrix import contract
@@ -226,6 +227,21 @@ def _load_as(engine: Engine, rootfs: str, digest: str, ref: str, arch: str, suit
     if info is None or info.architecture != arch:
         raise GpuenvError(f"loading {ref} did not give an {arch} image")
     return info.id
+
+
+def published_tag(image: str, locked: dict[str, Any]) -> str:
+    """The tag a locked base is pushed under beside its cells' images, and pulled back by:
+    base-<the base's own tag>-<12 hex of what the lock pins it by> (the root filesystem,
+    else the image ID). Derived from the lock alone, so a lock names its base's tag on any
+    machine, and a base bootstrapped later (another root filesystem) gets another tag."""
+    import re
+
+    pin = str(locked.get("rootfs") or locked.get("id") or "")
+    if not pin.startswith("sha256:"):
+        raise GpuenvError(f"matrix.lock pins base {image} by neither a root filesystem nor an "
+                          "image ID; re-lock it: gpuenv lock")  # fmt: skip
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", image.rpartition(":")[2] if ":" in image else image)
+    return f"base-{name[:64]}-{pin.removeprefix('sha256:')[:12]}"
 
 
 def package_list(engine: Engine, image: str, platform: str | None = None) -> list[str]:

@@ -11,6 +11,9 @@ provenance verifies with $GPUENV_VERIFY_KEY and records this spec hash (the verb
 it is pulled by the digest that verified, and the pulled image's ID must be the one the
 provenance records. It is remembered as pulled: `push --attest` signs no provenance for an
 image this machine did not build.
+
+The bases a lock pins come back the same way, from beside the cells' images where `gpuenv
+push` put them (`gpuenv base --pull`), and are kept only when they are the locked ones.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
-    from gpuenv.engine.client import Engine
+    from gpuenv.engine.client import Engine, ImageInfo
+    from gpuenv.project.lockfile import Lock
 
 PULLED_RECORD = "pulled"  # image ID -> REPO@DIGEST it was pulled from (gpuenv's cache)
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64", "ppc64le": "ppc64le"}
@@ -132,3 +136,65 @@ def pull_matching(
     engine.tag(info.id, keep_as)
     update_record(PULLED_RECORD, {info.id: pinned})
     return info.id, ""
+
+
+# ------------------------------------------------------------- the bases a lock pins
+
+
+def pull_locked_base(
+    engine: Engine, lock: Lock, image: str, repository: str
+) -> tuple[str, str, str]:
+    """Bring back the base `lock` pins for `image` from `repository`, where `gpuenv push`
+    put it beside the cells' images (base.published_tag): (image, image ID, where from).
+
+    A tag is only what the registry's writer last put there; the lock is the proof. The
+    pulled image must be the locked one by the build's own rule (lockfile.base_drift: the
+    root filesystem, as the engine hashed it, else the image ID) before it is tagged
+    `image`; another image leaves nothing tagged, and the pulled reference is undone."""
+    from gpuenv.building.base import published_tag
+    from gpuenv.project.lockfile import base_drift
+
+    locked = lock.bases.get(image)
+    if locked is None:
+        raise GpuenvError(f"{lock.path} pins no base {image} (the matrix changed its base, or "
+                          "the lock predates pinned bases); re-lock: gpuenv lock")  # fmt: skip
+    current = engine.image(image)
+    if current is not None and base_drift(lock, image, current) is None:
+        return image, current.id, "already in the engine"
+    ref = f"{repository}:{published_tag(image, locked)}"
+    before = engine.image(ref)  # a tag this engine already had there is put back on refusal
+    try:
+        for chunk in engine.pull(ref):
+            error = chunk_error(chunk) if isinstance(chunk, dict) else None
+            if error:
+                raise GpuenvError(error)
+    except GpuenvError as exc:
+        detail = str(getattr(exc, "detail", "") or exc.message).strip().splitlines() or ["?"]
+        _undo(engine, ref, before)
+        raise GpuenvError(
+            f"gpuenv base --pull: cannot pull {ref}: {detail[0][:300]} (a locked cell pushed "
+            f"with gpuenv push has its base there; check the repository, or load the saved "
+            f"base: gpuenv base --load FILE)"
+        ) from None
+    info = engine.image(ref)
+    why = base_drift(lock, image, info) if info else "the engine has no such image after pulling"
+    if info is None or why:
+        _undo(engine, ref, before)
+        raise GpuenvError(
+            f"{ref} is not the base {lock.path.name} pins for {image} ({why}); nothing was "
+            "tagged. Load the saved base (gpuenv base --load FILE) or re-lock (gpuenv lock)"
+        )
+    engine.tag(info.id, image)
+    return image, info.id, f"pulled from {ref}"
+
+
+def _undo(engine: Engine, ref: str, before: ImageInfo | None) -> None:
+    """Leave `ref` as it was before the pull: removed when the pull made it (the image too,
+    unless another reference holds it; never by force), else on the image it named."""
+    after = engine.image(ref)
+    if after is None or (before is not None and after.id == before.id):
+        return
+    if before is None:
+        engine.remove_image(ref)
+    else:
+        engine.tag(before.id, ref)

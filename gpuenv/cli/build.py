@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,10 +12,15 @@ from gpuenv.cli.common import (
     FileOption,
     JsonOption,
     Patterns,
+    fail,
     print_json,
     say,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from gpuenv.matrix.cell import Cell
+    from gpuenv.project.project import Project
 
 
 def base_cmd(
@@ -28,11 +33,30 @@ def base_cmd(
         Path | None,
         typer.Option("--load", help="Load a saved base tarball into the engine, then exit"),
     ] = None,
+    pull: Annotated[
+        str | None,
+        typer.Option(
+            "--pull",
+            metavar="REGISTRY/REPO",
+            help="Pull the bases matrix.lock pins from the repository the cells were pushed "
+            "to (gpuenv push puts them there), checked against the lock, then exit",
+        ),
+    ] = None,
+    push: Annotated[
+        str | None,
+        typer.Option(
+            "--push",
+            metavar="REGISTRY/REPO",
+            help="Push the bases matrix.lock pins into a repository (gpuenv push does, beside "
+            "the cells), then exit",
+        ),
+    ] = None,
 ) -> None:
     """Make the local Debian base images the selected cells need (mmdebstrap).
 
     Debian's archive moves on, so keep the base a lock names: --save writes it to a
-    tarball, --load brings it back into any engine."""
+    tarball, --load brings it back into any engine; gpuenv push puts it beside the
+    cells' images, and --pull brings it back from there."""
     from gpuenv.building import base
     from gpuenv.engine import client as engine
     from gpuenv.project.project import open_project
@@ -43,12 +67,51 @@ def base_cmd(
                 print(line)
             return
         project = open_project(file)
+        if pull is not None or push is not None:
+            _pull_or_push(project, project.select(patterns), pull, push)
+            return
         for image, image_id, saved in base.ensure_all(
             engine.connect(), project.select(patterns), save, say
         ):
             print(f"{image}  {image_id[:19]}")
             if saved is not None:
                 print(f"saved {saved}")
+
+
+def _pull_or_push(project: Project, cells: list[Cell], pull: str | None, push: str | None) -> None:
+    """`gpuenv base --pull/--push REGISTRY/REPO`: the locked bases of `cells`, one line each."""
+    from gpuenv.building.pull import pull_locked_base
+    from gpuenv.engine import client as engine
+    from gpuenv.publish.push import push_locked_bases
+    from gpuenv.registry.names import registry_problem
+
+    option, repository = ("--pull", pull) if pull is not None else ("--push", push)
+    if pull is not None and push is not None:
+        raise fail("--pull and --push: one at a time", 2)
+    assert repository is not None
+    if registry_problem(repository) or "/" not in repository:
+        raise fail(f"{option} {repository!r}: expected REGISTRY/REPO, the repository the "
+                   "cells are pushed to (say ghcr.io/acme/tensorflow)", 2)  # fmt: skip
+    if project.lock is None:
+        raise fail(f"{option}: {project.lock_path} does not exist; it moves the bases a "
+                   "lock pins (gpuenv lock; or gpuenv base --save/--load a base)", 2)  # fmt: skip
+    images = list(dict.fromkeys(c.base.image for c in cells))
+    if pull is not None:
+        for image, image_id, where in (
+            pull_locked_base(engine.connect(), project.lock, i, repository) for i in images
+        ):
+            print(f"{image}  {image_id[:19]}  {where}")
+        return
+    results = push_locked_bases(engine.connect(), project.lock, images, repository)
+    for r in results:
+        print(f"{r.ref}  {r.digest or '-'}  {r.status} (base {r.cell})"
+              + (f": {r.error}" if r.error else ""))  # fmt: skip
+    if not results:
+        raise fail(f"--push: {project.lock_path.name} pins none of the selected cells' bases "
+                   "(re-lock: gpuenv lock)")  # fmt: skip
+    if any(r.status not in ("pushed", "present") for r in results):
+        raise fail(f"{sum(r.status not in ('pushed', 'present') for r in results)} of "
+                   f"{len(results)} base(s) not pushed")  # fmt: skip
 
 
 def build_cmd(

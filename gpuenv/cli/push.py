@@ -45,11 +45,11 @@ def push_cmd(
     from gpuenv.engine import client as engine
     from gpuenv.project.project import open_project
     from gpuenv.publish import push as publish
-    from gpuenv.registry.names import registry_problem
+    from gpuenv.registry.names import registry_problem, target_repository
 
     def progress(r: publish.TagResult) -> None:
         if not as_json:
-            shown = r.digest if r.status == "pushed" else r.error
+            shown = r.digest if r.status in ("pushed", "present") else r.error
             print(f"{r.status:7} {r.ref}  {shown}", file=sys.stderr)
 
     with user_errors():
@@ -68,6 +68,14 @@ def push_cmd(
             engine.connect(), project, project.select(patterns), registry=registry,
             aliases=aliases, on_result=progress,
         )  # fmt: skip
+        bases: list[publish.TagResult] = []
+        if project.lock is not None:  # the bases the pushed cells were built on, beside them
+            pushed = {r.cell for r in results if r.status == "pushed"}
+            bases = publish.push_locked_bases(
+                engine.connect(), project.lock,
+                [c.base.image for c in project.cells if c.name in pushed],
+                target_repository(project.settings.name, registry), on_result=progress,
+            )  # fmt: skip
         attested = []
         if signer is not None:
             from gpuenv.publish.attest.attach import attest_pushed
@@ -77,6 +85,7 @@ def push_cmd(
         print_json(
             {
                 "results": [r.to_json() for r in results],
+                "bases": [r.to_json() for r in bases],
                 **({"attestations": [a.to_json() for a in attested]} if attest else {}),
             }
         )
@@ -87,6 +96,9 @@ def push_cmd(
                 f"{r.ref}  {r.digest or '-'}  {r.status}{shown}"
                 + (f": {r.error}" if r.error else "")
             )
+        for r in bases:
+            print(f"{r.ref}  {r.digest or '-'}  {r.status} (base {r.cell})"
+                  + (f": {r.error}" if r.error else ""))  # fmt: skip
         for a in attested:
             for predicate_type, artifact in a.artifacts:
                 print(f"attested {a.ref}  {predicate_type}  {artifact}")
@@ -95,6 +107,9 @@ def push_cmd(
     bad = [r for r in results if r.status != "pushed"]
     if bad:
         raise fail(f"{len(bad)} of {len(results)} tag(s) not pushed")
+    if any(r.status not in ("pushed", "present") for r in bases):
+        raise fail("a locked base was not pushed beside its cells (see its line); a machine "
+                   "without the saved base needs it to build the lock: push again")  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

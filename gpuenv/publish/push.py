@@ -24,6 +24,7 @@ from gpuenv.store import cache
 if TYPE_CHECKING:
     from gpuenv.engine.client import Engine, ImageInfo
     from gpuenv.matrix.schema import LoadedMatrix
+    from gpuenv.project.lockfile import Lock
     from gpuenv.project.project import Project
 
 TRANSIENT = (
@@ -72,7 +73,7 @@ def validation_of(image_id: str) -> bool | None:
 class TagResult:
     cell: str
     ref: str
-    status: str = "pending"  # pushed | failed | refused
+    status: str = "pending"  # pushed | failed | refused | present (a base already there)
     digest: str | None = None
     error: str | None = None
     attempts: int = 0
@@ -173,7 +174,7 @@ def push_cells(
             if refused or info is None:
                 result = TagResult(cell.name, ref, "refused", error=refused)
             else:
-                result = _tag_and_push(engine, cell, info.id, ref)
+                result = _tag_and_push(engine, cell.name, info.id, ref)
             results.append(result)
             on_result(result)
     for result in _multiplatform(cells, results, repo):
@@ -213,12 +214,74 @@ def _multiplatform(cells: list[Cell], results: list[TagResult], repo: str) -> li
     return out
 
 
-def _tag_and_push(engine: Engine, cell: Cell, image_id: str, ref: str) -> TagResult:
+def _tag_and_push(engine: Engine, name: str, image_id: str, ref: str) -> TagResult:
+    """`name`: the cell's (or, for a base, the base's) name its result carries."""
     try:
         engine.tag(image_id, ref)
     except GpuenvError as exc:  # e.g. a reference the engine refuses
         why = str(getattr(exc, "detail", exc.message)).strip().splitlines()[0][:300]
-        return TagResult(cell.name, ref, "failed", error=f"tag: {why}")
+        return TagResult(name, ref, "failed", error=f"tag: {why}")
     result = push_ref(lambda r, t: engine.push(f"{r}:{t}"), ref)
-    result.cell = cell.name
+    result.cell = name
     return result
+
+
+# ------------------------------------------------------------- the bases a lock pins
+
+
+def push_locked_bases(
+    engine: Engine,
+    lock: Lock,
+    images: list[str],
+    repository: str,
+    on_result: Callable[[TagResult], None] = lambda result: None,
+) -> list[TagResult]:
+    """Push each base `lock` pins among `images` into `repository` (the cells' own) under
+    base.published_tag, so that a lock's base is obtainable after Debian's archive moved
+    on: `gpuenv base --pull REPOSITORY` brings it back. Beside the cells, the registry
+    already holds a base's layers unless a --reproducible build rewrote them. A tag the
+    registry already has for this image is not pushed again (status `present`); a base that
+    is not the locked one is refused. One result per base; `cell` is the base's name."""
+    from gpuenv.building.base import published_tag
+    from gpuenv.project.lockfile import base_drift
+
+    results = []
+    for image in dict.fromkeys(images):
+        locked = lock.bases.get(image)
+        if locked is None:
+            continue  # nothing pins it: nothing could check it when it is pulled back
+        ref = f"{repository}:{published_tag(image, locked)}"
+        info = engine.image(image)
+        why = base_drift(lock, image, info) if info else "not in the engine"
+        if info is None or why:
+            result = TagResult(image, ref, "refused", error=f"base {image}: {why}; it is not "
+                               f"the one {lock.path.name} pins")  # fmt: skip
+        elif (digest := _registry_holds(engine, ref, info.id)) is not None:
+            result = TagResult(image, ref, "present", digest=digest)
+        else:
+            result = _tag_and_push(engine, image, info.id, ref)
+        results.append(result)
+        on_result(result)
+    return results
+
+
+def _registry_holds(engine: Engine, ref: str, image_id: str) -> str | None:
+    """The manifest digest of `ref` when the registry holds this very image there (its
+    config, whose digest is the image ID, or a manifest of that digest), else None. Read
+    from this machine, so only for a local engine (a remote one reaches registries from its
+    own host); where it cannot be read, the push decides (it uploads no layer twice)."""
+    from gpuenv.registry.client import RegistryUnreadable, Repository, parse_json, sha256
+
+    if not engine.is_local:
+        return None
+    try:
+        repo = Repository(ref)
+        found = repo.manifest(repo.reference)
+        if found is None:
+            return None
+        digest = sha256(found[0])
+        config = parse_json(found[0], f"{ref}: the manifest").get("config")
+    except (RegistryUnreadable, GpuenvError):
+        return None
+    config_digest = config.get("digest") if isinstance(config, dict) else None
+    return digest if image_id in (config_digest, digest) else None
