@@ -22,6 +22,8 @@ from gpuenv.matrix import contract
 from gpuenv.matrix.errors import GpuenvError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from gpuenv.building.pull import Vet
     from gpuenv.building.render import BuildContext
     from gpuenv.engine.client import Engine, ImageInfo
@@ -228,6 +230,18 @@ def _requirements_reason(before: str, now: str) -> str:
     return "; ".join(parts) or REASONS["requirements"]
 
 
+def base_drift_error(image: str, lock_path: Path, why: str, pulls_from: str | None) -> str:
+    """The one line a build on a base other than the locked one stops with: every way to
+    get the locked base back, and the way to leave it. `pulls_from`: $GPUENV_REGISTRY's
+    repository, where the cells (and beside them their bases) would be published."""
+    where = pulls_from or "REGISTRY/REPO, where the cell was pushed"
+    return (
+        f"base {image} differs from {lock_path} ({why}): load the saved base (gpuenv base "
+        f"--load FILE), pull the locked base from beside the pushed cells (gpuenv base --pull "
+        f"{where}), or re-lock on today's base (gpuenv lock; that changes the image)"
+    )
+
+
 def make_plan(
     engine: Engine,
     project: Project,
@@ -254,10 +268,7 @@ def make_plan(
     for image, info in bases.items():
         why = lockfile.base_drift(lock, image, info) if lock and info else None
         if why:
-            raise GpuenvError(
-                f"base {image} differs from {project.lock_path} ({why}): load the saved "
-                "base (gpuenv base --load FILE) or re-lock (gpuenv lock)"
-            )
+            raise GpuenvError(base_drift_error(image, project.lock_path, why, pull_from))
     plans = []
     for cell in cells:
         p = prepared[cell.name]
