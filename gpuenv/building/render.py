@@ -54,11 +54,17 @@ class BuildContext:
         return h.hexdigest()
 
     def write(self, root: Path) -> Path:
+        """The files under root/<cell>, each 0644 in 0755 directories whatever the umask:
+        COPY keeps a file's mode, so a user's umask 077 would otherwise reach the image."""
         target = root / self.cell.name
         target.mkdir(parents=True, exist_ok=True)
         for name, text in self.files.items():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            (target / name).write_text(text, encoding="utf-8")
+            path = target / name
+            for directory in reversed(path.relative_to(target).parents[:-1]):
+                (target / directory).mkdir(exist_ok=True)
+                (target / directory).chmod(0o755)
+            path.write_text(text, encoding="utf-8")
+            path.chmod(0o644)
         return target
 
 
@@ -97,6 +103,8 @@ def _environment(root: Path) -> jinja2.Environment:
 def render(cell: Cell, wheelhouse_key: str, lock: CellLock | None = None) -> BuildContext:
     """The cell's build context. `wheelhouse_key` names the package indexes its wheels
     come from (gpuenv/store/wheelhouse.py: index_key), so a change of upstream rebuilds."""
+    from gpuenv.building.base import SOURCE_DATE_EPOCH
+
     env = _environment(templates_dir())
     venv, sp = contract.VENV, contract.site_packages(cell.python)
     path = f"{venv}/bin:{contract.SYSTEM_PATH}"
@@ -121,6 +129,10 @@ def render(cell: Cell, wheelhouse_key: str, lock: CellLock | None = None) -> Bui
             f"--require-hashes --no-deps --python {venv}/bin/python -r {MOUNT}/{SENT}"
         ),
         ca_file=f"{MOUNT}/{CA_FILE}",
+        # The date every build step's programs see (partials/macros.j2): the bases' fixed
+        # one, never the clock, whatever the lock's date (the layer then depends on the
+        # installed files alone; --reproducible clamps file times to the lock's date).
+        source_date_epoch=SOURCE_DATE_EPOCH,
         venv=venv,
         user=contract.USER,
         uid=contract.UID,

@@ -454,3 +454,20 @@ def test_a_torch_gpu_arm64_cell_renders_for_its_base_and_is_hadolint_clean(tmp_p
     path.write_text(dockerfile)
     result = _lint([path])
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_context_files_keep_their_modes_whatever_the_umask(tmp_path):
+    """COPY keeps a file's mode: a user's umask 077 gave /opt/gpuenv/python-env.txt 0600 and
+    another image (found by tests/integration/test_engine_varied.py)."""
+    from gpuenv.project.lockfile import CellLock
+
+    cell = shipped("tf2.21-py3.11-cpu")
+    context = render(cell, "k", CellLock("sha256:x", "a==1\n", ""))
+    previous = os.umask(0o077)
+    try:
+        target = context.write(tmp_path)
+    finally:
+        os.umask(previous)
+    assert (target / "requirements").stat().st_mode & 0o7777 == 0o755
+    assert (target / "requirements" / "python-env.txt").stat().st_mode & 0o7777 == 0o644
+    assert (target / "Dockerfile").stat().st_mode & 0o7777 == 0o644
