@@ -1,3 +1,3 @@
 """gpuenv: reproducible CPU and GPU Docker environments from one build matrix."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -449,6 +449,7 @@ def relock(
     the CA bundle a build's would. `sources_for` (a cell, the lock's date) gives the
     metadata of packages published only as sdists (gpuenv/building/sendable.py)."""
     from gpuenv.building import base as bases
+    from gpuenv.building.recipe import current as this_recipe
 
     date = exclude_newer_date(exclude_newer, current)
     entries = dict(current.cells) if current and current.exclude_newer == date else {}
@@ -474,7 +475,7 @@ def relock(
     entries = {k: v for k, v in entries.items() if k in names}
     locked_bases = {k: v for k, v in locked_bases.items() if k in used}
     path = lock_path(matrix.path)
-    write(Lock(path, date, entries, locked_bases))
+    write(Lock(path, date, entries, locked_bases, recipe=this_recipe()))
     if pylock:
         for cell in cells:
             text = pylock_text(

@@ -102,6 +102,31 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+
+def _version(value: bool) -> None:
+    if value:
+        from gpuenv.building.recipe import current
+
+        recipe = current()
+        print(f"gpuenv {recipe.gpuenv} (recipe {recipe.digest[:19]})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            is_eager=True,
+            callback=_version,
+            help="Print gpuenv's version and recipe (what decides its images' bytes) and exit",
+        ),
+    ] = False,
+) -> None:
+    """The root: its one option is --version (the help is the app's)."""
+
+
 FileOption = Annotated[
     Path | None,
     typer.Option(

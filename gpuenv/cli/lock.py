@@ -13,7 +13,11 @@ def lock_cmd(
     patterns: Patterns = None,
     file: FileOption = None,
     check: Annotated[
-        bool, typer.Option("--check", help="Exit 1 if the lock no longer matches the matrix")
+        bool,
+        typer.Option(
+            "--check",
+            help="Exit 1 if the lock no longer matches the matrix, its bases or gpuenv's recipe",
+        ),
     ] = False,
     exclude_newer: Annotated[
         str | None,
@@ -42,12 +46,21 @@ def lock_cmd(
         project = open_project(file)
         cells = project.select(patterns)
         if check:
+            from gpuenv.building.recipe import lock_note
+
             drifted = locks.check(engine.connect(), project.lock, project.lock_path, cells)
             for name, why in drifted.items():
                 print(f"drift: {name}: {why}")
+            # Another recipe fails the check too: re-locking would change the file (its
+            # recipe entry), and images built from it would not match those built before.
+            note = lock_note(project.lock) if project.lock else None
             if drifted:
+                if note:
+                    print(f"recipe: {note}")
                 path = project.lock_path
                 raise fail(f"{path}: {len(drifted)} cell(s) drifted; re-lock: gpuenv lock")
+            if note:
+                raise fail(note)
             print(f"{project.lock_path}: {len(cells)} cell(s) match the matrix")
             return
         if exclude_newer is not None:

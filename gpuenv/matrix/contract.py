@@ -32,6 +32,9 @@ SPEC_HASH = "io.gpuenv.spec-hash"
 # Also added by the builder: a digest per input (template, base, packages, lock, CA,
 # context), so that `gpuenv build --dry-run` can say which one changed (gpuenv/building/plan.py).
 INPUTS = "io.gpuenv.inputs"
+# Also added by the builder: the gpuenv that built the image, `VERSION sha256:DIGEST`
+# (gpuenv/building/recipe.py): another recipe builds the same inputs into another image.
+RECIPE = "io.gpuenv.recipe"
 # On bases gpuenv bootstraps (gpuenv/building/base.py): the root filesystem digest the lock pins.
 BASE = "io.gpuenv.base"
 ROOTFS = "io.gpuenv.rootfs"

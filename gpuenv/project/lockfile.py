@@ -15,6 +15,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,6 +45,19 @@ VERSION = 1
 
 
 @dataclass(frozen=True)
+class Recipe:
+    """What a gpuenv renders and runs in a build: its version and the digest of its templates
+    and build steps (computed by gpuenv/building/recipe.py). The same lock built by another
+    recipe gives other images, so the lock records the one that wrote it."""
+
+    gpuenv: str
+    digest: str  # sha256:<64 hex>
+
+    def __str__(self) -> str:
+        return f"gpuenv {self.gpuenv} (recipe {self.digest[:19]})"
+
+
+@dataclass(frozen=True)
 class CellLock:
     inputs: str
     python_env: str  # requirements.txt text with hashes: the framework + matrix packages
@@ -63,6 +77,8 @@ class Lock:
     # releases, so a base re-bootstrapped later differs; builds refuse it until re-locked
     # (or until the saved base is loaded: gpuenv base --load).
     bases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # None: written before gpuenv 0.2.0, which recorded no recipe.
+    recipe: Recipe | None = None
 
 
 def framework_requirements(cell: Cell) -> list[str]:
@@ -165,7 +181,19 @@ def load(path: Path) -> Lock | None:
         if not isinstance(entry, dict):
             raise bad(f"base {str(image)[:80]!r}: expected a mapping")
         bases[str(image)] = dict(entry)
-    return Lock(path, exclude_newer, cells, bases)
+    return Lock(path, exclude_newer, cells, bases, _recipe(data.get("recipe"), bad))
+
+
+def _recipe(doc: Any, bad: Callable[[str], GpuenvError]) -> Recipe | None:
+    if doc is None:
+        return None
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("gpuenv"), str)
+        or not re.fullmatch(r"sha256:[0-9a-f]{64}", str(doc.get("digest", "")))
+    ):
+        raise bad("recipe: expected gpuenv (a version) and digest (sha256:<64 hex digits>)")
+    return Recipe(doc["gpuenv"], doc["digest"])
 
 
 _TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
@@ -195,8 +223,10 @@ def write(lock: Lock) -> None:
         if c.left_out:
             entry["left_out"] = list(c.left_out)
         cells[name] = entry
-    doc = {
-        "version": VERSION,
+    doc: dict[str, Any] = {"version": VERSION}
+    if lock.recipe is not None:
+        doc["recipe"] = {"gpuenv": lock.recipe.gpuenv, "digest": lock.recipe.digest}
+    doc |= {
         "exclude_newer": lock.exclude_newer,
         "bases": {k: lock.bases[k] for k in sorted(lock.bases)},
         "cells": cells,

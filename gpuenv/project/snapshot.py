@@ -125,8 +125,10 @@ def _tuples(value: Any) -> Any:
 
 
 def lock_to_json(lock: Lock) -> dict[str, Any]:
+    recipe = lock.recipe
     return {
         "exclude_newer": lock.exclude_newer,
+        "recipe": [recipe.gpuenv, recipe.digest] if recipe else None,
         "bases": lock.bases,
         "cells": {
             name: [c.inputs, c.python_env, c.cuda, list(c.left_out)]
@@ -136,13 +138,14 @@ def lock_to_json(lock: Lock) -> dict[str, Any]:
 
 
 def lock_from_json(path: Path, data: dict[str, Any]) -> Lock:
-    from gpuenv.project.lockfile import CellLock, Lock
+    from gpuenv.project.lockfile import CellLock, Lock, Recipe
 
     cells = {
         name: CellLock(inputs, env, cuda, tuple(left_out))
         for name, (inputs, env, cuda, left_out) in data["cells"].items()
     }
-    return Lock(path, data["exclude_newer"], cells, data["bases"])
+    recipe = Recipe(*data["recipe"]) if data.get("recipe") else None
+    return Lock(path, data["exclude_newer"], cells, data["bases"], recipe)
 
 
 def to_json(snap: Snapshot) -> dict[str, Any]:
