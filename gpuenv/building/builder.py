@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuenv.building.plan import BuildPlan, CellPlan
+from gpuenv.building.recipe import current, label, lock_note
 from gpuenv.building.results import CellResult, Reporter
 from gpuenv.engine.client import BuildFailed, Engine, EngineError
 from gpuenv.matrix import contract
@@ -85,6 +86,11 @@ def plan_and_build(
     # Render everything before touching the engine: a template error must stop the run
     # before a base is bootstrapped.
     prepared = plans.prepare(project, cells)
+    # A warning, not an error: the lock still installs exactly its packages; only the
+    # images' bytes differ from those built by the lock's recipe. Said once per command.
+    note = lock_note(project.lock) if project.lock else None
+    if note:
+        reporter.info(note)
     if not offline:
         prepare_bases(engine, cells, reporter)
     plan = plans.make_plan(
@@ -235,6 +241,7 @@ def _build(
     labels = {
         contract.SPEC_HASH: str(p.spec_hash),
         contract.INPUTS: json.dumps(p.inputs, sort_keys=True, separators=(",", ":")),
+        contract.RECIPE: label(current()),
     }
     try:
         with sender.context(p) as directory:

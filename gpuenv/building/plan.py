@@ -196,7 +196,8 @@ def _why_rebuild(existing: ImageInfo, inputs: dict[str, str]) -> tuple[list[str]
         return ["spec hash differs (the image records no inputs: built by an older gpuenv)"], "base"
     if "framework" not in recorded:  # built before layers were split by change frequency
         return [REASONS["template"]], "base"
-    changed, blamed = [], []
+    recipe = _recipe_reason(existing)
+    changed, blamed = [recipe] if recipe else [], []
     for k in INPUTS:
         if k == "context" or recorded.get(k, "" if k == "requirements" else None) == inputs[k]:
             continue
@@ -206,12 +207,27 @@ def _why_rebuild(existing: ImageInfo, inputs: dict[str, str]) -> tuple[list[str]
         else:
             changed.append(REASONS[k])
     if not blamed:
-        return [REASONS["context"]], "base"
+        return [*changed, REASONS["context"]], "base"
     if "lock" in blamed and {"packages", "requirements"} & set(blamed):
         # The lock was rewritten for the packages edited: their layer, unless the new
         # resolution moved a version the framework needs (then its layer too).
         blamed.remove("lock")
     return changed, min((FIRST_LAYER[k] for k in blamed), key=LAYERS.index)
+
+
+def _recipe_reason(existing: ImageInfo) -> str | None:
+    """Which gpuenv built the image, when another recipe than this one's (gpuenv/building/
+    recipe.py). Not an input of the spec hash: a recipe change that does not reach a cell's
+    rendered context (a GPU-only template, the normalisation) leaves its image as it is, and
+    its label says truly which gpuenv built it."""
+    from gpuenv.building.recipe import FIRST, current, from_label
+
+    then, now = from_label(existing.labels.get(contract.RECIPE)), current()
+    if then == now:
+        return None
+    if then is None:
+        return f"built by a gpuenv before {FIRST} (it records no recipe); this is {now}"
+    return f"built by {then}; this is {now}"
 
 
 def _requirements_reason(before: str, now: str) -> str:

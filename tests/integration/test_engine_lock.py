@@ -107,6 +107,14 @@ def test_lock_build_and_validate(locked_matrix, first_build, lock_cli, in_image,
     base = doc["bases"][BASE]
     assert base["rootfs"].startswith("sha256:") and base["id"] == image_id(BASE)
     assert any(p.startswith("python3=") for p in base["packages"])
+    # The lock and the image it built record the recipe that made them: gpuenv --version's.
+    recipe = doc["recipe"]
+    version = lock_cli("--version", timeout=60)
+    assert version.stdout == f"gpuenv {recipe['gpuenv']} (recipe {recipe['digest'][:19]})\n"
+    label = '{{index .Config.Labels "io.gpuenv.recipe"}}'
+    assert docker("image", "inspect", "-f", label, IMAGE).stdout.strip() == (
+        f"{recipe['gpuenv']} {recipe['digest']}"
+    )
 
     check = lock_cli("lock", "--check", "-f", str(locked_matrix), timeout=120)
     assert check.returncode == 0, output(check)

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from gpuenv.building import plan, render
+from gpuenv.building import plan, recipe, render
 from gpuenv.engine.client import ImageInfo
 from gpuenv.matrix import contract
 from gpuenv.project.lockfile import CellLock, Lock
@@ -30,6 +30,7 @@ def built(the_plan: plan.BuildPlan) -> dict[str, ImageInfo]:
         labels = {
             contract.SPEC_HASH: str(p.spec_hash),
             contract.INPUTS: json.dumps(p.inputs, sort_keys=True),
+            contract.RECIPE: recipe.label(recipe.current()),
         }
         out[p.cell.image] = ImageInfo(id=f"sha256:{i:064d}", labels=labels)
     return out

@@ -100,7 +100,7 @@ def statements(
         base_name=base_name, base_id=base_id, gpuenv_version=__version__,
         builder_id=provenance.builder_id(), reproducible=is_canonical(project, info),
         inputs={str(k): str(v) for k, v in inputs.items()},
-        locked=provenance.locked_entries(texts),
+        locked=provenance.locked_entries(texts), recipe=info.labels.get(contract.RECIPE, ""),
     )  # fmt: skip
     sbom_type = sbom.PREDICATE_TYPES[fmt]
     return [

@@ -45,6 +45,9 @@ class BuildFacts:
     reproducible: bool  # the image is in --reproducible's canonical form
     inputs: dict[str, str] = field(default_factory=dict)  # the io.gpuenv.inputs label
     locked: tuple[tuple[str, str, str], ...] = ()  # (name, version, sha256) per lock hash
+    # The io.gpuenv.recipe label: the gpuenv that built the image ("VERSION sha256:HEX"),
+    # which `verify --rebuild` needs to reproduce it; "" for an image built before 0.2.0.
+    recipe: str = ""
 
 
 def builder_id(environ: dict[str, str] | None = None) -> str:
@@ -89,11 +92,14 @@ def slsa_predicate(facts: BuildFacts) -> dict[str, Any]:
     ]  # fmt: skip
     for name, version, sha in facts.locked:
         dependencies.append({"uri": f"pkg:pypi/{name}@{version}", "digest": {"sha256": sha}})
+    internal: dict[str, Any] = {"specHash": facts.spec_hash, "inputs": facts.inputs}
+    if facts.recipe:
+        internal["recipe"] = facts.recipe
     return {
         "buildDefinition": {
             "buildType": BUILD_TYPE,
             "externalParameters": external,
-            "internalParameters": {"specHash": facts.spec_hash, "inputs": facts.inputs},
+            "internalParameters": internal,
             "resolvedDependencies": dependencies,
         },
         "runDetails": {

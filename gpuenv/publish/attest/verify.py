@@ -227,6 +227,11 @@ def rebuild(
                 f"check out the commit that built it"
             )
     cell = project.one_cell(cell_name, "--rebuild")
+    # Before the build: the image carries its recipe as a label, so under another recipe
+    # the rebuilt ID cannot match, and the way to reproduce it is another gpuenv.
+    why = _other_recipe(report.ref, prov.predicate)
+    if why:
+        raise GpuenvError(f"--rebuild: {why}")
     (result,) = build_cells([cell], no_cache=True, reproducible=True)
     if result.status == "failed" or not result.image_id:
         raise GpuenvError(f"--rebuild: building {cell_name} failed: {result.error}")
@@ -245,3 +250,24 @@ def rebuild(
     raise GpuenvError(f"--rebuild: not reproduced: {cell.image} is {result.image_id[:19]}, "
                       f"{report.ref} is {expected[:19]} ({what}); gpuenv diff {report.ref} "
                       f"{cell.image} names the files")  # fmt: skip
+
+
+def _other_recipe(ref: str, predicate: dict[str, Any]) -> str | None:
+    """Why this gpuenv cannot reproduce the image: the provenance records another recipe
+    (gpuenv/building/recipe.py), or none (built before recipes were recorded: the gpuenv
+    that attested it is the best guess at the one that built it). None when they agree."""
+    from gpuenv.building.recipe import FIRST, current, from_label, reproduce_with
+
+    now = current()
+    internal = (predicate.get("buildDefinition") or {}).get("internalParameters") or {}
+    then = from_label(str(internal.get("recipe") or ""))
+    if then == now:
+        return None
+    if then is not None:
+        return (f"{ref} was built by {then}; this is {now}: {reproduce_with(then, now)} "
+                "and rebuild")  # fmt: skip
+    builder = ((predicate.get("runDetails") or {}).get("builder") or {}).get("version") or {}
+    attested = str(builder.get("gpuenv") or "") if isinstance(builder, dict) else ""
+    how = f"pip install gpuenv=={attested} and rebuild" if attested else "rebuild with it"
+    return (f"{ref} records no recipe: it was built by a gpuenv before {FIRST} (attested by "
+            f"gpuenv {attested or '?'}); this is {now}: {how}")  # fmt: skip
