@@ -474,14 +474,16 @@ class Engine:
         except OSError as exc:
             raise GpuenvError(f"{path}: cannot read ({exc.strerror}); give a tar file "
                               "(docker save, gpuenv base --save)") from None  # fmt: skip
-        with _translated(), archive as fh:
-            out = self._api.load_image(fh)
         messages = []
-        for item in out if isinstance(out, list) else [out]:
-            if isinstance(item, dict) and item.get("error"):
-                raise GpuenvError(f"docker load {path}: {item['error']}")
-            if isinstance(item, dict) and item.get("stream"):
-                messages.append(str(item["stream"]).strip())
+        with _translated(), archive as fh:
+            # The reply streams while the engine loads: it is read to its end, so the image
+            # is there when this returns (an unread stream let a tag on a slow vfs engine
+            # come first: "No such image") and an error inside the stream is seen.
+            for item in self._api.load_image(fh):
+                if isinstance(item, dict) and item.get("error"):
+                    raise GpuenvError(f"docker load {path}: {item['error']}")
+                if isinstance(item, dict) and item.get("stream"):
+                    messages.append(str(item["stream"]).strip())
         return messages
 
     # ------------------------------------------------------------------ registries
