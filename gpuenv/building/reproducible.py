@@ -66,7 +66,8 @@ def _signature(member: tarfile.TarInfo, digest: str) -> Signature:
             member.devmajor, member.devminor, xattrs)  # fmt: skip
 
 
-def _digest(src: tarfile.TarFile, member: tarfile.TarInfo) -> str:
+def content_digest(src: tarfile.TarFile, member: tarfile.TarInfo) -> str:
+    """sha256 of a regular file's bytes in a layer; "" for anything else."""
     if not member.isreg():
         return ""
     handle = src.extractfile(member)
@@ -99,7 +100,7 @@ def canonical_layer(
                     continue  # the builder's cleanup of its mount, or nothing to remove
                 _drop_under(state, target)
         else:
-            signature = _signature(member, _digest(src, member))
+            signature = _signature(member, content_digest(src, member))
             if state.get(name) == signature:
                 continue  # a copy-up or a rewrite with the same contents
             if name in RUNTIME_MOUNTS and member.isreg() and member.size == 0 and name not in state:

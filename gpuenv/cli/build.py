@@ -143,6 +143,25 @@ def build_cmd(
             "--dry-run", help="Print what would be built, pulled or left, and why; build nothing"
         ),
     ] = False,
+    record: Annotated[
+        Path | None,
+        typer.Option(
+            "--record",
+            metavar="FILE",
+            help="Write each image's layers, file by file, to FILE (.gz: gzipped), for "
+            "--expect on another day or machine; implies --reproducible",
+        ),
+    ] = None,
+    expect: Annotated[
+        Path | None,
+        typer.Option(
+            "--expect",
+            metavar="FILE",
+            help="Fail unless each image recorded in FILE (--record) is rebuilt into that "
+            "very image; names the first layer and the files that differ; implies "
+            "--reproducible",
+        ),
+    ] = None,
     as_json: JsonOption = False,
     ca_bundle: CaOption = None,
     offline: Annotated[
@@ -155,7 +174,7 @@ def build_cmd(
     ] = False,
 ) -> None:
     """Build the selected cells (all by default) into labelled images."""
-    from gpuenv.building import builder, plan
+    from gpuenv.building import builder, layerfiles, plan
     from gpuenv.engine import client as engine
     from gpuenv.project.project import open_project
     from gpuenv.publish.attest.verify import pull_source
@@ -163,6 +182,8 @@ def build_cmd(
     with user_errors():
         project = open_project(file, cached=True)  # a snapshot while nothing changed
         cells = project.select(patterns)
+        expected = layerfiles.load_record(expect) if expect else None
+        reproducible = reproducible or bool(record or expect)
         bundle = project.ca_bundle(ca_bundle)
         pull_from, vet = pull_source(project, offline, say)
         if dry_run:
@@ -190,6 +211,11 @@ def build_cmd(
         else:
             summary(results)
         builder.ensure_no_failures(results)
+        images = {c.name: c.image for c in cells}
+        if record is not None:
+            layerfiles.write_records(engine.connect(), images, record)
+        if expected is not None and expect is not None:
+            layerfiles.check_records(engine.connect(), expected, images, expect)
         if not validate:
             return
         from gpuenv.validate import session

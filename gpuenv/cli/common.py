@@ -187,6 +187,8 @@ def user_errors(exit_code: int | None = None) -> Iterator[None]:
             yield
         except GpuenvError as exc:
             held.clear()
+            for line in exc.details:
+                print(f"  {printable(line)}", file=sys.stderr)
             # `run` fails with 125 unless the error knows better (126: cannot invoke, 127:
             # not found).
             if exit_code is None:  # other verbs: 2 for usage, 1 for everything else

@@ -12,10 +12,13 @@ from pathlib import Path
 class GpuenvError(Exception):
     """A failure the user can fix: bad input, an engine that is down, a failed build."""
 
-    def __init__(self, message: str, *, exit_code: int = 1) -> None:
+    def __init__(self, message: str, *, exit_code: int = 1, details: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
+        # Lines the CLI prints above the error line: where two images part (the layer, the
+        # files), which one line cannot hold.
+        self.details = details
 
 
 class MatrixError(GpuenvError):

@@ -305,15 +305,26 @@ def test_the_provenance_records_the_recipe_only_when_the_image_has_one():
 def test_verify_rebuild_names_the_gpuenv_that_reproduces_the_image(
     locked, fake_engine, recorded, says
 ):
-    """Before building: the recipe is a label of the image, so no other recipe gives its ID."""
+    """The recipe is a label of the image, so no other recipe gives its ID: the error names
+    the gpuenv that does, after the rebuild (which names the layer and files that differ;
+    here the published image cannot be pulled, and the details say so)."""
+    from gpuenv.building.results import CellResult
+
     built = []
+
+    def build(cells, **kw):
+        built.append(cells)
+        return [CellResult(cells[0], status="built", image_id="sha256:" + "f" * 64)]
+
+    engine = fake_engine(remote={"127.0.0.1:5000/t/x@sha256:d": GpuenvError("manifest unknown")})
     with pytest.raises(GpuenvError) as caught:
-        verify.rebuild(fake_engine(), open_project(locked), _report(recorded),
-                       lambda cells, **kw: built.append(cells))  # fmt: skip
-    assert says in caught.value.message and caught.value.message.endswith(
-        "pip install gpuenv==0.1.0 and rebuild"
-    )
-    assert built == []
+        verify.rebuild(engine, open_project(locked), _report(recorded), build)
+    assert "not reproduced" in caught.value.message and says in caught.value.message
+    assert caught.value.message.endswith("pip install gpuenv==0.1.0 and rebuild")
+    assert len(built) == 1
+    assert engine.pulled == ["127.0.0.1:5000/t/x@sha256:d"]
+    assert "could not be had" in caught.value.details[0]
+    assert "manifest unknown" in caught.value.details[0]
 
 
 def test_verify_rebuild_under_the_same_recipe_builds(locked, fake_engine):

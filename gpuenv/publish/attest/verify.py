@@ -227,11 +227,6 @@ def rebuild(
                 f"check out the commit that built it"
             )
     cell = project.one_cell(cell_name, "--rebuild")
-    # Before the build: the image carries its recipe as a label, so under another recipe
-    # the rebuilt ID cannot match, and the way to reproduce it is another gpuenv.
-    why = _other_recipe(report.ref, prov.predicate)
-    if why:
-        raise GpuenvError(f"--rebuild: {why}")
     (result,) = build_cells([cell], no_cache=True, reproducible=True)
     if result.status == "failed" or not result.image_id:
         raise GpuenvError(f"--rebuild: building {cell_name} failed: {result.error}")
@@ -247,9 +242,46 @@ def rebuild(
     differ = sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
     what = (f"inputs that differ: {', '.join(differ)}" if differ else
             "the same inputs gave other files")  # fmt: skip
+    # The image carries its recipe as a label, so under another recipe no rebuild gives its
+    # ID: the way to reproduce it is the gpuenv that built it. Said after the rebuild all
+    # the same, with the layer and files that differ, so the user sees what changed.
+    why = _other_recipe(report.ref, prov.predicate)
     raise GpuenvError(f"--rebuild: not reproduced: {cell.image} is {result.image_id[:19]}, "
-                      f"{report.ref} is {expected[:19]} ({what}); gpuenv diff {report.ref} "
-                      f"{cell.image} names the files")  # fmt: skip
+                      f"{report.ref} is {expected[:19]} ({what})"
+                      + (f"; {why}" if why else ""),
+                      details=_where(engine, report, result.image_id))  # fmt: skip
+
+
+def _where(engine: Engine, report: Report, rebuilt: str) -> tuple[str, ...]:
+    """The first layer where the rebuild parts from the published image, and its files.
+    The published image is the engine's when it holds that very ID (an ID is a digest of
+    the content: no tag is trusted), else pulled by its manifest digest for the comparison
+    and removed after."""
+    from gpuenv.building import layerfiles
+    from gpuenv.building.pull import chunk_error
+
+    published, pulled = report.config, False
+    if engine.image(published) is None:
+        name = report.ref.partition("@")[0]
+        if ":" in name.rpartition("/")[2]:  # a tag (a registry's :port comes before a /)
+            name = name.rpartition(":")[0]
+        published, pulled = f"{name}@{report.digest}", True
+        try:
+            errors = [e for c in engine.pull(published) if (e := chunk_error(c))]
+        except GpuenvError as exc:
+            errors = [exc.message]
+        info = engine.image(published)
+        if errors or info is None or info.id != report.config:
+            if info is not None:
+                engine.remove_image(published)
+            why = (errors or ["another image"])[0][:200]
+            return (f"the published image could not be had to name the files that differ "
+                    f"({why}): gpuenv diff names them",)  # fmt: skip
+    try:
+        return tuple(layerfiles.between(engine, published, rebuilt))
+    finally:
+        if pulled:
+            engine.remove_image(published)
 
 
 def _other_recipe(ref: str, predicate: dict[str, Any]) -> str | None:
