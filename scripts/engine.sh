@@ -14,7 +14,9 @@
 #      squashfs-tools-ng for the Slurm cluster of tests/integration/test_engine_slurm.py;
 #      qemu-user-static, binfmt-support and arch-test for the arm64 tests; openssh-server
 #      for tests/integration/support/another_host.py (an sshd in the lab's namespaces);
-#      chromium for the browser of tests/integration/test_engine_notebook.py.
+#      chromium for the browser of tests/integration/test_engine_notebook.py; libfaketime
+#      for tests/integration/test_engine_golden.py (a base whose build steps see another
+#      date; it is copied into a test image, never preloaded on this machine).
 #      No package's own service starts (a policy-rc.d answering 101 while installing), and
 #      --labs disables the lab packages' services for boot (Debian enables them on
 #      install): a machine that ran the tests starts no registry on :5000, munge, slurmd
@@ -57,7 +59,7 @@ readonly PACKAGES=(docker.io debootstrap mmdebstrap)
 readonly LAB_PACKAGES=(docker-registry iproute2 e2fsprogs openssl
     rootlesskit slirp4netns uidmap podman catatonit
     slurmctld slurmd slurm-client munge charliecloud-runtime squashfs-tools-ng
-    qemu-user-static binfmt-support arch-test openssh-server chromium)
+    qemu-user-static binfmt-support arch-test openssh-server chromium libfaketime)
 # The lab packages' own services, never wanted at boot (the tests run private instances).
 readonly LAB_UNITS=(docker-registry.service munge.service slurmctld.service slurmd.service
     podman.socket podman.service podman-restart.service podman-auto-update.service

@@ -38,6 +38,10 @@ class PrivateEngine:
     root: Path  # /tmp/gpuenv-pe-XXXX: socket, logs, exec root, the disk image
     mount: Path  # the ext4 filesystem; data root at mount/data
     dockerd: str
+    # More dockerd options (another storage driver), and the CPUs it may run on (taskset):
+    # its containers and build steps inherit them, so they see that many processors.
+    options: tuple[str, ...] = ()
+    cpus: str | None = None
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     _logs: list[object] = field(default_factory=list)
@@ -63,10 +67,12 @@ class PrivateEngine:
     def start(self) -> None:
         log = (self.root / "dockerd.log").open("ab")
         self._logs.append(log)
+        pinned = ["taskset", "-c", self.cpus] if self.cpus else []
         self.proc = subprocess.Popen(
-            [self.dockerd, "--data-root", str(self.mount / "data"),
+            [*pinned, self.dockerd, "--data-root", str(self.mount / "data"),
              "--exec-root", str(self.root / "exec"), "--pidfile", str(self.root / "d.pid"),
-             "-H", self.host, "--bridge=none", "--iptables=false", "--ip-masq=false"],
+             "-H", self.host, "--bridge=none", "--iptables=false", "--ip-masq=false",
+             *self.options],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
@@ -159,8 +165,14 @@ def poll_gone(pid: int, timeout: float = 30) -> None:
 
 
 @contextlib.contextmanager
-def private_engine(prefix: str = "gpuenv-pe-") -> Iterator[PrivateEngine]:
-    """A started private engine; stopped, unmounted and removed afterwards."""
+def private_engine(
+    prefix: str = "gpuenv-pe-",
+    options: tuple[str, ...] = (),
+    cpus: str | None = None,
+    disk_mb: int | None = None,
+) -> Iterator[PrivateEngine]:
+    """A started private engine (dockerd `options`, on `cpus` alone, a data root of
+    `disk_mb`, sparse); stopped, unmounted and removed afterwards."""
     dockerd = shutil.which("dockerd") or shutil.which("dockerd", path="/usr/sbin:/sbin")
     if (
         os.geteuid() != 0
@@ -173,10 +185,10 @@ def private_engine(prefix: str = "gpuenv-pe-") -> Iterator[PrivateEngine]:
     mount.mkdir()
     image = root / "disk.img"
     with open(image, "wb") as fh:
-        fh.truncate(DISK_MB * 1024 * 1024)
+        fh.truncate((disk_mb or DISK_MB) * 1024 * 1024)
     mkfs = shutil.which("mkfs.ext4", path="/usr/sbin:/sbin") or "mkfs.ext4"
     mounted = False
-    engine = PrivateEngine(root, mount, dockerd)
+    engine = PrivateEngine(root, mount, dockerd, options, cpus)
     try:
         made = _run(mkfs, "-q", "-F", "-E", "lazy_itable_init=1,lazy_journal_init=1", str(image))
         if made.returncode != 0:
