@@ -3,7 +3,7 @@ plus the GPU preflight. gpuenv's own failures exit 125/126/127, as docker run's 
 
 Its front-ends for clusters own their options: `gpuenv kube run` (cli/kube.py) and
 `gpuenv slurm run` (cli/slurm.py); `gpuenv run --kube/--slurm ...`, the spelling from before
-they had their own verbs, reaches them (cli/common.py:forwarded)."""
+they had their own verbs, reaches them (cli/argv.py:forwarded)."""
 
 from __future__ import annotations
 

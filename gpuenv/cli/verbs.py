@@ -21,7 +21,8 @@ from gpuenv.cli import (
     slurm,
     validate,
 )
-from gpuenv.cli.common import app, normalise_argv
+from gpuenv.cli.argv import normalise_argv
+from gpuenv.cli.common import app
 
 VERB_MODULES = (
     init, matrix, build, run, kube, slurm, notebook, bench, monitor, validate, lock, diff, push,

@@ -65,7 +65,7 @@ def test_run_options_that_take_a_value_come_from_the_parser(capsys, tmp_path, mo
     by hand, so `-it` after it parsed as `-i t` and gave an unrelated error. Now each
     front-end's own parser says which of its options take a value, and `-it` is refused by
     Slurm's front-end, which has no terminal to give."""
-    from gpuenv.cli.common import _command, _valued_options, normalise_argv
+    from gpuenv.cli.argv import _command, _valued_options, normalise_argv
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("")
@@ -104,6 +104,6 @@ def test_run_options_that_take_a_value_come_from_the_parser(capsys, tmp_path, mo
     ],
 )  # fmt: skip
 def test_the_old_spellings_of_cluster_runs_reach_their_front_ends(old, new):
-    from gpuenv.cli.common import normalise_argv
+    from gpuenv.cli.argv import normalise_argv
 
     assert normalise_argv(old) == new

@@ -303,7 +303,7 @@ def test_monitor_out_needs_monitor(tmp_path):
 
 
 def test_run_argv_bare_monitor_takes_the_default():
-    from gpuenv.cli.common import normalise_argv
+    from gpuenv.cli.argv import normalise_argv
 
     assert normalise_argv(["run", "--monitor", "train.py"]) == [
         "run", "--monitor=default", "train.py"]  # fmt: skip
@@ -312,7 +312,7 @@ def test_run_argv_bare_monitor_takes_the_default():
 
 
 def test_bench_argv_bare_monitor_takes_the_default():
-    from gpuenv.cli.common import normalise_argv
+    from gpuenv.cli.argv import normalise_argv
 
     assert normalise_argv(["bench", "tf*", "--monitor", "--gpus", "all"]) == [
         "bench", "tf*", "--monitor=default", "--gpus", "all"]  # fmt: skip

@@ -105,7 +105,7 @@ def parse_as_gpuenv(argv: list[str]) -> list[str]:
     from typer.main import get_command
 
     from gpuenv.cli import app
-    from gpuenv.cli.common import normalise_argv  # as gpuenv's entry point reads argv
+    from gpuenv.cli.argv import normalise_argv  # as gpuenv's entry point reads argv
 
     command, args, parent, path = get_command(app), normalise_argv(argv), None, []
     while True:
