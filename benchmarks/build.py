@@ -9,8 +9,11 @@ Prints side-by-side ratios:
 1. No-op rebuild: `gpuenv build` of the whole matrix when every image is up to date, against
    a warm-cache BuildKit build of the same contexts: each cell's context as gpuenv sends it
    (the rendered files plus the install steps' wheels, assembled by gpuenv into its cache),
-   built with the same labels. The warm build is checked to hit the cache: its image must
-   have gpuenv's image's layers. Targets: <= 0.2 s per cell, <= 0.2x.
+   built with the same labels, network and secrets as gpuenv's own build of it (the
+   install step fetches near the engine where its host reaches the index: network host and
+   the CA bundle as the secret `ca`, gpuenv/building/near.py). The warm build is checked to
+   hit the cache: its image must have gpuenv's image's layers. Targets: <= 0.2 s per cell,
+   <= 0.2x.
 2. Cold CPU cell: `gpuenv build CELL --no-cache` from an empty gpuenv cache (wheelhouse,
    probe verdict) against hand-written single-stage Dockerfiles that install the same
    packages (tensorflow==<version>) on the same base, one with pip and one with uv; medians
@@ -60,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -165,11 +169,23 @@ def human(size: float) -> str:
     return f"{size / 1e9:.2f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB"
 
 
-def assembled_contexts(matrix: Path, ca: Path | None) -> dict[str, Path]:
+@dataclass(frozen=True)
+class Context:
+    """A cell's build context as gpuenv's own build hands it to the engine."""
+
+    directory: Path
+    network: str
+    ca: Path | None  # the install step's secret `ca`, when it fetches near the engine
+
+
+def assembled_contexts(matrix: Path, ca: Path | None) -> dict[str, Context]:
     """Each cell's context as gpuenv's next build would send it, assembled by gpuenv itself
     (gpuenv/building/sendable.py: Sender) into its cache: the rendered files, the resolution (the
-    lock's, or one made now) and the install steps' wheels, fetched into the wheelhouse if
-    missing."""
+    lock's, or one made now) and the install steps' wheels (or, fetched near the engine, only
+    their hashes), with the network and secrets gpuenv's build gives it. Not the network a
+    cell "should" need: a near-fetched install step downloads, so `none` fails it, and not
+    GPUENV_NEAR_FETCH=client either: that context differs from the one gpuenv built, so the
+    warm build would miss the cache and time a cold install instead."""
     from gpuenv.building import plan
     from gpuenv.building.sendable import Sender
     from gpuenv.engine import client as engine
@@ -183,7 +199,8 @@ def assembled_contexts(matrix: Path, ca: Path | None) -> dict[str, Path]:
     out = {}
     for p in the_plan.cells:
         with sender.context(p) as directory:  # kept in the cache once assembled
-            out[p.cell.name] = directory
+            secret = sender.secrets().get("ca")
+            out[p.cell.name] = Context(directory, sender.network(p.cell), secret)
     return out
 
 
@@ -207,12 +224,13 @@ def no_op(matrix: Path, cells: dict[str, dict], repeat: int, ca: Path | None, tm
         images = {name: inspect(cell["image"]) or {} for name, cell in cells.items()}
         start = time.perf_counter()
         built = {}
-        for name, cell in cells.items():
+        for name in cells:
             labels = images[name].get("Config", {}).get("Labels") or {}
             wanted = {k: v for k, v in labels.items() if k in ("io.gpuenv.spec-hash",
                                                                "io.gpuenv.inputs")}  # fmt: skip
-            network = "host" if cell["apt"] else "none"
-            built[name] = docker_build(contexts[name], no_cache=False, network=network,
+            context = contexts[name]
+            built[name] = docker_build(context.directory, no_cache=False,
+                                       network=context.network, ca=context.ca,
                                        labels=wanted)  # fmt: skip
         docker_times.append(time.perf_counter() - start)
         for name, image_id in built.items():
@@ -235,6 +253,8 @@ def no_op(matrix: Path, cells: dict[str, dict], repeat: int, ca: Path | None, tm
     print(
         f"  {'docker build, warm cache, same contexts':<44} {d:6.2f} s   ({d / n:.3f} s per cell)"
     )
+    networks = ", ".join(sorted({c.network for c in contexts.values()}))
+    print(f"  {'  with the network gpuenv gave them':<44} {networks}")
     print(ratio_line("gpuenv / docker build", g, d, 0.2))
     verdict = "ok" if g / n <= 0.2 else "MISSED"
     print(f"  {'per cell':<44} {g / n:6.3f} s   (target <= 0.2 s: {verdict})")

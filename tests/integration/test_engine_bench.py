@@ -6,14 +6,22 @@
 - The container's processes found from their cgroups: a container started by hand
   (`docker run -d --network none IMAGE sleep 60`), its PIDs from `docker top`, mapped back
   by gpuenv.gpu.monitor.pids_of_container reading this host's /proc.
+- benchmarks/build.py in its default mode (no-op comparison, cold builds, sizes) on the
+  smallest cell the suite builds, the JAX CPU cell, once: the no-op comparison rebuilds
+  gpuenv's own contexts with plain BuildKit, with the network gpuenv gave them (host: the
+  install step fetches near the engine here, as on a user's machine).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
+from support.cells import JAX_CPU_CELL, REPO, jax_cpu_matrix, test_repository
+from support.cli import output
 from support.engine import TrackedContainer, docker
 
 from gpuenv.gpu import monitor
@@ -64,3 +72,25 @@ def test_a_containers_pids_map_back_to_it_through_their_cgroups(sleeping):
     with open(f"/proc/{main}/cgroup", encoding="utf-8") as fh:
         cgroup = fh.read()
     assert monitor.container_id_of(cgroup) == sleeping
+
+
+def test_the_build_benchmark_runs_in_its_default_mode(shipped_cpu, tmp_path):
+    """Its no-op comparison built near-fetched contexts with network none, so the default
+    mode failed (issue 47). shipped_cpu first: the base exists before the benchmark runs, so
+    its clean-up (which removes the bases it created) leaves the suite's base alone."""
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text(jax_cpu_matrix(test_repository("bench")), encoding="utf-8")
+    # The probe's own choice (no GPUENV_NEAR_FETCH=client): the path users get.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUENV_")}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "build.py"), "-f", str(matrix), "--cell",
+         JAX_CPU_CELL, "--repeat", "1"],
+        capture_output=True, text=True, timeout=900, env=env, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, output(proc)
+    out = proc.stdout
+    assert "1. No-op rebuild of the whole matrix (1 cells)" in out, output(proc)
+    assert "with the network gpuenv gave them" in out and "missed the cache" not in out, out
+    network = next(line for line in out.splitlines() if "network gpuenv gave" in line)
+    assert network.split()[-1] == "host", out  # fetched near the engine: the case that failed
+    assert f"2. Cold build of {JAX_CPU_CELL}" in out and "3. Final image size" in out, out
