@@ -13,6 +13,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import shutil
+import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -22,8 +24,8 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from support.cells import BASE_IMAGE, test_repository
-from support.cli import Proc, clean_env, gpuenv_cmd, output
+from support.cells import BASE_IMAGE, BUILD_TIMEOUT, REPO, test_repository
+from support.cli import Proc, clean_env, gpuenv_cmd, output, run
 from support.engine import docker, run_in_image
 
 pytest.register_assert_rewrite("push_fixtures")
@@ -266,6 +268,36 @@ def test_verify_fails_on_an_image_without_attestations(pushed, registry):
     docker("push", plain, timeout=300)
     proc = pushed.gpuenv("verify", plain, "--key", str(pushed.key.with_suffix(".pub")))
     assert "no attestations" in one_error_line(proc)
+
+
+def test_verify_rebuild_names_the_layer_and_file_a_perturbed_step_changed(pushed, tmp_path):
+    """Issue 43: a gpuenv whose first install step writes one more file (a copy of this one,
+    its template changed) cannot reproduce the image; verify --rebuild names the layer, the
+    file, and that the recipe differs. The published image is not in the engine (removed
+    here), so verify pulls it by digest to compare, and removes it after. The next test's
+    honest rebuild puts the cell's tag back."""
+    copy = tmp_path / "perturbed"
+    shutil.copytree(REPO / "gpuenv", copy / "gpuenv",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    shutil.copytree(REPO / "images", copy / "gpuenv" / "images")  # where a wheel carries them
+    template = copy / "gpuenv" / "images" / "partials" / "python-env.j2"
+    text = template.read_text()
+    assert '"rm -f /etc/passwd- ' in text
+    template.write_text(text.replace('"rm -f /etc/passwd- ',
+                                     '"echo perturbed > /etc/gpuenv-perturbed",\n    '
+                                     '"rm -f /etc/passwd- ', 1))  # fmt: skip
+    docker("rmi", IMAGE, pushed.ref)
+    proc = run([sys.executable, "-m", "gpuenv", "verify", pushed.ref, "--key",
+                str(pushed.key.with_suffix(".pub")), "--rebuild"], cwd=pushed.root,
+               env={**pushed.env, "PYTHONPATH": str(copy)}, check=False,
+               timeout=BUILD_TIMEOUT)  # fmt: skip
+    assert proc.returncode == 1, output(proc)
+    assert "\n  layer 2 of 3 differs: " in proc.stderr, output(proc)
+    assert "\n  etc/gpuenv-perturbed: only in the rebuild\n" in proc.stderr, output(proc)
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: --rebuild: not reproduced"), error
+    assert "(this one is modified)" in error, error
+    assert docker("image", "inspect", pushed.image_id, check=False).returncode != 0
 
 
 def test_verify_rebuild_reproduces_the_image(pushed):
