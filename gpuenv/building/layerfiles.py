@@ -177,17 +177,21 @@ def between(engine: Engine, expected_ref: str, ref: str) -> list[str]:
     with saved(engine, expected_ref) as want, saved(engine, ref) as have:
         index = _first(want.diff_ids, have.diff_ids)
         if index is None:
-            keys = sorted(k for k in (want.config.get("config") or {}).keys()
-                          | (have.config.get("config") or {}).keys()
-                          if (want.config.get("config") or {}).get(k)
-                          != (have.config.get("config") or {}).get(k))  # fmt: skip
-            return [
-                f"every layer is the same; the config differs in {', '.join(keys) or 'its history'}"
-            ]
+            return [f"every layer is the same; {_config_differences(want.config, have.config)}"]
         head = _where(ref, index, want.diff_ids, have.diff_ids)
         if index >= min(len(want.diff_ids), len(have.diff_ids)):
             return [head]
         return [head, *differences(want.files(index), have.files(index))]
+
+
+def _config_differences(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """Which parts of two image configs differ, labels by name."""
+    ca, cb = a.get("config") or {}, b.get("config") or {}
+    keys = sorted(k for k in ca.keys() | cb.keys() if ca.get(k) != cb.get(k))
+    la, lb = ca.get("Labels") or {}, cb.get("Labels") or {}
+    labels = sorted(k for k in la.keys() | lb.keys() if la.get(k) != lb.get(k))
+    named = [f"Labels ({', '.join(labels)})" if k == "Labels" else k for k in keys]
+    return f"the config differs in {', '.join(named)}" if named else "the history differs"
 
 
 def _first(a: list[str], b: list[str]) -> int | None:

@@ -87,3 +87,11 @@ def test_a_record_round_trips_gzipped_and_a_bad_one_is_one_error(tmp_path):
         layerfiles.load_record(tmp_path / "bad.json")
     with pytest.raises(GpuenvError, match="cannot read a layer record"):
         layerfiles.load_record(tmp_path / "missing.json")
+
+
+def test_configs_that_differ_name_their_keys_and_labels():
+    a = {"config": {"Env": ["A=1"], "Labels": {"io.gpuenv.recipe": "0.1.0 sha256:a", "x": "y"}}}
+    b = {"config": {"Env": ["A=1"], "Labels": {"io.gpuenv.recipe": "0.2.0 sha256:b", "x": "y"}}}
+    said = layerfiles._config_differences(a, b)
+    assert said == "the config differs in Labels (io.gpuenv.recipe)"
+    assert layerfiles._config_differences(a, a) == "the history differs"
