@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpuenv.engine import buildkit, transport
 from gpuenv.engine import client as engines
 from gpuenv.engine.client import ContainerSpec, EngineError
 
@@ -48,14 +49,14 @@ def test_a_peer_that_is_not_an_engine_is_one_error(fake_socket, monkeypatch):
     path, routes = fake_socket
     routes[("GET", "/version")] = "garbage"
     monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
-    monkeypatch.setattr(engines, "_conn", engines._Connection())
+    monkeypatch.setattr(transport, "_conn", transport._Connection())
     with pytest.raises(EngineError):
         engines.connect()
 
 
 def test_no_engine_at_the_socket_says_how_to_start_one(tmp_path, monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/none.sock")
-    monkeypatch.setattr(engines, "_conn", engines._Connection())
+    monkeypatch.setattr(transport, "_conn", transport._Connection())
     with pytest.raises(EngineError, match="cannot reach the Docker Engine"):
         engines.connect()
 
@@ -74,12 +75,12 @@ def test_close_leaves_the_engine_usable_and_end_builds_starts_no_build(
         '  [ "$1" = --iidfile ] && echo sha256:built > "$2"\n  shift\ndone\n'
     )
     cli.chmod(0o755)
-    monkeypatch.setattr(engines, "buildkit_cli", lambda engine: ([str(cli)], {}))
+    monkeypatch.setattr(buildkit, "buildkit_cli", lambda engine=None: ([str(cli)], {}))
     context = tmp_path / "context"
     context.mkdir()
 
     def build() -> str:
-        return eng._build_buildkit(context, {}, False, "none", lambda line: None)
+        return eng._builds.build(eng.url, context, {}, False, "none", lambda line: None)
 
     eng.close()
     assert build() == "sha256:built"

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from gpuenv.cli.signals import Terminated, interrupted_code
-from gpuenv.engine.client import EngineError, _frames, _pin_engine_ca, engine_error
+from gpuenv.engine.client import EngineError, engine_error
+from gpuenv.engine.transport import _frames, _pin_engine_ca
 from gpuenv.run import local as run
 from gpuenv.store import cache
 from gpuenv.validate import sizes
