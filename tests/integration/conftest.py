@@ -64,6 +64,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(skip)
 
 
+# --------------------------------------------------------------------------- time per module
+
+# Seconds per test module (setup, call and teardown of its tests), printed slowest first at
+# the end of the run: where the suite's time goes, so it can be spent where it proves
+# something (issue 47, item 6). A session fixture's cost (the shipped cells' builds) counts
+# in the first module that asks for it; a janitor's in the module it cleans after (the
+# session janitor's in the last module).
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _MODULE_SECONDS:
+        return
+    terminalreporter.section("time per module, slowest first")
+    for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f} s  {module}")
+    total = sum(_MODULE_SECONDS.values())
+    terminalreporter.write_line(f"{total:8.1f} s  in all ({len(_MODULE_SECONDS)} modules)")
+
+
 # --------------------------------------------------------------------------- command helpers
 
 
