@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -176,11 +177,14 @@ def build_cmd(
     """Build the selected cells (all by default) into labelled images."""
     from gpuenv.building import builder, layerfiles, plan
     from gpuenv.engine import client as engine
+    from gpuenv.matrix import vcs
     from gpuenv.project.project import open_project
     from gpuenv.publish.attest.verify import pull_source
 
     with user_errors():
-        project = open_project(file, cached=True)  # a snapshot while nothing changed
+        # Building fetches the git references the requirements name; --dry-run only reads.
+        with contextlib.nullcontext() if dry_run else vcs.fetching():
+            project = open_project(file, cached=True)  # a snapshot while nothing changed
         cells = project.select(patterns)
         expected = layerfiles.load_record(expect) if expect else None
         reproducible = reproducible or bool(record or expect)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
 import typer
@@ -39,11 +40,14 @@ def lock_cmd(
     """Write (or --check) matrix.lock: every cell's complete pip resolution, with hashes."""
     from gpuenv.building import lock as locks
     from gpuenv.engine import client as engine
+    from gpuenv.matrix import vcs
     from gpuenv.project.project import open_project
     from gpuenv.store import credentials
 
     with user_errors():
-        project = open_project(file)
+        # Locking fetches the git references the requirements name; --check only reads.
+        with contextlib.nullcontext() if check else vcs.fetching():
+            project = open_project(file)
         cells = project.select(patterns)
         if check:
             from gpuenv.building.recipe import lock_note

@@ -2,12 +2,18 @@
 pip reads them.
 
 pip's line rules are followed (its `req_file.py`): a `\\` at a line's end joins the next
-line, `#` after whitespace starts a comment, `${VAR}` is replaced from the environment,
+line, `#` after whitespace starts a comment, `${VAR}` is replaced from the environment
+(only a variable the user lists in $GPUENV_ALLOW_ENV, and never inside a URL: see below),
 `-r`/`-c` include other files (relative to the including file), `--index-url` and
 `--extra-index-url` name indexes, and a requirement carries PEP 508 markers and `--hash`
 options. Requirements and markers are parsed by `packaging` (pip's own parser).
 
 What differs, and why:
+- `${VAR}`: pip fills any variable, anywhere in a line. A project's files are data, never
+  a channel to the user's environment (issue 44, N1): gpuenv fills only the variables the
+  user names in $GPUENV_ALLOW_ENV, never into a URL, and names no value in a message.
+  Credentials for a private index or git host come from netrc or $GPUENV_INDEX_*, bound
+  to one origin (gpuenv/store/credentials.py), or the user's own git configuration.
 - Markers are evaluated per cell (its Python, Linux, its machine), when the cell is made
   (`for_cell`): a line that does not apply is left out of that cell, and its lock says so.
   What reaches a cell is the requirement without its marker: name, extras, specifiers,
@@ -415,6 +421,26 @@ _HOST_MARKERS = re.compile(r"\bplatform_(release|version)\b")
 
 # pip's: ${NAME} only, upper case, digits and '_' (req_file.py, ENV_VAR_RE).
 _ENV_VAR = re.compile(r"\$\{([A-Z0-9_]+)\}")
+# The variables a user lets requirements files read (names, separated by commas or
+# spaces): values that are no secret, such as a version.
+ALLOW_ENV = "GPUENV_ALLOW_ENV"
+
+
+def allowed_variables() -> frozenset[str]:
+    return frozenset(re.split(r"[\s,]+", os.environ.get(ALLOW_ENV, "").strip())) - {""}
+
+
+def _in_url(line: str) -> bool:
+    """Whether a line names a URL a value would be sent to: an index option, or a direct
+    or VCS reference (a `file:` one is read here, inside the project, and sent nowhere)."""
+    if line.startswith("-"):
+        return _split_option(line)[0] in ("-i", "--extra-index-url") or "://" in line
+    spec = line.split(";", 1)[0]
+    if _FILE_REFERENCE.match(spec):
+        return False
+    return "://" in spec or "@" in spec
+
+
 _COMMENT = re.compile(r"(^|\s+)#.*$")
 _USERINFO = re.compile(r"://[^/\s@]*@")
 _HASH = re.compile(r"sha256:([0-9a-fA-F]{64})")
@@ -530,15 +556,7 @@ class _Reader:
         def bad(why: str) -> RequirementsProblem:
             return RequirementsProblem(why, path, number)
 
-        for var in _ENV_VAR.findall(line):
-            if var not in os.environ:
-                raise bad(
-                    f"${{{var}}} is not set; pip would pass it on literally and fail: set "
-                    f"{var} in the environment gpuenv runs in"
-                )
-        for var in _ENV_VAR.findall(line):
-            self.environment[var] = env_digest(os.environ[var])
-        line = _ENV_VAR.sub(lambda m: os.environ[m.group(1)], line)
+        line = self._expand(line, bad)
         if _USERINFO.search(line):
             # Not echoed: the credential may have come from the environment.
             raise bad(
@@ -551,6 +569,45 @@ class _Reader:
             self._option(path, number, line, constraint=constraint)
             return
         self._requirement(path, number, line, constraint=constraint, bad=bad)
+
+    def _expand(self, line: str, bad: _Bad) -> str:
+        """`line` with the `${VAR}`s the user allows filled in (issue 44, N1). pip fills any
+        variable anywhere; gpuenv does not: the file is the project's (in CI, the branch
+        under test's), the environment the user's, and `${GPUENV_INDEX_PASSWORD}` in a URL
+        would carry the secret to whatever host the line names. A variable is filled only
+        when its name is in $GPUENV_ALLOW_ENV, and never into a URL. Messages name the
+        variable, never its value."""
+        wanted = _ENV_VAR.findall(line)
+        if not wanted:
+            return line
+        allowed = allowed_variables()
+        for var in wanted:
+            if var not in allowed:
+                raise bad(
+                    f"${{{var}}}: gpuenv fills no variable of the environment into a "
+                    "project's files (the file could send its value to a host it names); "
+                    "give a private index's or git host's credentials in netrc or "
+                    "$GPUENV_INDEX_* (docs/wheelhouse.md#private-indexes), write the value "
+                    f"itself, or, for a value safe to share (a version), list {var} in "
+                    f"${ALLOW_ENV}"
+                )
+        if _in_url(line):
+            raise bad(
+                f"${{{wanted[0]}}} inside a URL: gpuenv never fills a URL from the "
+                "environment (the value would go to that host); write the URL itself, and "
+                "give credentials in netrc or $GPUENV_INDEX_* "
+                "(docs/wheelhouse.md#private-indexes)"
+            )
+        for var in wanted:
+            if var not in os.environ:
+                raise bad(
+                    f"${{{var}}} is not set; pip would pass it on literally and fail: set "
+                    f"{var} in the environment gpuenv runs in"
+                )
+            self.environment[var] = env_digest(os.environ[var])
+        # A cached reading must not outlive the permission it was read under.
+        self.environment[ALLOW_ENV] = env_digest(os.environ.get(ALLOW_ENV))
+        return _ENV_VAR.sub(lambda m: os.environ[m.group(1)], line)
 
     def _option(self, path: Path, number: int, line: str, *, constraint: bool) -> None:
         def bad(why: str) -> RequirementsProblem:
@@ -812,7 +869,7 @@ class _Reader:
             )
         try:
             ref = vcs.parse(req.url)
-            commit, tree = vcs.export(ref)
+            commit, tree = vcs.export(ref, reading=not vcs.may_fetch())
         except vcs.VcsProblem as exc:
             raise bad(f"{req.name} @ {exc}") from None
         pinned = ref.at(commit)

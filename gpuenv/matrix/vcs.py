@@ -11,10 +11,19 @@ lock is reproducible; a branch is resolved again each time the requirements are 
 
 The tree is `git archive`'s, with the repository's own export-ignore and export-subst
 attributes overridden (what pip checks out is the commit's files, unsubstituted).
+
+Reading a project fetches nothing from the hosts it names (issue 44, N1): `gpuenv
+matrix`, `init`, `lock --check` and `build --dry-run` take a reference from what an earlier
+fetch left in the cache, or say that `gpuenv lock` fetches it. Only the steps that fetch
+sources open the project inside `fetching()` (`gpuenv lock` and `gpuenv build`), and the
+build's fetcher (gpuenv/store/fetch.py) exports the lock's commits. (The smallest change
+that keeps reading pure; a content-provider step above the matrix reader is the fuller
+shape, docs/architecture.md.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -23,6 +32,8 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +44,22 @@ _REV = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/+-]*")
 _URL = re.compile(r"[A-Za-z0-9._~:/%+@-]+")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 TIMEOUT = 300
+_FETCHING: ContextVar[bool] = ContextVar("gpuenv_vcs_fetching", default=False)
+
+
+@contextlib.contextmanager
+def fetching() -> Iterator[None]:
+    """Within: reading a project may fetch the git references it names (the sources step
+    of `gpuenv lock` and `gpuenv build`); outside, reading fetches nothing."""
+    token = _FETCHING.set(True)
+    try:
+        yield
+    finally:
+        _FETCHING.reset(token)
+
+
+def may_fetch() -> bool:
+    return _FETCHING.get()
 
 
 class VcsProblem(Exception):
@@ -117,15 +144,23 @@ def tree(ref: Reference, commit: str) -> Path:
     return _place(ref) / commit / ref.name
 
 
-def export(ref: Reference, *, offline: bool = False) -> tuple[str, Path]:
+def export(ref: Reference, *, offline: bool = False, reading: bool = False) -> tuple[str, Path]:
     """(The commit REV names, the directory its tree is exported to.) A full commit
-    exported before needs no git and no network."""
+    exported before needs no git and no network. `reading`: a project is being read,
+    outside `fetching()`: nothing is fetched (a branch is the commit last fetched)."""
     if _COMMIT.fullmatch(ref.rev) and tree(ref, ref.rev).is_dir():
         return ref.rev, tree(ref, ref.rev)
-    if shutil.which("git") is None:
-        raise VcsProblem(f"{ref.at(ref.rev)}: git is not installed here; install it")
+    unfetched = VcsProblem(
+        f"{ref.at(ref.rev)}: not fetched yet, and reading a project fetches nothing from the "
+        "hosts it names: `gpuenv lock` (or `gpuenv build`) fetches it, then this reads it "
+        "from gpuenv's cache"
+    )
     place = _place(ref)
     repo = place / "repo.git"
+    if reading and not repo.is_dir():
+        raise unfetched
+    if shutil.which("git") is None:
+        raise VcsProblem(f"{ref.at(ref.rev)}: git is not installed here; install it")
     if not repo.is_dir():
         place.mkdir(parents=True, exist_ok=True, mode=0o700)
         _git(ref, "init", "--quiet", "--bare", str(repo))
@@ -133,8 +168,12 @@ def export(ref: Reference, *, offline: bool = False) -> tuple[str, Path]:
         # the repository's own .gitattributes).
         (repo / "info").mkdir(exist_ok=True)
         (repo / "info" / "attributes").write_text("* -export-ignore -export-subst\n")
-    commit = _commit(repo, ref.rev) if _COMMIT.fullmatch(ref.rev) else ""
+    # A branch or tag is fetched again, except when reading: then it names the commit the
+    # last fetch left (`gpuenv lock` moves it on).
+    commit = _commit(repo, ref.rev) if _COMMIT.fullmatch(ref.rev) or reading else ""
     if not commit:
+        if reading:
+            raise unfetched
         if offline:
             raise VcsProblem(f"{ref.at(ref.rev)}: --offline, and not fetched before")
         _git(ref, "-C", str(repo), "fetch", "--quiet", "--no-tags", "--", ref.repository,
@@ -151,7 +190,7 @@ def export(ref: Reference, *, offline: bool = False) -> tuple[str, Path]:
         staging = Path(tempfile.mkdtemp(dir=place, prefix=".export-"))
         try:
             with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-                tar.extractall(staging / ref.name, filter="data")
+                extract(tar, staging / ref.name)
             out.parent.mkdir(exist_ok=True, mode=0o700)
             try:
                 (staging / ref.name).rename(out)
@@ -163,6 +202,44 @@ def export(ref: Reference, *, offline: bool = False) -> tuple[str, Path]:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return commit, out
+
+
+def extract(tar: tarfile.TarFile, dest: Path) -> None:
+    """Unpack an untrusted tar into `dest` (new): directories, regular files (mode 0644, or
+    0755 with the owner's execute bit) and symlinks that stay inside `dest`, nothing else;
+    tarfile.TarError names the first member refused. What `filter="data"` does, written
+    out because that argument arrived in Python 3.11.4 and 3.12.0, and Debian bookworm's
+    own Python is 3.11.2 (issue 44, item 5): one code path on every Python gpuenv accepts."""
+    dest.mkdir()
+    top = dest.resolve()
+    for member in tar:
+        name = member.name.removeprefix("./")
+        parts = name.split("/")
+        if name.startswith("/") or ".." in parts or "\0" in name or not name.strip("/"):
+            raise tarfile.TarError(f"member {member.name[:200]!r} leaves the directory")
+        target = dest.joinpath(*[p for p in parts if p not in ("", ".")])
+        parent = target.parent.resolve()
+        if not parent.is_relative_to(top):  # through a symlink unpacked before
+            raise tarfile.TarError(f"member {name[:200]!r} leads out through a symlink")
+        if member.isdir():
+            target.mkdir(mode=0o755, parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if member.isreg():
+            source = tar.extractfile(member)
+            assert source is not None  # a regular member always has a body
+            mode = 0o755 if member.mode & 0o100 else 0o644
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+            with source, os.fdopen(os.open(target, flags, mode), "wb") as out:
+                shutil.copyfileobj(source, out)
+            os.chmod(target, mode)  # the umask had its say on open's mode
+        elif member.issym():
+            lands = os.path.realpath(os.path.join(parent, member.linkname))
+            if os.path.isabs(member.linkname) or not Path(lands).is_relative_to(top):
+                raise tarfile.TarError(f"symlink {name[:200]!r} leads out of the directory")
+            os.symlink(member.linkname, target)
+        else:  # hard links, devices, FIFOs: no commit's tree holds one
+            raise tarfile.TarError(f"member {name[:200]!r} is not a file, directory or symlink")
 
 
 def _commit(repo: Path, rev: str) -> str:

@@ -54,6 +54,7 @@ def test_a_local_wheel_reaches_the_cell_relative_to_the_matrix_with_its_hash(
     root = tmp_path.resolve()
     sha = make_wheel(root / "dist" / WHEEL)
     monkeypatch.setenv("GPUENV_TEST_ROOT", str(root))
+    monkeypatch.setenv("GPUENV_ALLOW_ENV", "GPUENV_TEST_ROOT")  # filled only when named
     (root / "reqs.txt").write_text(line.format(root=root) + "\n")
     matrix = write(root)
     cell = open_project(matrix).cells[0]

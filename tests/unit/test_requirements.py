@@ -149,7 +149,7 @@ def test_a_comment_only_edit_changes_no_context(tmp_path):
         ("six==1.17.0; rm -rf /\n", "-r: not an option pip takes on a requirement's line"),
         ("six>=\n", "not a valid pip requirement"),
         ("$(curl evil)\n", "not a valid pip requirement"),
-        ("${GPUENV_TEST_UNSET_VARIABLE}\n", "${GPUENV_TEST_UNSET_VARIABLE} is not set"),
+        ("${GPUENV_TEST_UNSET_VARIABLE}\n", "fills no variable of the environment"),
         ("six \\\n  ==1.17.0 \\\n  --hash=sha256:zz\n", "expected sha256:<64 hex"),
     ],
 )

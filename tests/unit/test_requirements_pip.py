@@ -208,6 +208,7 @@ def test_the_matrix_own_index_url_repeated_is_no_conflict(tmp_path):
 
 
 def test_environment_variables_and_continuations_as_pip_reads_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUENV_ALLOW_ENV", "SIX_VERSION")  # gpuenv fills only those named
     monkeypatch.setenv("SIX_VERSION", "1.17.0")
     digest = "a" * 64
     (tmp_path / "requirements.txt").write_text(
@@ -233,7 +234,10 @@ def test_a_variable_holding_a_credential_is_refused_without_echoing_it(tmp_path,
     monkeypatch.setenv("INDEX", "https://user:hunter2@pypi.example.org/simple")
     (tmp_path / "requirements.txt").write_text("--extra-index-url ${INDEX}\n")
     message = refused(torch_matrix(tmp_path))
-    assert "a URL with credentials" in message and "hunter2" not in message
+    assert "fills no variable" in message and "hunter2" not in message
+    monkeypatch.setenv("GPUENV_ALLOW_ENV", "INDEX")  # allowed, but never into a URL
+    message = refused(torch_matrix(tmp_path))
+    assert "${INDEX} inside a URL" in message and "hunter2" not in message
 
 
 def test_hash_values_hold_against_the_lock_pick(tmp_path):

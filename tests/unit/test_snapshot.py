@@ -277,6 +277,7 @@ def test_a_requirements_edit_after_loading_is_not_recorded_as_loaded(project_dir
 
 def test_an_included_file_or_an_expanded_variable_changed_misses(project_dir, monkeypatch):
     path = project_dir / "matrix.yaml"
+    monkeypatch.setenv("GPUENV_ALLOW_ENV", "ATTRS_PIN")
     monkeypatch.setenv("ATTRS_PIN", "25.1.0")
     (project_dir / "reqs.txt").write_text("six==1.17.0\n-r more.txt\nattrs==${ATTRS_PIN}\n")
     (project_dir / "more.txt").write_text("tomli==2.2.1\n")

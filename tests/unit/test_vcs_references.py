@@ -19,6 +19,7 @@ import pytest
 
 from gpuenv.building import sdists
 from gpuenv.building.lock import compile_requirements, tree_hashes
+from gpuenv.matrix import vcs
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.matrix.localtree import content_digest
 from gpuenv.project.project import open_project
@@ -71,7 +72,10 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[st
     thread.start()
     try:
         url = f"git+http://127.0.0.1:{server.server_address[1]}/mypkg.git"
-        yield url, _git("rev-parse", "HEAD", cwd=work), work
+        # These tests read the project as the fetching step does (`gpuenv lock`, `build`);
+        # tests/unit/test_untrusted_project.py: reading alone fetches nothing.
+        with vcs.fetching():
+            yield url, _git("rev-parse", "HEAD", cwd=work), work
     finally:
         server.shutdown()
         server.server_close()
@@ -238,3 +242,42 @@ def test_a_branch_that_moves_is_resolved_again_a_commit_reading_is_kept(tmp_path
     (root / "reqs.txt").write_text(f"mypkg @ {url}@{second}\n")
     assert open_project(matrix, cached=True).snapshot is not None
     assert open_project(matrix, cached=True)._matrix is None
+
+
+def test_reading_takes_the_commit_the_last_fetch_left(tmp_path, served):
+    # Reading alone (`gpuenv matrix`: a fresh context, outside vcs.fetching()) fetches
+    # nothing (issue 44, N1): a branch names the commit the last `gpuenv lock` fetched,
+    # even after the branch moved on the host.
+    import contextvars
+
+    url, first, work = served
+    root = (tmp_path / "project").resolve()
+    root.mkdir()
+    (root / "reqs.txt").write_text(f"mypkg @ {url}@main\n")
+    matrix = write(root)
+    assert open_project(matrix).cells[0].pip[-1].endswith(f"@{first}")  # the fetch
+    (work / "mypkg" / "__init__.py").write_text("Y = 2\n")
+    _git("commit", "--quiet", "-am", "two", cwd=work)
+    public = tmp_path / "public" / "mypkg.git"
+    _git("push", "--quiet", str(public), "main", cwd=work)
+    _git("update-server-info", cwd=public)
+    assert vcs.may_fetch() and not contextvars.Context().run(vcs.may_fetch)
+    read = contextvars.Context().run(open_project, matrix)
+    assert read.cells[0].pip[-1].endswith(f"@{first}")
+    second = _git("rev-parse", "HEAD", cwd=work)
+    assert open_project(matrix).cells[0].pip[-1].endswith(f"@{second}")  # fetched again
+
+
+def test_the_tree_exports_on_a_python_without_extractall_s_filter(tmp_path, served, monkeypatch):
+    # Debian bookworm's own Python (3.11.2) has no `filter=` (issue 44, item 5).
+    import tarfile
+
+    def extractall(self, path=".", members=None, *, numeric_owner=False, **kw):  # type: ignore[no-untyped-def]
+        raise TypeError("TarFile.extractall() got an unexpected keyword argument 'filter'")
+
+    monkeypatch.setattr(tarfile.TarFile, "extractall", extractall)
+    url, commit, _ = served
+    root = (tmp_path / "project").resolve()
+    root.mkdir()
+    (root / "reqs.txt").write_text(f"mypkg @ {url}@main\n")
+    assert open_project(write(root)).cells[0].pip[-1] == f"mypkg @ {url}@{commit}"
