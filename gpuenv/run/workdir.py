@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
+import unicodedata
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -71,9 +72,30 @@ def read_ignore(root: Path) -> list[str]:
     return patterns
 
 
-def ignored(rel: str, patterns: tuple[str, ...] | list[str]) -> bool:
+# Code points HFS+ leaves out of a name (git's is_hfs_dotgit list): `.g\u200cit` is `.git`
+# there. And the 8.3 short name Windows gives `.git` (git's is_ntfs_dotgit).
+_IGNORABLE = dict.fromkeys([0x200C, 0x200D, 0x200E, 0x200F, *range(0x202A, 0x202F),
+                            *range(0x206A, 0x2070), 0xFEFF])  # fmt: skip
+_SHORT_NAMES = {"git~1": ".git"}
+
+
+def fold(rel: str) -> str:
+    """One spelling for every way a case-insensitive filesystem (macOS, Windows, WSL's
+    /mnt/c) may take as the same path: Unicode's canonical caseless form (NFD, case-folded,
+    NFD again, so NFC and NFD spellings agree and KELVIN SIGN is k), without the code points
+    HFS+ ignores, each component without the trailing dots and spaces Windows drops."""
+    text = unicodedata.normalize("NFD", unicodedata.normalize("NFD", rel).casefold())
+    parts = (p.rstrip(". ") or p for p in text.translate(_IGNORABLE).split("/"))
+    return "/".join(_SHORT_NAMES.get(p, p) for p in parts)
+
+
+def ignored(rel: str, patterns: tuple[str, ...] | list[str], *, folded: bool = False) -> bool:
     """Whether `rel` (a relative POSIX path) or a directory above it matches a pattern: a
-    pattern without `/` matches any one component, one with `/` the path from the root."""
+    pattern without `/` matches any one component, one with `/` the path from the root.
+    `folded`: both compared as fold() spells them (what must not reach the user's directory
+    under any spelling); else as written (`.dockerignore`, as Docker reads it)."""
+    if folded:
+        rel, patterns = fold(rel), [fold(p) for p in patterns]
     parts = rel.split("/")
     for pattern in patterns:
         if "/" in pattern:
@@ -92,8 +114,12 @@ def left_out(root: Path) -> tuple[str, ...]:
 
 
 def stays_home(rel: str) -> bool:
-    """What never comes back from a workload either: caches, version control, secrets."""
-    return ignored(rel, (*DEFAULT_IGNORE, *SECRETS))
+    """What never comes back from a workload either: caches, version control, secrets,
+    under any spelling the user's filesystem may take as theirs (issue 44, N2: a workload's
+    `.GIT/hooks/pre-commit` is `.git/hooks/pre-commit` on a Mac). Compared folded always:
+    the client's filesystem is not asked, and the same directory may be shared to one that
+    folds (a Linux VM's mount of a Mac's directory)."""
+    return ignored(rel, (*DEFAULT_IGNORE, *SECRETS), folded=True)
 
 
 def collect(root: Path) -> list[str]:
