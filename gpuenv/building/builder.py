@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from gpuenv.building.plan import BuildPlan, CellPlan
 from gpuenv.building.recipe import current, label, lock_note
 from gpuenv.building.results import CellResult, Reporter
-from gpuenv.engine.client import BuildFailed, Engine, EngineError
+from gpuenv.engine.client import BuildCancelled, BuildFailed, Engine, EngineError
 from gpuenv.matrix import contract
 from gpuenv.matrix.cell import Cell
 from gpuenv.matrix.errors import GpuenvError
@@ -134,6 +134,12 @@ def execute(
     order = sorted(cells, key=lambda c: (c.is_gpu, cells.index(c)))
     results = {c.name: CellResult(c) for c in order}
     stop = threading.Event()
+    # Set first thing once gpuenv is ending: from then on a cell that fails (its build
+    # cancelled, its downloads stopped) is the interruption, which the CLI reports alone.
+    ending = threading.Event()
+    # Cancelled builds whose cancellation came before gpuenv's interrupt (the terminal's
+    # Ctrl-C reaches the docker CLI too): failures only once the run ends without one.
+    held: list[CellResult] = []
 
     def run_one(cell: Cell, wait_for: Future[CellResult] | None) -> CellResult:
         result = results[cell.name]
@@ -146,7 +152,10 @@ def execute(
         _do(engine, by_name[cell.name], plan.no_cache, reporter, result, sender)
         if result.status == "failed" and not keep_going:
             stop.set()
-        reporter.finished(result)
+        if result.cancelled:
+            held.append(result)
+        elif not ending.is_set():
+            reporter.finished(result)
         return result
 
     if jobs <= 1:
@@ -180,12 +189,15 @@ def execute(
             for fut in futures.values():
                 fut.result()
         except KeyboardInterrupt:
+            ending.set()
             stop.set()  # cells not started yet are not started
             if sender is not None:
                 sender.stop()  # the threads' downloads end now, not once all are fetched
             engine.end_builds()
             engine.close()
             raise
+    for result in held:  # no interrupt came: they were failures after all
+        reporter.finished(result)
     return [results[c.name] for c in cells]
 
 
@@ -257,6 +269,7 @@ def _build(
     except BuildFailed as exc:
         result.status, result.error = "failed", _explain(str(exc), tail)
         result.step, result.log_tail = (step[0] if step else None), tail[-LOG_TAIL:]
+        result.cancelled = isinstance(exc, BuildCancelled)
         return None
 
 

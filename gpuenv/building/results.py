@@ -23,6 +23,9 @@ class CellResult:
     error: str | None = None
     step: str | None = None
     log_tail: list[str] = field(default_factory=list)
+    # Its build was cancelled (BuildCancelled), not failed by a step: gpuenv's interruption
+    # if gpuenv is ending, else reported as a failure once the other cells are done.
+    cancelled: bool = False
 
     def to_json(self) -> dict[str, object]:
         return {

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuenv.engine.values import BuildFailed, EngineError, LogSink
+from gpuenv.engine.values import BuildCancelled, BuildFailed, EngineError, LogSink
 
 # What the docker CLI ends a build with when the engine went away under it (restarted,
 # killed, the link down), not because a step failed: the session's stream ended unanswered.
@@ -23,6 +23,9 @@ _ENGINE_GONE = (
     "transport is closing",
     "connection reset by peer",
 )
+# What the docker CLI ends a build with when it was cancelled (SIGINT: end() or a terminal's
+# Ctrl-C), not because a step failed.
+_CANCELLED = "context canceled"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -95,10 +98,17 @@ class Builds:
             if code != 0:
                 errors = [t for t in tail if t.startswith(("ERROR", "error", "failed to"))]
                 why = (errors or tail or [f"exit {code}"])[-1]
+                message = why.removeprefix("ERROR: ").strip()
+                with self._lock:  # end() set it before it cancelled this CLI
+                    ending = self._ending
+                if ending:  # whatever the CLI said as it ended: gpuenv's interruption
+                    raise BuildCancelled(message)
                 if any(sign in line for line in tail[-3:] for sign in _ENGINE_GONE):
                     raise EngineError(f"the Docker Engine at {url} went away during the "
                                       "build; nothing was tagged", detail=why)  # fmt: skip
-                raise BuildFailed(why.removeprefix("ERROR: ").strip())
+                if any(_CANCELLED in line for line in tail[-3:]):
+                    raise BuildCancelled(message)
+                raise BuildFailed(message)
             return iidfile.read_text().strip()
 
 

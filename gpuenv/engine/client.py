@@ -42,6 +42,7 @@ from gpuenv.engine.transport import (
     named_address,
 )
 from gpuenv.engine.values import (
+    BuildCancelled,
     BuildFailed,
     ContainerSpec,
     EngineError,
@@ -52,6 +53,7 @@ from gpuenv.engine.values import (
 from gpuenv.matrix import contract
 
 __all__ = [
+    "BuildCancelled",
     "BuildFailed",
     "ContainerSpec",
     "Engine",

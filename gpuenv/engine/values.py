@@ -27,6 +27,13 @@ class BuildFailed(Exception):
     """A build step failed; the message is the engine's."""
 
 
+class BuildCancelled(BuildFailed):
+    """The build was cancelled, not failed by a step: its docker CLI was told to cancel as
+    gpuenv ends (Engine.end_builds), or said so itself ("context canceled": a terminal's
+    Ctrl-C reaches it too, and it may answer before gpuenv's own interrupt is raised).
+    Whether gpuenv is ending decides what it is: the interruption, or else a failure."""
+
+
 @dataclass(frozen=True)
 class ImageInfo:
     """What `docker image inspect` says, in the parts gpuenv reads."""

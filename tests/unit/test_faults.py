@@ -253,3 +253,114 @@ def test_a_full_disk_of_an_unnamed_file_names_where_gpuenv_writes(
     assert line.startswith("no space left on device: gpuenv writes temporary files under ")
     assert f"TMPDIR ({tmp_path / 'tmp'}) and its cache under {tmp_path / 'cache'}/gpuenv" in line
     assert out_of_space(OSError(errno.EDQUOT, "q")).startswith("disk quota exceeded: ")
+
+
+# ----------------------------------------------------------------- a build cancelled as gpuenv ends
+
+# A stand-in for `docker buildx build`: a step that runs until SIGINT (Engine.end_builds), on
+# which it cancels as the docker CLI does; "first": cancelled already, before gpuenv's own
+# interrupt (a terminal's Ctrl-C reaches the CLI too, and it may answer first).
+_CANCELLED = 'echo "ERROR: failed to solve: Canceled: context canceled"; exit 1'
+_CLIS = {
+    "interrupt-first": f"echo '#5 [2/3] RUN uv pip install'\ntrap '{_CANCELLED}' INT\n"
+    "while :; do sleep 0.02; done\n",
+    "cancellation-first": f"echo '#5 [2/3] RUN uv pip install'\n{_CANCELLED}\n",
+    "no-interrupt": f"echo '#5 [2/3] RUN uv pip install'\n{_CANCELLED}\n",
+}
+
+
+@pytest.mark.parametrize("order", list(_CLIS))
+def test_a_build_cancelled_as_gpuenv_ends_is_the_interruption_in_either_order(
+    fake_engine, write_matrix, minimal_matrix, tmp_path, monkeypatch, order: str
+) -> None:
+    """`build -j 2` and a signal: the docker CLI's cancellation ("context canceled") and
+    gpuenv's own interrupt reach the build's result in either order, and either way nothing
+    is reported as failed (the CLI says `error: ... interrupted` alone); a cancellation with
+    no interrupt is still a failure. Each order is forced: the interrupt is raised where the
+    main thread waits for the cells, once the build is running (interrupt first) or once its
+    result was classified and reported (cancellation first)."""
+    from concurrent.futures import Future
+
+    from gpuenv.building import builder, results
+    from gpuenv.engine import buildkit
+    from tests.unit.test_plan import make
+
+    cli = tmp_path / "docker-build"
+    cli.write_text("#!/bin/sh\n" + _CLIS[order])
+    cli.chmod(0o755)
+    monkeypatch.setattr(buildkit, "buildkit_cli", lambda engine=None: ([str(cli)], {}))
+    the_plan = make(fake_engine, write_matrix(minimal_matrix, "matrix.yaml"))
+    running, classified = threading.Event(), threading.Event()
+
+    class Engine(fake_engine):  # type: ignore[misc]
+        builds = buildkit.Builds()
+
+        def build_directory(self, directory: Path, *, on_log: Any, **kw: Any) -> str:
+            def log(line: str) -> None:
+                running.set()
+                on_log(line)
+
+            return self.builds.build(self.url, directory, {}, False, "none", log)
+
+        def end_builds(self) -> None:
+            self.builds.end()
+
+    class Sender:
+        def context(self, p: Any) -> Any:
+            import contextlib
+
+            return contextlib.nullcontext(tmp_path)
+
+        def network(self, cell: Any) -> str:
+            return "none"
+
+        def platform_for(self, cell: Any) -> None:
+            return None
+
+        def secrets(self) -> dict[str, Path]:
+            return {}
+
+        def stop(self) -> None:
+            pass
+
+    class Interrupted(Future):  # type: ignore[type-arg]
+        """The main thread's wait for a cell, interrupted at the point the order asks."""
+
+        def set_result(self, result: Any) -> None:
+            super().set_result(result)
+            classified.set()
+
+        def set_exception(self, exc: BaseException | None) -> None:
+            super().set_exception(exc)
+            classified.set()
+
+        def result(self, timeout: float | None = None) -> Any:
+            if threading.current_thread().name.startswith("gpuenv-build-") or order == (
+                "no-interrupt"
+            ):
+                return super().result(timeout)
+            assert (running if order == "interrupt-first" else classified).wait(20)
+            raise KeyboardInterrupt
+
+    reported: list[results.CellResult] = []
+
+    class Reporter(results.Reporter):
+        def finished(self, result: results.CellResult) -> None:
+            reported.append(result)
+
+    monkeypatch.setattr(builder, "Future", Interrupted)
+    engine: Any = Engine()
+    try:
+        out = builder.execute(engine, the_plan, Reporter(), jobs=2, sender=Sender())  # type: ignore[arg-type]
+    except KeyboardInterrupt:
+        assert order != "no-interrupt"
+        for thread in threading.enumerate():  # the cells' threads have had their say
+            if thread.name.startswith("gpuenv-build-"):
+                thread.join(20)
+        assert [r.cell.name for r in reported if r.status == "failed"] == []
+    else:
+        assert order == "no-interrupt"
+        assert [r.status for r in out] == ["failed", "skipped"]
+        assert [r.error for r in reported if r.status == "failed"] == [
+            "failed to solve: Canceled: context canceled"
+        ]
