@@ -6,7 +6,8 @@ a project directory often holds (SECRETS: `.env`, `.netrc`, cloud and registry c
 SSH keys), which would otherwise sit on another host's disk or in a pushed image. On the way
 out, also what `.dockerignore` lists (shell patterns over the relative path; `!` exceptions
 are refused rather than half-honoured). Past MAX_FILES or MAX_BYTES the directory is
-refused: data belongs in a volume (or a PVC).
+refused: data belongs in a volume (or a PVC). On the way back (stays_home), names are
+compared as a case-insensitive filesystem would take them (fold()), always.
 """
 
 from __future__ import annotations
