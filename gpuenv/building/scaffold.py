@@ -48,9 +48,14 @@ def init(directory: Path) -> Path:
     target = directory / "matrix.yaml"
     if target.exists() or target.is_symlink():
         raise GpuenvError(f"{target} exists; gpuenv init never overwrites it (edit it instead)")
-    choice = choose(directory)
-    text = render(directory, choice)
-    _check(directory, text)
+    from gpuenv.matrix import vcs
+
+    # Reading the project fetches nothing (issue 44, N1); a git reference not fetched yet
+    # is left to `gpuenv lock`, which needs the matrix written here.
+    with vcs.skipping():
+        choice = choose(directory)
+        text = render(directory, choice)
+        _check(directory, text)
     try:
         with open(target, "x", encoding="utf-8") as fh:  # "x": never over a file made meanwhile
             fh.write(text)

@@ -870,6 +870,10 @@ class _Reader:
         try:
             ref = vcs.parse(req.url)
             commit, tree = vcs.export(ref, reading=not vcs.may_fetch())
+        except vcs.NotFetched as exc:
+            if vcs.skips_unfetched():
+                return
+            raise bad(f"{req.name} @ {exc}") from None
         except vcs.VcsProblem as exc:
             raise bad(f"{req.name} @ {exc}") from None
         pinned = ref.at(commit)

@@ -44,26 +44,47 @@ _REV = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/+-]*")
 _URL = re.compile(r"[A-Za-z0-9._~:/%+@-]+")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 TIMEOUT = 300
-_FETCHING: ContextVar[bool] = ContextVar("gpuenv_vcs_fetching", default=False)
+# How reading a project takes a git reference: "read" (from the cache; one not fetched is
+# an error saying what fetches it), "fetch" or "skip" (one not fetched is left out).
+_MODE: ContextVar[str] = ContextVar("gpuenv_vcs_mode", default="read")
 
 
 @contextlib.contextmanager
-def fetching() -> Iterator[None]:
-    """Within: reading a project may fetch the git references it names (the sources step
-    of `gpuenv lock` and `gpuenv build`); outside, reading fetches nothing."""
-    token = _FETCHING.set(True)
+def _mode(mode: str) -> Iterator[None]:
+    token = _MODE.set(mode)
     try:
         yield
     finally:
-        _FETCHING.reset(token)
+        _MODE.reset(token)
+
+
+def fetching() -> contextlib.AbstractContextManager[None]:
+    """Within: reading a project may fetch the git references it names (the sources step
+    of `gpuenv lock` and `gpuenv build`); outside, reading fetches nothing."""
+    return _mode("fetch")
+
+
+def skipping() -> contextlib.AbstractContextManager[None]:
+    """Within: a reference no fetch has left is left out of what is read, not an error
+    (`gpuenv init`: the matrix it writes names the requirements file, not its lines, and
+    `gpuenv lock`, which fetches, needs that matrix first)."""
+    return _mode("skip")
 
 
 def may_fetch() -> bool:
-    return _FETCHING.get()
+    return _MODE.get() == "fetch"
+
+
+def skips_unfetched() -> bool:
+    return _MODE.get() == "skip"
 
 
 class VcsProblem(Exception):
     """Why a VCS reference cannot be taken (said after `name @ ` at its line)."""
+
+
+class NotFetched(VcsProblem):
+    """A reference read outside `fetching()` that no fetch has left in the cache."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +171,7 @@ def export(ref: Reference, *, offline: bool = False, reading: bool = False) -> t
     outside `fetching()`: nothing is fetched (a branch is the commit last fetched)."""
     if _COMMIT.fullmatch(ref.rev) and tree(ref, ref.rev).is_dir():
         return ref.rev, tree(ref, ref.rev)
-    unfetched = VcsProblem(
+    unfetched = NotFetched(
         f"{ref.at(ref.rev)}: not fetched yet, and reading a project fetches nothing from the "
         "hosts it names: `gpuenv lock` (or `gpuenv build`) fetches it, then this reads it "
         "from gpuenv's cache"

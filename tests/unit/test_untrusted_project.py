@@ -238,3 +238,18 @@ def test_a_hostile_member_is_refused_and_nothing_lands_outside(tmp_path, members
     assert sorted(p.name for p in box.iterdir()) == ["out"]
     if (box / "out" / "a.py").exists():  # not written through the symlink
         assert (box / "out" / "a.py").read_bytes() == b"x"
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_init_writes_the_matrix_without_fetching_a_git_reference(tmp_path, host):
+    # `gpuenv init` reads the project to choose; the matrix it writes names the
+    # requirements file, not its lines, so a git reference not fetched yet is left to
+    # `gpuenv lock` (which needs the matrix init writes), and no host is contacted.
+    port = host.server_address[1]
+    (tmp_path / "requirements.txt").write_text(
+        f"torch>=2.5\nevil @ git+http://127.0.0.1:{port}/repo.git@main\n"
+    )
+    code, output = _gpuenv("init", str(tmp_path))
+    assert code == 0, output
+    assert "requirements.txt" in (tmp_path / "matrix.yaml").read_text()
+    assert host.seen == []
