@@ -29,7 +29,8 @@ def sbom_cmd(
     from gpuenv.publish.attest.attach import sbom_for
 
     with user_errors():
-        data = sbom_for(engine.connect(), target, file, fmt)
+        with engine.connect() as docker:
+            data = sbom_for(docker, target, file, fmt)
         if output is None:
             sys.stdout.write(data.decode())
             return
@@ -79,13 +80,13 @@ def verify_cmd(
 
             project = open_project(file)
             reporter = ConsoleReporter()
-            connected = engine.connect()
-            build = partial(plan_and_build, connected, project, reporter=reporter,
-                            ca_bundle=project.ca_bundle(ca_bundle))  # fmt: skip
-            try:
-                image_id = verify.rebuild(connected, project, report, build)
-            finally:
-                reporter.close()
+            with engine.connect() as connected:
+                build = partial(plan_and_build, connected, project, reporter=reporter,
+                                ca_bundle=project.ca_bundle(ca_bundle))  # fmt: skip
+                try:
+                    image_id = verify.rebuild(connected, project, report, build)
+                finally:
+                    reporter.close()
             print(f"reproduced: {image_id}")
 
 

@@ -60,7 +60,8 @@ def bench_cmd(
             monitor=MonitorOptions.parse(monitor, None),
         )  # fmt: skip
         project = open_project(file)  # a wrong matrix is named before the engine is reached
-        rows = bench.bench(engine.connect(), project, opts, say)
+        with engine.connect() as docker:
+            rows = bench.bench(docker, project, opts, say)
         if csv is not None:
             bench.write_csv(rows, csv)
         if plot is not None:

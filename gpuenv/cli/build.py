@@ -64,19 +64,21 @@ def base_cmd(
 
     with user_errors():
         if load_tar is not None:
-            for line in engine.connect().load(str(load_tar)):
-                print(line)
+            with engine.connect() as docker:
+                for line in docker.load(str(load_tar)):
+                    print(line)
             return
         project = open_project(file)
         if pull is not None or push is not None:
             _pull_or_push(project, project.select(patterns), pull, push)
             return
-        for image, image_id, saved in base.ensure_all(
-            engine.connect(), project.select(patterns), save, say
-        ):
-            print(f"{image}  {image_id[:19]}")
-            if saved is not None:
-                print(f"saved {saved}")
+        with engine.connect() as docker:
+            for image, image_id, saved in base.ensure_all(
+                docker, project.select(patterns), save, say
+            ):
+                print(f"{image}  {image_id[:19]}")
+                if saved is not None:
+                    print(f"saved {saved}")
 
 
 def _pull_or_push(project: Project, cells: list[Cell], pull: str | None, push: str | None) -> None:
@@ -98,12 +100,14 @@ def _pull_or_push(project: Project, cells: list[Cell], pull: str | None, push: s
                    "lock pins (gpuenv lock; or gpuenv base --save/--load a base)", 2)  # fmt: skip
     images = list(dict.fromkeys(c.base.image for c in cells))
     if pull is not None:
-        for image, image_id, where in (
-            pull_locked_base(engine.connect(), project.lock, i, repository) for i in images
-        ):
-            print(f"{image}  {image_id[:19]}  {where}")
+        with engine.connect() as docker:
+            for image, image_id, where in (
+                pull_locked_base(docker, project.lock, i, repository) for i in images
+            ):
+                print(f"{image}  {image_id[:19]}  {where}")
         return
-    results = push_locked_bases(engine.connect(), project.lock, images, repository)
+    with engine.connect() as docker:
+        results = push_locked_bases(docker, project.lock, images, repository)
     for r in results:
         print(f"{r.ref}  {r.digest or '-'}  {r.status} (base {r.cell})"
               + (f": {r.error}" if r.error else ""))  # fmt: skip
@@ -191,8 +195,9 @@ def build_cmd(
         bundle = project.ca_bundle(ca_bundle)
         pull_from, vet = pull_source(project, offline, say)
         if dry_run:
-            the_plan = plan.make_plan(engine.connect(), project, cells, no_cache=no_cache,
-                                      pull_from=pull_from, vet=vet)  # fmt: skip
+            with engine.connect() as docker:
+                the_plan = plan.make_plan(docker, project, cells, no_cache=no_cache,
+                                          pull_from=pull_from, vet=vet)  # fmt: skip
             if as_json:
                 print_json(the_plan.to_json())
             else:
@@ -201,30 +206,31 @@ def build_cmd(
         from gpuenv.building.progress import ConsoleReporter
         from gpuenv.building.results import summary
 
-        reporter = ConsoleReporter()
-        try:
-            results = builder.plan_and_build(
-                engine.connect(), project, cells, reporter, ca_bundle=bundle, jobs=jobs,
-                keep_going=keep_going, no_cache=no_cache, reproducible=reproducible,
-                offline=offline, pull_from=pull_from, vet=vet,
-            )  # fmt: skip
-        finally:
-            reporter.close()
-        if as_json:
-            print_json({"results": [r.to_json() for r in results]})
-        else:
-            summary(results)
-        builder.ensure_no_failures(results)
-        images = {c.name: c.image for c in cells}
-        if record is not None:
-            layerfiles.write_records(engine.connect(), images, record)
-        if expected is not None and expect is not None:
-            layerfiles.check_records(engine.connect(), expected, images, expect)
-        if not validate:
-            return
-        from gpuenv.validate import session
+        with engine.connect() as docker:  # one engine for the build and what follows it
+            reporter = ConsoleReporter()
+            try:
+                results = builder.plan_and_build(
+                    docker, project, cells, reporter, ca_bundle=bundle, jobs=jobs,
+                    keep_going=keep_going, no_cache=no_cache, reproducible=reproducible,
+                    offline=offline, pull_from=pull_from, vet=vet,
+                )  # fmt: skip
+            finally:
+                reporter.close()
+            if as_json:
+                print_json({"results": [r.to_json() for r in results]})
+            else:
+                summary(results)
+            builder.ensure_no_failures(results)
+            images = {c.name: c.image for c in cells}
+            if record is not None:
+                layerfiles.write_records(docker, images, record)
+            if expected is not None and expect is not None:
+                layerfiles.check_records(docker, expected, images, expect)
+            if not validate:
+                return
+            from gpuenv.validate import session
 
-        report = session.validate(engine.connect(), project, cells, [], None)
+            report = session.validate(docker, project, cells, [], None)
     from gpuenv.cli.validate import show
 
     show(report)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -82,12 +83,12 @@ def export_cmd(
 
     with user_errors():
         bases: list[str] = []
-        docker = None
         if not no_bases:
             project = open_project(file)
             bases = sorted({c.base.image for c in project.cells})
-            docker = engine.connect()
-        files, saved = wheelhouse.export(wheelhouse.Store.default(), target, docker, bases, say)
+        with contextlib.nullcontext() if no_bases else engine.connect() as docker:
+            files, saved = wheelhouse.export(wheelhouse.Store.default(), target, docker, bases,
+                                             say)  # fmt: skip
     print(f"{target}: {files} file(s), {saved} base image(s)")
 
 
@@ -104,9 +105,8 @@ def import_cmd(
             from gpuenv.matrix.errors import GpuenvError
 
             raise GpuenvError(f"{source}: no such file")
-        files, loaded = wheelhouse.import_(
-            wheelhouse.Store.default(), source, engine.connect(), say
-        )
+        with engine.connect() as docker:
+            files, loaded = wheelhouse.import_(wheelhouse.Store.default(), source, docker, say)
     print(f"{source}: {files} new file(s), {loaded} base image(s) loaded")
 
 

@@ -22,7 +22,8 @@ def diff_cmd(
 
     with user_errors():
         refs = [_image_for(x, file) for x in (a, b)]
-        left, right, result = diff.diff_images(engine.connect(), *refs)
+        with engine.connect() as docker:
+            left, right, result = diff.diff_images(docker, *refs)
     if as_json:
         print_json({"a": left.ref, "b": right.ref, "identical": not result, **result})
     else:

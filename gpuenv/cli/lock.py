@@ -52,7 +52,8 @@ def lock_cmd(
         if check:
             from gpuenv.building.recipe import lock_note
 
-            drifted = locks.check(engine.connect(), project.lock, project.lock_path, cells)
+            with engine.connect() as docker:
+                drifted = locks.check(docker, project.lock, project.lock_path, cells)
             for name, why in drifted.items():
                 print(f"drift: {name}: {why}")
             # Another recipe fails the check too: re-locking would change the file (its
@@ -73,13 +74,14 @@ def lock_cmd(
         bundle, creds = project.ca_bundle(ca_bundle), credentials.load()
         from gpuenv.building.sendable import sources_for
 
-        client = engine.connect()
-        path = locks.relock(
-            client, project.matrix, cells, every_cell=project.cells,
-            current=project.lock, exclude_newer=exclude_newer, say=say,
-            credentials=creds, ca_bundle=bundle, pylock=pylock,
-            sources_for=sources_for(client, project.settings, bundle, creds, say, project.path),
-        )  # fmt: skip
+        with engine.connect() as client:
+            path = locks.relock(
+                client, project.matrix, cells, every_cell=project.cells,
+                current=project.lock, exclude_newer=exclude_newer, say=say,
+                credentials=creds, ca_bundle=bundle, pylock=pylock,
+                sources_for=sources_for(client, project.settings, bundle, creds, say,
+                                        project.path),
+            )  # fmt: skip
         print(path)
 
 

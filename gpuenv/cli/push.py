@@ -64,23 +64,24 @@ def push_cmd(
 
             signer = load_signer(key)  # a bad key fails before anything is pushed
         project = open_project(file)
-        results = publish.push_cells(
-            engine.connect(), project, project.select(patterns), registry=registry,
-            aliases=aliases, on_result=progress,
-        )  # fmt: skip
-        bases: list[publish.TagResult] = []
-        if project.lock is not None:  # the bases the pushed cells were built on, beside them
-            pushed = {r.cell for r in results if r.status == "pushed"}
-            bases = publish.push_locked_bases(
-                engine.connect(), project.lock,
-                [c.base.image for c in project.cells if c.name in pushed],
-                target_repository(project.settings.name, registry), on_result=progress,
+        with engine.connect() as docker:  # the cells, their bases, their attestations
+            results = publish.push_cells(
+                docker, project, project.select(patterns), registry=registry,
+                aliases=aliases, on_result=progress,
             )  # fmt: skip
-        attested = []
-        if signer is not None:
-            from gpuenv.publish.attest.attach import attest_pushed
+            bases: list[publish.TagResult] = []
+            if project.lock is not None:  # the bases the pushed cells were built on, beside them
+                pushed = {r.cell for r in results if r.status == "pushed"}
+                bases = publish.push_locked_bases(
+                    docker, project.lock,
+                    [c.base.image for c in project.cells if c.name in pushed],
+                    target_repository(project.settings.name, registry), on_result=progress,
+                )  # fmt: skip
+            attested = []
+            if signer is not None:
+                from gpuenv.publish.attest.attach import attest_pushed
 
-            attested = attest_pushed(engine.connect(), project, results, signer)
+                attested = attest_pushed(docker, project, results, signer)
     if as_json:
         print_json(
             {

@@ -74,15 +74,16 @@ def run_cmd(
         options.check_options(env or [], volume or [], publish or [], workdir, cwd)
         argv = options.command_for(command or [], cwd)
         project = target.project_for(image, file)
-        engine = client.connect()
-        chosen = target.target_for(engine, image, request is not None, project, request)
-        preflight.gpu_preflight(engine, chosen, request)
-        opts = local.RunOptions(
-            image=chosen.image, command=argv, gpus=request, env=env or [], volumes=volume or [],
-            ports=publish or [], network=network, workdir=workdir, ipc=ipc,
-            interactive=interactive, cwd=cwd, monitor=_monitor_options(monitor, monitor_out),
-        )  # fmt: skip
-        code = local.run(engine, opts)
+        with client.connect() as engine:
+            chosen = target.target_for(engine, image, request is not None, project, request)
+            preflight.gpu_preflight(engine, chosen, request)
+            opts = local.RunOptions(
+                image=chosen.image, command=argv, gpus=request, env=env or [],
+                volumes=volume or [], ports=publish or [], network=network, workdir=workdir,
+                ipc=ipc, interactive=interactive, cwd=cwd,
+                monitor=_monitor_options(monitor, monitor_out),
+            )  # fmt: skip
+            code = local.run(engine, opts)
     raise typer.Exit(code)
 
 

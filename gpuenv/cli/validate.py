@@ -71,9 +71,10 @@ def validate_cmd(
 
             project = open_project(file) if patterns or not image else None
             cells = project.select(patterns) if project is not None else []
-            report = session.validate(
-                engine.connect(), project, cells, image or [], request, junitxml, verbose
-            )
+            with engine.connect() as docker:
+                report = session.validate(
+                    docker, project, cells, image or [], request, junitxml, verbose
+                )
             if record_sizes:
                 session.record_sizes(report)
     show(report, as_json, junitxml)

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from gpuenv.engine import apibuild, transport
+from gpuenv.engine import apibuild
 from gpuenv.engine.buildkit import Builds, buildkit_cli
 from gpuenv.engine.images import ImageOperations
 from gpuenv.engine.podman import _podman_tmpfs, create_libpod, libpod_spec
@@ -116,10 +116,16 @@ class Engine(ImageOperations):
                 return False
             time.sleep(0.5)
 
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
-        """Close the client's connections (the engine stays usable: they reopen on the next
-        call); streams in flight (a build) end, and the engine cancels what they were
-        doing. The docker CLIs building are told to cancel too: they would outlive gpuenv."""
+        """Close the client's connections; streams in flight (a build) end, and the engine
+        cancels what they were doing. The docker CLIs building are told to cancel too: they
+        would outlive gpuenv. (The SDK would open new connections on a later call.)"""
         self._builds.cancel()
         if self._client is not None:
             self._client.api.close()
@@ -473,9 +479,7 @@ def _tar_of(files: dict[str, bytes]) -> bytes:
 
 
 def connect() -> Engine:
-    """A client for DOCKER_HOST / the current context / the local socket; making it asks
-    the engine its API version, which proves it answers."""
-    if transport._conn.engine is not None:
-        return transport._conn.engine  # type: ignore[no-any-return]
-    transport._conn.engine = Engine(_sdk_client(*_endpoint()))
-    return transport._conn.engine  # type: ignore[no-any-return]
+    """A new engine for DOCKER_HOST / the current context / the local socket; making it asks
+    the engine its API version, which proves it answers. Its caller owns it, and closes it
+    (`with connect() as engine:`): there is no engine shared by the process."""
+    return Engine(_sdk_client(*_endpoint()))

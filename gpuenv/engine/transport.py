@@ -29,18 +29,10 @@ from gpuenv.engine.values import EngineError
 from gpuenv.matrix.errors import GpuenvError
 
 
-@dataclass
-class _Connection:
-    engine: Any = None  # the Engine connect() made (its address names the engine in errors)
-
-
-_conn = _Connection()
-
-
 def engine_error(exc: Exception) -> EngineError:
     text = str(exc)
     status = getattr(exc, "status_code", None)
-    host = _conn.engine.url if _conn.engine is not None else named_address()
+    host = named_address()  # as the user named it (DOCKER_HOST, the context, the socket)
     if "Permission denied" in text or "PermissionError" in text:
         message = (
             f"permission denied on the Docker socket ({host}); add your user to the docker "

@@ -58,8 +58,8 @@ def write(pattern: str | None, file: Path | None, gpu: bool = False,
     project = open_project(file, cached=True)
     if pattern is not None:
         project.one_cell(pattern, "CELL")  # its errors name the argument, before the engine
-    engine = client.connect()
-    chosen = target.target_for(engine, pattern, gpu, project)
+    with client.connect() as engine:
+        chosen = target.target_for(engine, pattern, gpu, project)
     assert chosen.cell is not None
     text = json.dumps(document(chosen.cell.name, chosen.image, chosen.cell.is_gpu), indent=2)
     path.parent.mkdir(exist_ok=True)

@@ -182,31 +182,31 @@ def serve(
     project = open_project(file, cached=True)
     if pattern is not None:
         project.one_cell(pattern, "CELL")  # its errors name the argument, before the engine
-    engine = client.connect()
-    cell_target = target.target_for(engine, pattern, request is not None, project, request)
-    assert cell_target.cell is not None  # a cell name: checked above
-    preflight.gpu_preflight(engine, cell_target, request)
-    layer = jupyter.ensure(engine, project, cell_target.cell, console.say)
-    if not layer.built:
-        console.say(f"notebook layer {layer.image} (up to date)")
-    chosen = port or (free_port() if engine.is_local else random.randint(*REMOTE_PORTS))
-    where = placement(engine.network_names(), host_network, chosen)
-    token = secrets.token_hex(24)
-    opts = local.RunOptions(
-        image=layer.image, command=server_command(where, cwd, os.getuid()), gpus=request,
-        env=[f"JUPYTER_TOKEN={token}"], ports=where.ports, network=where.network, cwd=cwd,
-    )  # fmt: skip
-    log = ServerLog(token)
-    done = threading.Event()
-    url = f"http://127.0.0.1:{where.port}"
-    announcer = threading.Thread(
-        target=_announce, args=(engine, url, token, where, log, done, cell_target.cell.name),
-        name="gpuenv-notebook-url", daemon=True,
-    )  # fmt: skip
-    announcer.start()
-    try:
-        stream = cast(BinaryIO, log)
-        return local.run(engine, opts, stdout=stream, stderr=stream)
-    finally:
-        done.set()
-        announcer.join(5)
+    with client.connect() as engine:
+        cell_target = target.target_for(engine, pattern, request is not None, project, request)
+        assert cell_target.cell is not None  # a cell name: checked above
+        preflight.gpu_preflight(engine, cell_target, request)
+        layer = jupyter.ensure(engine, project, cell_target.cell, console.say)
+        if not layer.built:
+            console.say(f"notebook layer {layer.image} (up to date)")
+        chosen = port or (free_port() if engine.is_local else random.randint(*REMOTE_PORTS))
+        where = placement(engine.network_names(), host_network, chosen)
+        token = secrets.token_hex(24)
+        opts = local.RunOptions(
+            image=layer.image, command=server_command(where, cwd, os.getuid()), gpus=request,
+            env=[f"JUPYTER_TOKEN={token}"], ports=where.ports, network=where.network, cwd=cwd,
+        )  # fmt: skip
+        log = ServerLog(token)
+        done = threading.Event()
+        url = f"http://127.0.0.1:{where.port}"
+        announcer = threading.Thread(
+            target=_announce, args=(engine, url, token, where, log, done, cell_target.cell.name),
+            name="gpuenv-notebook-url", daemon=True,
+        )  # fmt: skip
+        announcer.start()
+        try:
+            stream = cast(BinaryIO, log)
+            return local.run(engine, opts, stdout=stream, stderr=stream)
+        finally:
+            done.set()
+            announcer.join(5)

@@ -7,6 +7,7 @@ fix, so it is unit-tested on outputs recorded from real hosts. `gather` does the
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import shutil
 import subprocess
@@ -365,12 +366,17 @@ def _cdi_specs() -> list[str]:
 
 
 def gather() -> Facts:
+    with contextlib.ExitStack() as opened:  # the engine it asks, closed once all is gathered
+        return _gather(opened)
+
+
+def _gather(opened: contextlib.ExitStack[bool | None]) -> Facts:
     from gpuenv.engine import client as engines
     from gpuenv.matrix.errors import GpuenvError
 
     facts = Facts()
     try:
-        eng = engines.connect()
+        eng = opened.enter_context(engines.connect())
         facts.info = eng.info()
         facts.local, facts.address = eng.is_local, eng.url
         facts.images = eng.gpuenv_images()

@@ -159,7 +159,8 @@ def validate_host(
     if scheme == "docker":
         from gpuenv.engine import client as engine
 
-        info = engine.connect().container_image(url.split("://", 1)[1].split("@")[-1])
+        with engine.connect() as docker:
+            info = docker.container_image(url.split("://", 1)[1].split("@")[-1])
         if info is None:
             raise GpuenvError(f"--host {url}: no such container in the engine")
     if cell_name is not None:

@@ -77,13 +77,11 @@ def engine_on_fake_api(
     """(gpuenv's real Engine, through the Docker SDK, connected to the tiny Engine API of
     `fake_socket` as API 1.41; its routes, paths under /v1.41)."""
     from gpuenv.engine import client as engines
-    from gpuenv.engine import transport
 
     path, routes = fake_socket
     version = (200, {"ApiVersion": "1.41", "Components": []})
     routes[("GET", "/version")] = routes[("GET", "/v1.41/version")] = version
     monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
-    monkeypatch.setattr(transport, "_conn", transport._Connection())
     return engines.connect(), routes
 
 

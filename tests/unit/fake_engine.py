@@ -50,6 +50,12 @@ class FakeEngine:
     def close(self) -> None:
         pass
 
+    def __enter__(self) -> FakeEngine:  # as a verb opens the engine: `with connect() as e`
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # -- images
     @property
     def local(self) -> dict[str, ImageInfo]:

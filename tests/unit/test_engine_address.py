@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from gpuenv.engine import client as engines
-from gpuenv.engine import transport
 from gpuenv.engine.client import EngineError
 from gpuenv.engine.transport import _SshTarget
 from gpuenv.validate.doctor import Facts, evaluate
@@ -35,7 +34,6 @@ def api(fake_socket, monkeypatch):
     routes[("GET", "/v1.41/info")] = INFO
     for name in ("DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(transport, "_conn", transport._Connection())
     return path, routes
 
 
@@ -70,7 +68,6 @@ def test_the_current_context_of_config_json_and_docker_host_winning_over_it(
     (config / "config.json").write_text(json.dumps({"currentContext": "box"}))
     monkeypatch.setenv("DOCKER_CONFIG", str(config))
     assert engines.connect().info()["OperatingSystem"] == "the fake"
-    monkeypatch.setattr(transport, "_conn", transport._Connection())
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/none.sock")
     with pytest.raises(EngineError, match=r"none\.sock"):
         engines.connect()

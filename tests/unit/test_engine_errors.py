@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuenv.engine import buildkit, transport
+from gpuenv.engine import buildkit
 from gpuenv.engine import client as engines
 from gpuenv.engine.client import ContainerSpec, EngineError
 
@@ -49,14 +49,12 @@ def test_a_peer_that_is_not_an_engine_is_one_error(fake_socket, monkeypatch):
     path, routes = fake_socket
     routes[("GET", "/version")] = "garbage"
     monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
-    monkeypatch.setattr(transport, "_conn", transport._Connection())
     with pytest.raises(EngineError):
         engines.connect()
 
 
 def test_no_engine_at_the_socket_says_how_to_start_one(tmp_path, monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/none.sock")
-    monkeypatch.setattr(transport, "_conn", transport._Connection())
     with pytest.raises(EngineError, match="cannot reach the Docker Engine"):
         engines.connect()
 
@@ -64,9 +62,9 @@ def test_no_engine_at_the_socket_says_how_to_start_one(tmp_path, monkeypatch):
 def test_close_leaves_the_engine_usable_and_end_builds_starts_no_build(
     engine_on_fake_api, tmp_path, monkeypatch
 ):
-    """close() only drops connections (the process-wide engine is used again after a Slurm or
-    Kubernetes run closes it); after end_builds() (Ctrl-C under `build -j`) no docker CLI
-    starts, since one started then would outlive gpuenv and could tag."""
+    """close() drops connections (the SDK opens new ones on a later call); after end_builds()
+    (Ctrl-C under `build -j`) no docker CLI starts, since one started then would outlive
+    gpuenv and could tag."""
     eng, _ = engine_on_fake_api
     started = tmp_path / "started"
     cli = tmp_path / "docker-build"
@@ -88,3 +86,12 @@ def test_close_leaves_the_engine_usable_and_end_builds_starts_no_build(
     with pytest.raises(EngineError, match="not started"):
         build()
     assert started.read_text().count("\n") == 1
+
+
+def test_each_connect_is_an_engine_of_its_own_closed_with_its_block(engine_on_fake_api):
+    """No engine is shared by the process: a verb opens the one it uses and closes it."""
+    eng, routes = engine_on_fake_api
+    routes[("GET", "/v1.41/info")] = (200, {"ID": "the fake"})
+    with engines.connect() as other:
+        assert other is not eng and other.info()["ID"] == "the fake"
+    assert eng.info()["ID"] == "the fake"  # another's close is not this one's
