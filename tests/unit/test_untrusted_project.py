@@ -93,7 +93,7 @@ def test_no_variable_of_the_environment_reaches_a_host_or_a_message(tmp_path, ho
         text = "six\n-r other.txt\n"
     (tmp_path / "reqs.txt").write_text(text)
     path = write(tmp_path)
-    for verb in (["matrix"], ["lock", "--check"], ["build", "--dry-run"]):
+    for verb in (["matrix"], ["lock", "--check"], ["build", "--dry-run"], ["lock"]):
         code, output = _gpuenv(*verb, "-f", str(path))
         assert code != 0 and output.startswith("error: "), (verb, output)
         assert output.count("\n") == 1, output
