@@ -1,4 +1,4 @@
-"""Fixtures for the publishing tests (test_engine_push.py, test_engine_workflow_steps.py).
+"""Fixtures for the publishing tests (test_engine_push.py, test_engine_workflow_act.py).
 
 - ``registry``: Debian's ``docker-registry`` (distribution 2.8), started by the session on
   127.0.0.1:<free port> with its own config: no auth, filesystem storage in a temporary

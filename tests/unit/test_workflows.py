@@ -235,3 +235,18 @@ def test_the_image_workflow_attests_pushed_images_and_a_job_verifies_them():
     assert verify["if"].startswith(push["if"])  # the same pushes, when a public key is set
     assert "vars.GPUENV_ATTEST_PUBLIC_KEY" in verify["if"]
     assert 'gpuenv verify "$REGISTRY_HOST/' in _runs(verify)
+
+
+def test_the_image_workflow_caches_the_wheelhouse_where_gpuenv_keeps_it(tmp_path, monkeypatch):
+    from gpuenv.store import wheelhouse
+
+    doc = yaml.safe_load((WORKFLOWS / "images.yml").read_text())
+    steps = doc["jobs"]["build"]["steps"]
+    paths = next(s["run"] for s in steps if "AS_ROOT" in s.get("run", ""))
+    assert 'echo "XDG_CACHE_HOME=$RUNNER_TEMP/xdg-cache"' in paths
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    saved = [s["with"]["path"] for s in steps if s.get("uses", "").startswith("actions/cache")]
+    where = wheelhouse.Store.default().root
+    assert [p.replace("${{ runner.temp }}", str(tmp_path)) for p in saved if "wheelhouse" in p] == [
+        str(where)
+    ]

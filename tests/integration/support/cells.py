@@ -76,6 +76,7 @@ TEST_REPOSITORIES = frozenset(
         "arm64",  # test_engine_arm64.py: the JAX CPU cell for amd64 and arm64, its arm64 base
         "basepull",  # test_engine_base_pull.py: a copy of the base, pushed and pulled back
         "bench",  # test_engine_bench.py: benchmarks/build.py on the JAX CPU cell
+        "act",  # test_engine_act.py: images.yml run under nektos/act on the JAX CPU cell
     )
 )
 
