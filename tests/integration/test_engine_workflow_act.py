@@ -158,6 +158,24 @@ def act(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     _git(workspace, "remote", "add", "origin", f"https://github.com/{OWNER}/gpuenv.git")
     _git(workspace, "add", "-A")
     _git(workspace, "commit", "-q", "-m", "the workspace act runs")
+    # scripts/setup.sh makes .venv unless there is one, then installs requirements-dev.txt:
+    # 2 minutes of wheel installs per run, the same each time. The workspace's .venv (act
+    # copies it: --use-gitignore=false) sees this virtualenv's packages through a .pth, so
+    # setup.sh's pip finds the lock's packages installed and installs gpuenv alone.
+    base_python = Path(sys.base_prefix) / "bin" / "python3"
+    subprocess.run([str(base_python), "-m", "venv", str(workspace / ".venv")], check=True)
+    site = subprocess.run(
+        [str(workspace / ".venv" / "bin" / "python"), "-c",
+         "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    Path(site, "_act_dev_site.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    # The packages' own programs (uv, which gpuenv runs from its interpreter's folder), not
+    # their scripts: those would run this interpreter, and this checkout's gpuenv.
+    for program in Path(sys.executable).parent.iterdir():
+        made = workspace / ".venv" / "bin" / program.name
+        if program.is_file() and program.read_bytes()[:4] == b"\x7fELF" and not made.exists():
+            made.symlink_to(program)
 
     # actions/cache's store: the job's pip cache is this machine's (setup.sh's wheels), its
     # wheelhouse one for the module. The Debian base is not stored: the engine has it.
@@ -180,8 +198,8 @@ def act(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         f"REGISTRY={registry.host}\n" + f"GPUENV_ATTEST_PUBLIC_KEY={json.dumps(public.decode())}\n"
     )
     argv = [_act(), "-W", ".github/workflows/images.yml", "-P", "ubuntu-24.04=-self-hosted",
-            "--action-offline-mode", "--secret-file", str(root / "secrets"),
-            "--var-file", str(root / "vars"),
+            "--action-offline-mode", "--use-gitignore=false",
+            "--secret-file", str(root / "secrets"), "--var-file", str(root / "vars"),
             "--env", f"ACT_PYTHON_SITE={sysconfig.get_path('purelib')}",
             "--env", f"ACT_CACHE_STORE={store}", "--env", f"ACT_ARTIFACTS={artifacts}",
             "--env", f"DOCKER_CONFIG={root / 'docker-config'}"]  # fmt: skip
