@@ -18,8 +18,9 @@ A pull request builds and validates and pushes nothing; a push to the default br
 the cell and its alias with attestations signed by the secret GPUENV_ATTEST_KEY, and the
 `verify` job checks them with the public key in the variable GPUENV_ATTEST_PUBLIC_KEY; a
 second push, on an engine without the image, pulls the signed image by its spec hash instead
-of building it. The workspace's .venv sees this virtualenv's packages, so scripts/setup.sh
-installs gpuenv alone (its 2 minutes of wheel installs are the same every run).
+of building it; a `v*` tag pushes the cell's tag and no alias. The workspace's .venv sees
+this virtualenv's packages, so scripts/setup.sh installs gpuenv alone (its 2 minutes of
+wheel installs are the same every run).
 """
 
 from __future__ import annotations
@@ -270,4 +271,15 @@ def test_a_second_push_adopts_the_signed_image_by_spec_hash(act):
     assert run.returncode == 0, run.tail()
     build = [line for line in run.log.splitlines() if "pulled" in line and CELL in line]
     assert any("same spec hash, provenance verified" in line for line in build), run.tail()
+    assert run.job_succeeded(f"verify {CELL}"), run.tail()
+
+
+def test_a_version_tag_pushes_the_cell_tag_without_aliases(act):
+    payload = {"ref": "refs/tags/v1.0", "repository": _repository_payload(),
+               "pusher": {"name": OWNER}}  # fmt: skip
+    run = act("push", payload)
+    assert run.returncode == 0, run.tail()
+    pushed = [line.split("| pushed", 1)[1].split()[0] for line in run.log.splitlines()
+              if "| pushed" in line]  # fmt: skip
+    assert pushed == [f"{act.registry.host}/{REPOSITORY}:{CELL}"], run.tail()  # no alias
     assert run.job_succeeded(f"verify {CELL}"), run.tail()
