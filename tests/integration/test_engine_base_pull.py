@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support.cells import BASE_IMAGE, SHIPPED_MATRIX, test_repository
+from support.cells import BASE_IMAGE, SHIPPED_MATRIX, jax_cpu_matrix, test_repository
 from support.cli import Proc, output
 
 pytest.register_assert_rewrite("push_fixtures")
@@ -51,19 +51,9 @@ def locked(tmp_path_factory: pytest.TempPathFactory, cli: Cli) -> Iterator[Locke
     docker_cmd("tag", info["Id"], BASE_COPY)
     directory = tmp_path_factory.mktemp("basepull")
     matrix = directory / "matrix.yaml"
-    matrix.write_text(
-        f"""\
-name: {REPOSITORY}
-matrix:
-  jax: ["0.7"]
-  python: ["3.11"]
-  variant: [cpu]
-default: {{jax: "0.7", python: "3.11"}}
-bases:
-  "3.11": {{image: "{BASE_COPY}"}}
-""",
-        encoding="utf-8",
-    )
+    # The suite's JAX CPU matrix, on a copy of the base (never the shared tag).
+    text = jax_cpu_matrix(REPOSITORY).replace("{debian: bookworm}", f'{{image: "{BASE_COPY}"}}')
+    matrix.write_text(text, encoding="utf-8")
     # The lock as `gpuenv lock` writes it, for its base and the cell's inputs (which the
     # build checks first); no resolution: nothing is built here.
     from gpuenv.project.lockfile import inputs_digest
