@@ -8,6 +8,5 @@
   `layers` splits a resolution into install steps; `near` fetches them near the engine;
   `sendable` assembles what a build sends (the resolution, its wheels, uv, the context);
 - `base` bootstraps base images; `reproducible` normalises images for identical IDs;
-- `builder` executes a plan; `results`, `progress`, `terminal` report it;
-- `scaffold` writes a first matrix for a project (`gpuenv init`).
+- `builder` executes a plan; `results`, `progress`, `terminal` report it.
 """

@@ -20,7 +20,7 @@ def init_cmd(
 ) -> None:
     """Write matrix.yaml for a project from its requirements.txt or pyproject.toml (never
     over an existing one); each choice is explained in a comment."""
-    from gpuenv.building.scaffold import init
+    from gpuenv.project.init import init
 
     with user_errors():
         path = init(directory)

@@ -4,6 +4,7 @@
   catalog and reads its lock; every verb that works from a matrix starts there;
 - `lockfile` is matrix.lock, the file: its format, and whether it still matches the matrix
   and the engine's bases (resolving it is gpuenv/building/lock.py);
+- `init` writes a first matrix.yaml for a project directory (`gpuenv init`);
 - `snapshot` keeps a resolved project between commands, keyed by `fingerprint` (the
   matrix, its lock, the catalog, the templates and gpuenv's own code).
 """
