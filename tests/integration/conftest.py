@@ -72,11 +72,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # in the first module that asks for it; a janitor's in the module it cleans after (the
 # session janitor's in the last module).
 _MODULE_SECONDS: dict[str, float] = {}
+# And per test (setup, call and teardown together): the slowest tests, where a module's time
+# goes; module- and session-scoped fixtures count in the test that first asks for them.
+_TEST_SECONDS: dict[str, float] = {}
+SLOWEST_TESTS = 15
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     module = report.nodeid.split("::", 1)[0]
     _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+    _TEST_SECONDS[report.nodeid] = _TEST_SECONDS.get(report.nodeid, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -87,6 +92,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"{seconds:8.1f} s  {module}")
     total = sum(_MODULE_SECONDS.values())
     terminalreporter.write_line(f"{total:8.1f} s  in all ({len(_MODULE_SECONDS)} modules)")
+    terminalreporter.section(f"the {SLOWEST_TESTS} slowest tests (setup, call and teardown)")
+    slowest = sorted(_TEST_SECONDS.items(), key=lambda kv: -kv[1])[:SLOWEST_TESTS]
+    for nodeid, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {nodeid}")
 
 
 # --------------------------------------------------------------------------- command helpers
