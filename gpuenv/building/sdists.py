@@ -132,14 +132,14 @@ def _top(name: str) -> bool:
 
 def build_requires(pyproject: bytes | None, filename: str) -> tuple[str, ...]:
     """`[build-system] requires` of an sdist's pyproject.toml, else PEP 517's default."""
-    import tomllib
+    from gpuenv.matrix.requirements import RequirementsProblem, pyproject_document
 
     if pyproject is None:
         return DEFAULT_BUILD_REQUIRES
     try:
-        doc = tomllib.loads(pyproject.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise GpuenvError(f"{filename}: its pyproject.toml is not TOML ({exc})") from None
+        doc = pyproject_document(pyproject, f"{filename}: its pyproject.toml", filename)
+    except RequirementsProblem as exc:
+        raise GpuenvError(exc.message) from None
     system = doc.get("build-system")
     if not isinstance(system, dict) or "requires" not in system:
         return DEFAULT_BUILD_REQUIRES

@@ -181,6 +181,18 @@ def read(written: str, matrix_dir: Path) -> RequirementsFile:
     )  # fmt: skip
 
 
+def pyproject_document(raw: bytes, named: str, path: str | Path) -> dict[str, Any]:
+    """A pyproject.toml's tables: the one place gpuenv parses one (a matrix's `pyproject`
+    key, `gpuenv init`, a local directory's name, an sdist's build requirements);
+    RequirementsProblem naming `named` (at `path`) when it is not UTF-8 TOML."""
+    import tomllib
+
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise RequirementsProblem(f"{named} is not TOML: {exc}", path) from None
+
+
 def read_pyproject(
     written: str, matrix_dir: Path, extras: tuple[str, ...], groups: tuple[str, ...], *,
     install_project: bool = False, exclude: tuple[str, ...] = (),
@@ -191,18 +203,12 @@ def read_pyproject(
     file it is written on. With `install_project`, the project itself too: its directory
     as a local directory's line (`name @ file:.`), tarred without the files `exclude`
     names (the matrix and its locks, localtree.project_excludes)."""
-    import tomllib
-
     from packaging.dependency_groups import resolve_dependency_groups
 
     reader = _Reader(matrix_dir.resolve())
     path, raw = reader.open(written, matrix_dir)
     reader.files.append((reader.named, path, hashlib.sha256(raw).hexdigest()))
-    try:
-        text = raw.decode("utf-8")
-        doc = tomllib.loads(text)
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise RequirementsProblem(f"{written!r} is not TOML: {exc}", written) from None
+    doc = pyproject_document(raw, repr(written), written)
     project = doc.get("project")
     if not isinstance(project, dict):
         raise RequirementsProblem(f"{written!r} has no [project] table", written)
@@ -239,7 +245,7 @@ def read_pyproject(
             raise RequirementsProblem(
                 f"[dependency-groups] {group}: {causes[0]}", written
             ) from None
-    physical = text.splitlines()
+    physical = raw.decode("utf-8").splitlines()
     wanted = _without_itself(wanted, project, optional, written, path, physical)
     for requirement in dict.fromkeys(wanted):
         number = _line_of(physical, requirement)
@@ -904,14 +910,15 @@ class _Reader:
 def _declared_name(tree: Path, written: str, bad: _Bad) -> str:
     """The project name a directory's pyproject.toml declares ("" when it declares none:
     a setup.py project, or a dynamic name)."""
-    import tomllib
-
     pyproject = tree / "pyproject.toml"
     if pyproject.is_file():
         try:
-            doc = tomllib.loads(read_regular(pyproject, MAX_BYTES).decode("utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise bad(f"{written}/pyproject.toml cannot be read as TOML: {exc}") from None
+            raw = read_regular(pyproject, MAX_BYTES)
+            doc = pyproject_document(raw, f"{written}/pyproject.toml", pyproject)
+        except OSError as exc:
+            raise bad(f"{written}/pyproject.toml cannot be read: {exc}") from None
+        except RequirementsProblem as exc:
+            raise bad(exc.message) from None
         project = doc.get("project")
         if isinstance(project, dict) and isinstance(project.get("name"), str):
             return str(project["name"])

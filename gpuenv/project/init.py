@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,28 +98,29 @@ def choose(directory: Path) -> Choice:
 
 
 def _framework_requirement(directory: Path) -> tuple[Requirement, str, str | None]:
-    """The first requirement naming TensorFlow, PyTorch or JAX that applies on Linux:
-    (packaging Requirement, where it was written, the requirements file to wire in)."""
+    """The first requirement naming TensorFlow, PyTorch or JAX that applies on Linux, from
+    requirements.txt, else pyproject.toml's `[project] dependencies` (each read as a matrix's
+    `packages` reads it): (packaging Requirement, where it was written, the requirements
+    file to wire in)."""
     from packaging.requirements import Requirement
 
-    from gpuenv.matrix.requirements import RequirementsProblem, read
+    from gpuenv.matrix.requirements import RequirementsProblem, read, read_pyproject
 
-    if (directory / REQUIREMENTS).is_file():
+    root = directory.resolve()
+    for source in (REQUIREMENTS, PYPROJECT):
+        if not (directory / source).is_file():
+            continue
         try:
-            reqs = read(REQUIREMENTS, directory)
+            reqs = read(source, directory) if source == REQUIREMENTS else (
+                read_pyproject(source, directory, (), ()))  # fmt: skip
         except RequirementsProblem as exc:
             place = f"{exc.path}:{exc.line}" if exc.line else f"{exc.path}"
             raise GpuenvError(f"{place}: {exc.message}") from None
-        root = directory.resolve()
         for line in reqs.lines:
             if line.name in FRAMEWORKS and _on_linux(line.marker):
                 where = f"{line.path.relative_to(root)}:{line.number}"
-                return Requirement(line.requirement), where, REQUIREMENTS
-    project = _pyproject(directory).get("project") or {}
-    for text in project.get("dependencies") or []:
-        req = Requirement(text)
-        if req.name.lower() in FRAMEWORKS and _on_linux(str(req.marker or "")):
-            return req, f"{PYPROJECT} [project] dependencies", None
+                wired = source if source == REQUIREMENTS else None
+                return Requirement(line.requirement), where, wired
     looked = [p for p in (REQUIREMENTS, PYPROJECT) if (directory / p).is_file()]
     raise GpuenvError(
         f"no TensorFlow, PyTorch or JAX requirement in {directory}"
@@ -169,11 +169,12 @@ def _pyproject(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     from gpuenv.matrix.files import read_regular
+    from gpuenv.matrix.requirements import RequirementsProblem, pyproject_document
 
     try:
-        return tomllib.loads(read_regular(path, MAX_BYTES).decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise GpuenvError(f"{path}: not TOML: {exc}") from None
+        return pyproject_document(read_regular(path, MAX_BYTES), str(path), path)
+    except RequirementsProblem as exc:
+        raise GpuenvError(exc.message) from None
 
 
 def _key(version: str) -> tuple[int, ...]:

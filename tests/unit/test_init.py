@@ -74,7 +74,7 @@ def test_a_pyproject_project_takes_python_from_python_version(tmp_path):
     text = (root / "matrix.yaml").read_text()
     assert 'python: ["3.11"]' in text and ".python-version (3.11)" in text
     assert f'jax: ["{newest("jax", "3.11")}"]' in text
-    assert "pyproject.toml [project] dependencies asks for jax>=0.4.30" in text
+    assert "pyproject.toml:7 asks for jax>=0.4.30" in text
     assert "  pyproject: {file: pyproject.toml}\n" in text
     assert "Add extras: [plots] and groups: [dev, test]" in text
     cells = open_project(root / "matrix.yaml").cells
@@ -125,8 +125,8 @@ def test_tensorflow_examples_recommendation_keeps_its_other_packages(tmp_path):
     ("name", "says"),
     [
         # karpathy/nanochat: pyproject.toml's torch==2.9.1 fits Python 3.10, no Debian has it.
-        ("nanochat", "though PyTorch 2.9.1 satisfies torch==2.9.1 (pyproject.toml [project] "
-         "dependencies) for Python 3.10: allow one of "),
+        ("nanochat", "though PyTorch 2.9.1 satisfies torch==2.9.1 (pyproject.toml:15) for "
+         "Python 3.10: allow one of "),
         # yberreby/jax-rl-playground: jax>=0.6.2 fits 3.12, which no Debian ships either.
         ("jax_rl_playground", f"though JAX {newest('jax', '3.12')}"),
     ],
