@@ -70,7 +70,7 @@ def _uv(
         raise RequirementsProblem(
             f"uv.lock version {doc.get('version')!r}; gpuenv reads version 1", path, 1
         )
-    requires = str(doc.get("requires-python") or "")
+    requires = _requires_python(doc.get("requires-python"), path, physical)
     pins: list[Line] = []
     seen: dict[str, int] = {}
     for package in doc.get("package") or []:
@@ -88,14 +88,84 @@ def _uv(
                 path,
                 number,
             )
-        markers = package.get("resolution-markers") or []
-        marker = " or ".join(f"({m})" for m in markers) if markers else ""
+        marker = _resolution_markers(
+            name, package.get("resolution-markers"), path, physical, number
+        )
         hashes = [w.get("hash", "") for w in package.get("wheels") or []]
         if package.get("sdist"):
             hashes.append(package["sdist"].get("hash", ""))
         _public(name, str(version), str(source["registry"]), path, number)
         pins.append(_pin(name, str(version), marker, hashes, path, number))
     return pins, requires, ()
+
+
+_RELOCK = "correct it, or write the lock again with `uv lock`"
+
+
+def _requires_python(value: object, path: Path, physical: list[str]) -> str:
+    """uv.lock's `requires-python`, checked as a version specifier here: it is read again
+    for every cell, and a bad one is the user's file, not gpuenv's fault."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    if value is None or value == "":
+        return ""
+    try:
+        if not isinstance(value, str):
+            raise InvalidSpecifier(repr(value))
+        SpecifierSet(value)
+    except InvalidSpecifier:
+        raise RequirementsProblem(
+            f"requires-python {_shown(value)} is not a version specifier: {_RELOCK}",
+            path,
+            _line_after(physical, 0, "requires-python"),
+        ) from None
+    return value
+
+
+def _resolution_markers(
+    name: str, value: object, path: Path, physical: list[str], number: int
+) -> str:
+    """A uv fork's `resolution-markers`, a list of PEP 508 markers: each parsed on its own
+    (so none can regroup another's parentheses), then joined as written."""
+    from packaging.markers import InvalidMarker, Marker
+
+    if value is None or value == []:
+        return ""
+    where = _line_after(physical, number, "resolution-markers")
+    if not isinstance(value, list):
+        raise RequirementsProblem(
+            f"{name}'s resolution-markers is {_shown(value)}, not a list of markers: {_RELOCK}",
+            path,
+            where,
+        )
+    for entry in value:
+        try:
+            if not isinstance(entry, str):
+                raise InvalidMarker(repr(entry))
+            Marker(entry)
+        except InvalidMarker:
+            line = _line_after(physical, where, entry) if isinstance(entry, str) else where
+            raise RequirementsProblem(
+                f"{name}'s resolution-markers entry {_shown(entry)} is not a PEP 508 marker: "
+                f"{_RELOCK}",
+                path,
+                line,
+            ) from None
+    return " or ".join(f"({m})" for m in value)
+
+
+def _shown(value: object) -> str:
+    """A value of the user's file in a message: quoted, escaped, and cut."""
+    text = repr(value) if isinstance(value, str) else repr(str(value))
+    return text if len(text) <= 120 else text[:117] + "...'"
+
+
+def _line_after(physical: list[str], start: int, needle: str) -> int:
+    """The first line at or after `start` (1-based) holding `needle`, else `start`."""
+    for number in range(max(start - 1, 0), len(physical)):
+        if needle in physical[number]:
+            return number + 1
+    return max(start, 1)
 
 
 def _pylock(

@@ -103,6 +103,42 @@ def test_a_package_from_git_is_refused_at_its_line(tmp_path):
     assert message.startswith(f"error: {lock.resolve()}:{number}: optax comes from git")
 
 
+JAX_FORK = """resolution-markers = [
+    "python_full_version < '3.12'",
+]"""
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "names"),
+    [
+        # The review's reproduction (N7, issue 44): an entry that is no marker.
+        (JAX_FORK, JAX_FORK.replace("'3.12'", "'3.12' andand"), ("jax's resolution-markers",
+                                                                "'3.12' andand")),
+        # A hand edit that drops the list: each character would have become a marker.
+        (JAX_FORK, "resolution-markers = \"python_full_version < '3.12'\"",
+         ("jax's resolution-markers is", "not a list of markers")),
+        (JAX_FORK, "resolution-markers = [1]", ("jax's resolution-markers entry '1'",)),
+        # The lock's own Python range, read for every cell.
+        ('requires-python = ">=3.11"', 'requires-python = ">=3.11 andand"',
+         ("requires-python '>=3.11 andand' is not a version specifier",)),
+    ],
+    ids=["bad-entry", "not-a-list", "not-a-string", "requires-python"],
+)  # fmt: skip
+def test_a_bad_marker_in_uv_lock_is_one_error_at_its_line(tmp_path, old, new, names):
+    path = write(tmp_path)
+    lock = path.parent / "uv.lock"
+    text = lock.read_text()
+    assert old in text
+    lock.write_text(text.replace(old, new, 1))
+    message = refused(path)
+    number = lock.read_text()[: lock.read_text().index(new)].count("\n") + 1
+    if new.count("\n"):
+        number += 1  # the entry's own line, inside the list
+    assert message.startswith(f"error: {lock.resolve()}:{number}: "), message
+    assert all(name in message for name in names), message
+    assert message.endswith("correct it, or write the lock again with `uv lock`")
+
+
 def test_a_file_that_is_not_a_lock_is_refused_at_the_matrix_line(tmp_path):
     path = write(tmp_path, lock="pyproject.toml")
     message = refused(path)
