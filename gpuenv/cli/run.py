@@ -75,7 +75,8 @@ def run_cmd(
         argv = options.command_for(command or [], cwd)
         project = target.project_for(image, file)
         with client.connect() as engine:
-            chosen = target.target_for(engine, image, request is not None, project, request)
+            chosen = target.choose(engine, image, project, "--gpus all", request is not None,
+                                   request)  # fmt: skip
             preflight.gpu_preflight(engine, chosen, request)
             opts = local.RunOptions(
                 image=chosen.image, command=argv, gpus=request, env=env or [],

@@ -183,7 +183,8 @@ def serve(
     if pattern is not None:
         project.one_cell(pattern, "CELL")  # its errors name the argument, before the engine
     with client.connect() as engine:
-        cell_target = target.target_for(engine, pattern, request is not None, project, request)
+        cell_target = target.choose(engine, pattern, project, "--gpus all", request is not None,
+                                    request)  # fmt: skip
         assert cell_target.cell is not None  # a cell name: checked above
         preflight.gpu_preflight(engine, cell_target, request)
         layer = jupyter.ensure(engine, project, cell_target.cell, console.say)

@@ -17,20 +17,11 @@ from gpuenv.store import cache
 
 
 def gpu_preflight(engine: Engine, target: Target, gpus: GpuRequest | None) -> None:
-    """Refuse or warn before the workload starts, never after it trained on the CPU."""
-    claims = contract.ImageLabels(target.labels)
+    """Refuse or warn before the workload starts, never after it trained on the CPU (an
+    image and request that disagree were warned of by target.choose)."""
     if gpus is None:
-        if claims.is_gpu:
-            warn(
-                f"{target.image} is a GPU image but no --gpus was given: its framework will "
-                "fall back to the CPU (add --gpus all)"
-            )
         return
-    if claims.variant == "cpu":
-        warn(
-            f"{target.image} is a CPU image: the framework in it cannot use the GPUs; the devices "
-            "are passed anyway (for nvidia-smi and the like). Use a GPU cell to train on them"
-        )
+    claims = contract.ImageLabels(target.labels)
     found = probe_gpus(engine, target.image, gpus)
     if not found:
         return

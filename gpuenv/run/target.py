@@ -1,5 +1,7 @@
 """The image a run uses: -i IMAGE as it is, else a cell of the matrix, built first when it is
-missing (after asking the engine whether it gives containers GPUs at all)."""
+missing (after asking the engine whether it gives containers GPUs at all). `choose` is the
+one step every run front-end (this engine, Kubernetes, Slurm) takes: the image, and the
+warnings when it and the GPU request disagree."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from gpuenv.engine.client import ContainerSpec, Engine, EngineError
 from gpuenv.gpu.cdi import devices_for
 from gpuenv.gpu.gpus import GpuRequest, explain_start_error
 from gpuenv.matrix import contract
-from gpuenv.run.console import run_error, say
+from gpuenv.run.console import run_error, say, warn
 
 if TYPE_CHECKING:
     from gpuenv.matrix.cell import Cell
@@ -34,6 +36,33 @@ def project_for(image: str | None, file: Path | None) -> Project | None:
     if image is not None and looks_like_image(image):
         return None
     return open_project(file, cached=True)
+
+
+def choose(
+    engine: Engine,
+    image: str | None,
+    project: Project | None,
+    option: str,
+    asked: bool,
+    gpus: GpuRequest | None = None,
+) -> Target:
+    """The image a run uses (target_for), and the one warning when it and the GPU request
+    disagree. `option` is the front-end's GPU option as a user would add it (`--gpus all`,
+    `--gpus N`, `--gpus-per-node N`), `asked` whether it was given."""
+    chosen = target_for(engine, image, asked, project, gpus)
+    claims = contract.ImageLabels(chosen.labels)
+    flag = option.split()[0]
+    if claims.is_gpu and not asked:
+        warn(
+            f"{chosen.image} is a GPU image but no {flag} was given: its framework will fall "
+            f"back to the CPU (add {option})"
+        )
+    if asked and claims.variant == "cpu":
+        warn(
+            f"{chosen.image} is a CPU image: the framework in it cannot use the GPUs; {flag} "
+            "passes them anyway (for nvidia-smi and the like). Use a GPU cell to train on them"
+        )
+    return chosen
 
 
 def target_for(

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_engine import image
 
 from gpuenv.gpu.gpus import GpuInfo, parse_gpus
 from gpuenv.matrix.errors import GpuenvError
@@ -250,18 +251,30 @@ def test_start_errors(text, code, needle):
 GPU_LABELS = {"io.gpuenv.variant": "gpu", "io.gpuenv.cuda": "12.5"}
 
 
-def test_gpu_image_without_gpus_warns(fake_engine, capsys):
-    preflight.gpu_preflight(fake_engine(), Target("acme/tf:gpu", GPU_LABELS), None)
+@pytest.mark.parametrize(
+    ("option", "asked", "labels", "says"),
+    [
+        ("--gpus all", False, GPU_LABELS, "is a GPU image but no --gpus was given"),
+        ("--gpus-per-node N", False, GPU_LABELS, "(add --gpus-per-node N)"),
+        ("--gpus N", True, {"io.gpuenv.variant": "cpu"}, "is a CPU image: the framework"),
+        ("--gpus all", False, {"io.gpuenv.variant": "cpu"}, None),
+        ("--gpus all", True, GPU_LABELS, None),
+    ],
+)
+def test_every_front_end_chooses_its_image_with_one_warning(
+    fake_engine, capsys, option, asked, labels, says
+):
+    """target.choose: the one place local, kube and slurm runs are warned that the image
+    and the GPU request disagree (issue 46, item 0)."""
+    engine = fake_engine({"acme/tf:x": image("sha256:" + "a" * 64, labels)})
+    chosen = target.choose(engine, "acme/tf:x", None, option, asked)
+    assert chosen.image == "acme/tf:x"
     err = capsys.readouterr().err
-    assert err.startswith("warning: acme/tf:gpu is a GPU image but no --gpus")
-    assert "fall back to the CPU" in err
-
-
-def test_cpu_image_without_gpus_is_quiet(fake_engine, capsys):
-    preflight.gpu_preflight(
-        fake_engine(), Target("acme/tf:cpu", {"io.gpuenv.variant": "cpu"}), None
-    )
-    assert capsys.readouterr().err == ""
+    if says is None:
+        assert err == ""
+    else:
+        assert err.startswith("warning: acme/tf:x ") and says in err, err
+        assert err.count("warning:") == 1
 
 
 @pytest.mark.parametrize(
@@ -287,14 +300,6 @@ def test_gpu_preflight_applies_the_driver_verdicts(
         assert "555.42.06" in err
     else:
         assert err == ""
-
-
-def test_cpu_image_with_gpus_warns_and_goes_on(fake_engine, monkeypatch, capsys):
-    found = [GpuInfo("560.35.03", "NVIDIA A100-SXM4-80GB", "8.0")]
-    monkeypatch.setattr(preflight, "probe_gpus", lambda engine, image, gpus: found)
-    target = Target("acme/tf:cpu", {"io.gpuenv.variant": "cpu"})
-    preflight.gpu_preflight(fake_engine(), target, parse_gpus("all"))
-    assert "is a CPU image: the framework in it cannot use the GPUs" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- driver cache

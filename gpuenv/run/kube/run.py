@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuenv.matrix import contract
-from gpuenv.run.console import say, warn
+from gpuenv.run.console import say
 from gpuenv.run.interrupts import Interrupted, raising_interrupted
 from gpuenv.run.kube import KubeError
 from gpuenv.run.kube.manifest import (
@@ -75,7 +75,6 @@ def parse_gpu_count(spec: str | None) -> int:
 
 def submit(opts: KubeOptions) -> int:
     from gpuenv.engine import client as engine
-    from gpuenv.project.project import open_project
     from gpuenv.registry.names import registry_from_env, registry_problem
     from gpuenv.run import options, target
     from gpuenv.run.kube import client, images
@@ -114,16 +113,13 @@ def submit(opts: KubeOptions) -> int:
     api = None if opts.dry_run else client.connect(opts.context, opts.namespace)
     namespace = api.where.namespace if api else opts.namespace
 
-    project = open_project(opts.file, cached=True)  # opened once: the target, then the push
+    project = target.project_for(opts.image, opts.file)  # once: the target, then the push
+    assert project is not None  # a cell name, never an image reference (checked above)
     eng = engine.connect()
     try:
-        chosen = target.target_for(eng, opts.image, gpus > 0, project)
+        chosen = target.choose(eng, opts.image, project, "--gpus N", gpus > 0)
         assert chosen.cell is not None  # cells only (checked above)
         claims = contract.ImageLabels(chosen.labels)
-        if claims.is_gpu and not gpus:
-            warn(f"{chosen.image} is a GPU image but no --gpus N: its framework will use the CPU")
-        if gpus and not claims.is_gpu:
-            warn(f"{chosen.image} is a CPU image: the framework in it cannot use the GPUs")
         root = opts.cwd if opts.ship_code else None
         shipped = images.ship(eng, project, chosen.cell, registry, root, workdir, say)
     finally:

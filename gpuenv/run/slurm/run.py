@@ -79,7 +79,6 @@ def check(opts: SlurmOptions) -> tuple[str | None, str | None]:
 
 def submit(opts: SlurmOptions) -> int:
     from gpuenv.engine import client as engine
-    from gpuenv.matrix import contract
     from gpuenv.run import options, target
     from gpuenv.run.slurm import image
 
@@ -93,16 +92,11 @@ def submit(opts: SlurmOptions) -> int:
     project = target.project_for(opts.image, opts.file)
     eng = engine.connect()
     try:
-        chosen = target.target_for(eng, opts.image, opts.gpus_per_node > 0, project)
+        chosen = target.choose(eng, opts.image, project, "--gpus-per-node N",
+                               opts.gpus_per_node > 0)  # fmt: skip
         info = eng.image(chosen.image)
         if info is None:
             raise SlurmError(f"image {chosen.image} not found in the engine")
-        claims = contract.ImageLabels(chosen.labels)
-        if claims.is_gpu and not opts.gpus_per_node:
-            warn(f"{chosen.image} is a GPU image but no --gpus-per-node: its framework will use "
-                 "the CPU")  # fmt: skip
-        if opts.gpus_per_node and claims.is_gpuenv and not claims.is_gpu:
-            warn(f"{chosen.image} is a CPU image: the framework in it cannot use the GPUs")
         what = chosen.cell.name if chosen.cell else chosen.image
         inputs = JobInputs(
             name=job_name(what), command=tuple(argv), image=shared.files(info.id),
