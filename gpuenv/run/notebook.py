@@ -13,9 +13,17 @@ on the engine host's 127.0.0.1 only; an engine without one (dockerd --bridge=non
 this project's machines), or `--host-network`, gets it on the host's network, bound to
 127.0.0.1. Either way it answers on the engine host's loopback and nowhere else, and every
 request needs the token, a fresh random one per start, given to the server in its
-environment (never on a command line). On this machine's engine the URL is printed once the
-server answers it; on another host's, once the server says it runs, with the `ssh -L`
-command that brings that loopback port here.
+environment (never on a command line).
+
+Who gets the token. Nothing is printed or sent before the container's own log (the engine's
+attach stream) says the server listens: it has bound its port (`port_retries=0`: a port
+someone else holds fails the start), or the engine has published it. On this machine's
+engine, a request with the token goes to 127.0.0.1:PORT only while every listener there is
+this user's (the server runs as the caller) or root's (the engine's port proxy), read from
+/proc/net/tcp and tcp6; another user's listener gets nothing, and the URL is not printed
+(where there is no /proc/net, the log alone decides and nothing is sent). The URL is printed
+once the server answers; on another host's engine, once the server says it runs, with the
+`ssh -L` command that brings that loopback port here.
 """
 
 from __future__ import annotations
@@ -137,26 +145,82 @@ def answers(url: str, token: str) -> bool:
         return False
 
 
+PROC_NET = Path("/proc/net")
+LISTEN = "0A"  # a TCP socket's state in /proc/net/tcp: listening
+
+
+def listeners(port: int, tables: dict[str, str] | None = None) -> list[int] | None:
+    """The owners (uids) of the listening sockets that would take a connection to
+    127.0.0.1:`port` on this machine: bound to 127.0.0.1 or 0.0.0.0, or (IPv6, dual stack)
+    to :: or ::ffff:127.0.0.1. From /proc/net/tcp and tcp6 (`tables`: their text, for the
+    tests); None where this machine has none to read (not Linux)."""
+    if tables is None:
+        try:
+            tables = {n: (PROC_NET / n).read_text() for n in ("tcp", "tcp6")}
+        except OSError:
+            return None
+    loopback = {"127.0.0.1", "0.0.0.0", "::", "::ffff:127.0.0.1"}
+    owners: list[int] = []
+    for name, text in tables.items():
+        family = socket.AF_INET6 if name == "tcp6" else socket.AF_INET
+        for row in text.splitlines()[1:]:
+            fields = row.split()
+            if len(fields) < 8 or fields[3] != LISTEN:
+                continue
+            address, _, hexport = fields[1].partition(":")
+            if int(hexport, 16) == port and _address(address, family) in loopback:
+                owners.append(int(fields[7]))
+    return owners
+
+
+def _address(hexed: str, family: int) -> str:
+    """/proc/net/tcp's address: 32-bit words in this machine's byte order, in hex."""
+    words = [int(hexed[i : i + 8], 16).to_bytes(4, sys.byteorder) for i in range(0, len(hexed), 8)]
+    return socket.inet_ntop(family, b"".join(words))
+
+
+def strangers(port: int) -> list[int] | None:
+    """Owners of a listener on 127.0.0.1:`port` that are neither this user (the server runs
+    as the caller) nor root (the engine, and its port proxy, when the port is published);
+    None where this machine cannot say."""
+    owners = listeners(port)
+    if owners is None:
+        return None
+    return sorted(set(owners) - {os.getuid(), 0})
+
+
 def _announce(engine: Engine, url: str, token: str, where: Placement, log: ServerLog,
               done: threading.Event, name: str) -> None:  # fmt: skip
-    """Print the URL once the server answers (this machine's engine) or says it runs
-    (another host's, with the tunnel that reaches it)."""
+    """Print the URL once the container's own log says the server listens: on this
+    machine's engine, also once no other user listens on its port and the server answers
+    there (the token goes to no other listener); on another host's, with the tunnel that
+    reaches it."""
     link = f"{url}/lab?token={token}"
+    while not done.is_set() and not log.running.wait(0.5):
+        pass
+    if done.is_set():
+        return
     if engine.is_local:
         deadline = time.monotonic() + ANSWER_TIMEOUT
-        while not done.is_set() and not answers(url, token):
+        while True:
+            others = strangers(where.port)
+            if others:
+                console.warn(
+                    f"127.0.0.1:{where.port} is also listened on by uid "
+                    f"{', '.join(map(str, others))}, not this user's server: the URL is not "
+                    "printed and its token sent nowhere; Ctrl-C, and start again with "
+                    "another --port"
+                )
+                return
+            if others is None or answers(url, token):
+                break  # None: no /proc/net here; the log alone says the server listens
             if time.monotonic() > deadline:
                 console.warn(f"JupyterLab has not answered at {url} after {ANSWER_TIMEOUT} s")
                 return
-            done.wait(0.5)
-        if done.is_set():
-            return
+            if done.wait(0.5):
+                return
         print(f"JupyterLab in {name}: {link}", flush=True)
     else:
-        while not done.is_set() and not log.running.wait(0.5):
-            pass
-        if done.is_set():
-            return
         print(f"JupyterLab in {name}, on {engine.url}'s loopback only: {link}", flush=True)
         print(f"  reach it from here with: {tunnel_hint(engine.url, where.port)}", flush=True)
     console.say("Ctrl-C stops the server")

@@ -6,8 +6,16 @@ tests/integration/test_engine_notebook.py."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
@@ -80,6 +88,124 @@ def test_the_servers_log_is_passed_on_without_the_token():
         b"[I ServerApp] Jupyter Server 2.21 is running at:",
         b"[I] Use Control-C to stop",
     ]
+
+
+# ---------------------------------------------------------------- who gets the token (N8)
+
+# A stand-in for whatever else listens on the notebook's port (issue 44, N8): it writes
+# every request it gets to stdout and answers 200, as the review's listener did.
+LISTENER = r"""
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+print("listening", flush=True)
+while True:
+    c, _ = s.accept()
+    c.settimeout(2)
+    try:
+        sys.stdout.write(c.recv(65536).decode("latin-1"))
+        sys.stdout.flush()
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+    except OSError:
+        pass
+    c.close()
+"""
+SYSTEM_PYTHON = "/usr/bin/python3"  # one another uid may run (this one may be under /root)
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK),
+    reason=f"a listener of another uid needs root and {SYSTEM_PYTHON}",
+)
+
+
+@contextlib.contextmanager
+def listening(port: int, user: int | None = None) -> Iterator[list[str]]:
+    """A listener on 127.0.0.1:`port` (as `user`); the list gets what it was sent."""
+    heard: list[str] = []
+    python = sys.executable if user is None else SYSTEM_PYTHON
+    process = subprocess.Popen(
+        [python, "-c", LISTENER, str(port)], user=user, stdout=subprocess.PIPE, text=True,
+        encoding="latin-1",
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "listening\n"
+        yield heard
+    finally:
+        process.terminate()
+        heard.append(process.communicate(timeout=10)[0])
+
+
+def announce(port: int, running: bool, seconds: float = 3.0) -> None:
+    """notebook._announce on this machine's engine, for `seconds` (the server's log says it
+    listens when `running`)."""
+    engine = types.SimpleNamespace(is_local=True, url="unix:///var/run/docker.sock")
+    log = notebook.ServerLog("s3cret-token", io.BytesIO())
+    if running:
+        log.write(b"[I ServerApp] Jupyter Server 2.21 is running at:\n")
+    done = threading.Event()
+    where = notebook.placement(set(), host_network=True, port=port)
+    args = (engine, f"http://127.0.0.1:{port}", "s3cret-token", where, log, done, "c")
+    thread = threading.Thread(target=notebook._announce, args=args, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    done.set()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_nothing_is_sent_before_the_servers_own_log_says_it_listens(capsys):
+    port = notebook.free_port()
+    with listening(port) as heard:  # even a listener of this user
+        announce(port, running=False)
+    assert heard == [""]
+    assert "JupyterLab in" not in capsys.readouterr().out
+
+
+@needs_root
+def test_a_listener_of_another_user_gets_no_token_and_no_url_is_printed(capsys):
+    # The review's reproduction: another uid listens on the port the server says it has.
+    port = notebook.free_port()
+    with listening(port, user=65534) as heard:
+        announce(port, running=True)
+    assert heard == [""]
+    out, err = capsys.readouterr()
+    assert "JupyterLab in" not in out and "s3cret" not in out + err
+    assert f"127.0.0.1:{port} is also listened on by uid 65534" in err
+
+
+def test_the_url_is_printed_once_the_servers_own_listener_answers(capsys):
+    port = notebook.free_port()
+    with listening(port) as heard:  # this user's: the server runs as the caller
+        announce(port, running=True)
+    assert "Authorization: token s3cret-token" in heard[0]
+    assert (
+        capsys.readouterr().out
+        == f"JupyterLab in c: http://127.0.0.1:{port}/lab?token=s3cret-token\n"
+    )
+
+
+def _row(address: str, port: int, state: str, uid: int) -> str:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    raw = socket.inet_pton(family, address)
+    words = "".join(
+        f"{int.from_bytes(raw[i : i + 4], sys.byteorder):08X}" for i in range(0, len(raw), 4)
+    )
+    return f"   0: {words}:{port:04X} {'0' * len(words)}:0000 {state} 0:0 0:0 0 {uid} 0 1"
+
+
+def test_the_listeners_that_take_loopback_connections_are_read_from_proc_net():
+    head = "  sl  local_address rem_address st tx_queue rx_queue tr tm->when retrnsmt uid\n"
+    tcp = [("127.0.0.1", 8888, "0A", 1001), ("0.0.0.0", 8888, "0A", 1002),
+           ("10.0.0.5", 8888, "0A", 1003), ("127.0.0.1", 8889, "0A", 1004),
+           ("127.0.0.1", 8888, "01", 1005)]  # fmt: skip
+    tcp6 = [("::", 8888, "0A", 1006), ("::ffff:127.0.0.1", 8888, "0A", 1007),
+            ("::1", 8888, "0A", 1008)]  # fmt: skip
+    tables = {
+        "tcp": head + "\n".join(_row(*r) for r in tcp),
+        "tcp6": head + "\n".join(_row(*r) for r in tcp6),
+    }
+    assert notebook.listeners(8888, tables) == [1001, 1002, 1006, 1007]
 
 
 # ---------------------------------------------------------------- the layer
