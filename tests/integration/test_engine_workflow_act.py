@@ -25,12 +25,15 @@ wheel installs are the same every run).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -283,3 +286,64 @@ def test_a_version_tag_pushes_the_cell_tag_without_aliases(act):
               if "| pushed" in line]  # fmt: skip
     assert pushed == [f"{act.registry.host}/{REPOSITORY}:{CELL}"], run.tail()  # no alias
     assert run.job_succeeded(f"verify {CELL}"), run.tail()
+
+
+def test_a_pull_requests_matrix_cannot_reach_a_secret_of_the_job(act):
+    """Issue 44's acceptance in CI: the branch under test writes the matrix and its
+    requirements, and the job holds a secret in its environment, as a team that builds from
+    a private index sets it (`GPUENV_INDEX_PASSWORD: ${{ secrets.INDEX_PASSWORD }}`). The
+    requirements name it in a git reference, a direct https reference and a file one `-r`
+    down, all at a recording server on loopback (the runner is this machine): the workflow's
+    own steps run, and the server sees no connection and the log no secret."""
+    seen: list[bytes] = []
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def record() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                conn.settimeout(2)
+                with conn, contextlib.suppress(OSError):
+                    seen.append(conn.recv(4096) or b"(connected)")
+
+    threading.Thread(target=record, daemon=True).start()
+    secret = "idx-" + os.urandom(8).hex()
+    workflow = act.workspace / ".github" / "workflows" / "images.yml"
+    original = {p: p.read_bytes() for p in (workflow, act.workspace / "matrix.yaml")}
+    try:
+        text = workflow.read_text()
+        assert "\nenv:\n" in text
+        workflow.write_text(
+            text.replace(
+                "\nenv:\n", "\nenv:\n  GPUENV_INDEX_PASSWORD: ${{ secrets.INDEX_PASSWORD }}\n", 1
+            )
+        )
+        (act.workspace / "matrix.yaml").write_text(
+            jax_cpu_matrix(NAME) + "packages:\n  requirements: [requirements.txt]\n"
+        )
+        host = f"127.0.0.1:{port}"
+        (act.workspace / "requirements.txt").write_text(
+            f"evil @ git+http://{host}/${{GPUENV_INDEX_PASSWORD}}/repo.git@main\n"
+            f"plain @ git+http://{host}/repo.git@main\n-r more.txt\n"
+        )
+        (act.workspace / "more.txt").write_text(
+            f"other @ https://{host}/${{GPUENV_INDEX_PASSWORD}}/other-1.0-py3-none-any.whl\n"
+        )
+        payload = {"action": "opened", "number": 2, "repository": _repository_payload(),
+                   "pull_request": {"number": 2, "head": {"ref": "hostile"},
+                                    "base": {"ref": "main"}}}  # fmt: skip
+        run = act("pull_request", payload, "-s", f"INDEX_PASSWORD={secret}")
+    finally:
+        for path, data in original.items():
+            path.write_bytes(data)
+        for name in ("requirements.txt", "more.txt"):
+            (act.workspace / name).unlink(missing_ok=True)
+        server.close()
+    assert seen == [], f"the recording server was reached: {seen}"
+    assert secret not in run.log
+    # The step that reads the matrix refuses the variable in a URL: one error line, naming
+    # the file and the variable, never its value; no cell is built.
+    assert run.returncode != 0 and not run.job_succeeded("Expand the matrix"), run.tail()
+    assert "requirements.txt:1" in run.log and "GPUENV_INDEX_PASSWORD" in run.log, run.tail()
+    assert not run.ran(CELL), run.tail()
