@@ -5,10 +5,13 @@ wheelhouse, and builds into a wheel in the sdist sandbox (gpuenv/building/sdists
 The same tree always gives the same bytes, on any machine: members sorted, under one top
 directory named after the directory, regular files only (a symlink inside the project is
 taken as the file it leads to; one leading outside, or to a directory, is refused), owner
-0, mtime 0, mode 0644 or 0755 (the owner's execute bit). Version-control and cache
-directories are left out (VCS_AND_CACHES), as are compiled .pyc files: none of them is
-part of what pip builds from, and a `git commit` must not change the digest. Uncompressed:
-gzip's bytes could differ between zlib builds, a tar's do not.
+0, mtime 0, mode 0644 or 0755 (the owner's execute bit). What of the tree goes in is
+matrix/treepolicy.py's decision, as for every tree gpuenv sends: no caches or version
+control (a `git commit` must not change the digest), no secrets at any depth (the tar is
+kept in the wheelhouse, `cache export` carries it, and it reaches the engine's build
+sandbox), nor what the directory's `.dockerignore` and `.gpuenvignore` leave out; a symlink
+to a secret is left out too. Uncompressed: gzip's bytes could differ between zlib builds,
+a tar's do not.
 """
 
 from __future__ import annotations
@@ -21,12 +24,11 @@ import tarfile
 from pathlib import Path
 from typing import IO
 
-VCS_AND_CACHES = frozenset({
-    ".git", ".hg", ".svn", ".bzr", "__pycache__", ".mypy_cache", ".pytest_cache",
-    ".ruff_cache", ".tox", ".nox", ".venv", ".ipynb_checkpoints",
-})  # fmt: skip
-MAX_FILES = 20_000
-MAX_BYTES = 256 << 20  # the files' sizes together
+from gpuenv.matrix import treepolicy
+from gpuenv.matrix.errors import GpuenvError
+
+MAX_FILES = treepolicy.MAX_FILES
+MAX_BYTES = treepolicy.MAX_BYTES  # the files' sizes together
 
 
 class TreeProblem(Exception):
@@ -40,38 +42,40 @@ def members(directory: Path, root: Path, exclude: tuple[str, ...] = ()) -> list[
     writes, which must not change the digest they record)."""
     from fnmatch import fnmatchcase
 
+    try:
+        policy = treepolicy.Policy.of(directory)
+        walked = treepolicy.walk(directory, policy)
+    except GpuenvError as exc:
+        raise TreeProblem(exc.message) from None
     out: list[tuple[str, Path]] = []
     total = 0
-    for here, dirs, files in os.walk(directory):
-        if Path(here) == directory:
-            files = [f for f in files if not any(fnmatchcase(f, x) for x in exclude)]
-        dirs[:] = sorted(d for d in dirs if d not in VCS_AND_CACHES)
-        for d in dirs:
-            if (Path(here) / d).is_symlink():
-                where = Path(here, d).relative_to(directory)
-                raise TreeProblem(f"{where} is a symlinked directory (pip would copy what it "
+    for relative in walked.sent:
+        if "/" not in relative and any(fnmatchcase(relative, x) for x in exclude):
+            continue
+        path = directory / relative
+        if path.is_dir():
+            if path.is_symlink():
+                raise TreeProblem(f"{relative} is a symlinked directory (pip would copy what it "
                                   "leads to): copy it in")  # fmt: skip
-        for name in sorted(files):
-            if name.endswith(".pyc"):
-                continue
-            path = Path(here) / name
-            relative = path.relative_to(directory).as_posix()
-            target = path.resolve()
-            if not target.is_relative_to(root):
-                raise TreeProblem(f"{relative} is a symlink out of the project directory")
-            try:
-                st = target.stat()
-            except OSError as exc:
-                raise TreeProblem(f"{relative} cannot be read: {exc.strerror}") from None
-            if not stat.S_ISREG(st.st_mode):
-                raise TreeProblem(f"{relative} is not a regular file (a device, a FIFO)")
-            total += st.st_size
-            out.append((relative, target))
-            if len(out) > MAX_FILES or total > MAX_BYTES:
-                raise TreeProblem(
-                    f"more than {MAX_FILES} files or {MAX_BYTES >> 20} MiB (without "
-                    f"{', '.join(sorted(VCS_AND_CACHES))})"
-                )
+            continue
+        target = path.resolve()
+        if not target.is_relative_to(root):
+            raise TreeProblem(f"{relative} is a symlink out of the project directory")
+        if target != path.absolute() and policy.deny(target.relative_to(root).as_posix()):
+            continue  # a symlink to a secret: the secret's bytes under another name
+        try:
+            st = target.stat()
+        except OSError as exc:
+            raise TreeProblem(f"{relative} cannot be read: {exc.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise TreeProblem(f"{relative} is not a regular file (a device, a FIFO)")
+        total += st.st_size
+        out.append((relative, target))
+        if len(out) > MAX_FILES or total > MAX_BYTES:
+            raise TreeProblem(
+                f"more than {MAX_FILES} files or {MAX_BYTES >> 20} MiB (without caches, "
+                "version control, secrets, and what .dockerignore leaves out)"
+            )
     out.sort()
     return out
 

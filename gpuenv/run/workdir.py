@@ -1,36 +1,30 @@
 """The working directory as the files that travel to where a workload runs: to a remote
 engine that cannot see it (`sync.py`) and into the Kubernetes code layer (`kube/layer.py`).
 
-Left out, on both ways: version-control and cache directories (DEFAULT_IGNORE) and secrets
-a project directory often holds (SECRETS: `.env`, `.netrc`, cloud and registry credentials,
-SSH keys), which would otherwise sit on another host's disk or in a pushed image. On the way
-out, also what `.dockerignore` lists (shell patterns over the relative path; `!` exceptions
-are refused rather than half-honoured). Past MAX_FILES or MAX_BYTES the directory is
-refused: data belongs in a volume (or a PVC). On the way back (stays_home), names are
-compared as a case-insensitive filesystem would take them (fold()), always.
+What travels out is matrix/treepolicy.py's decision, the one every walker of a user's tree
+takes: no caches, version control or secrets at any depth (and what the directory's
+`.gpuenvignore` adds), nor what `.dockerignore` leaves out, read as Docker reads it; names
+compared folded. Past MAX_FILES or MAX_BYTES the directory is refused: data belongs in a
+volume (or a PVC). On the way back (stays_home), names are compared as a case-insensitive
+filesystem would take them (fold()), always.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-import unicodedata
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from gpuenv.matrix import treepolicy
 from gpuenv.matrix.errors import GpuenvError
+from gpuenv.matrix.treepolicy import fold
 
-MAX_BYTES = 200 * 1024 * 1024
-MAX_FILES = 20_000
-DEFAULT_IGNORE = (
-    ".git", ".hg", ".svn", "__pycache__", "*.pyc", ".venv", "venv", ".mypy_cache",
-    ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints", "node_modules", ".DS_Store",
-)  # fmt: skip
-SECRETS = (
-    ".env", ".env.*", ".netrc", ".pypirc", ".aws", ".azure", ".config/gcloud", ".docker",
-    ".kube", ".ssh", ".gnupg", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519",
-)  # fmt: skip
+MAX_BYTES = treepolicy.MAX_BYTES
+MAX_FILES = treepolicy.MAX_FILES
+DEFAULT_IGNORE = treepolicy.CACHES
+SECRETS = treepolicy.SECRETS
 
 
 @dataclass(frozen=True)
@@ -53,43 +47,6 @@ class Entry:
         return self.kind != "l" or self.link == other.link
 
 
-def read_ignore(root: Path) -> list[str]:
-    """`.dockerignore`'s patterns; GpuenvError (125) on a `!` exception."""
-    path = root / ".dockerignore"
-    if not path.is_file():
-        return []
-    patterns = []
-    for n, raw in enumerate(path.read_text("utf-8", errors="replace").splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("!"):
-            raise GpuenvError(
-                f"{path}:{n}: '!' exceptions are not supported by gpuenv; list what to leave "
-                "out instead",
-                exit_code=125,
-            )
-        patterns.append(line.strip("/").removeprefix("./"))
-    return patterns
-
-
-# Code points HFS+ leaves out of a name (git's is_hfs_dotgit list): `.g\u200cit` is `.git`
-# there. And the 8.3 short name Windows gives `.git` (git's is_ntfs_dotgit).
-_IGNORABLE = dict.fromkeys([0x200C, 0x200D, 0x200E, 0x200F, *range(0x202A, 0x202F),
-                            *range(0x206A, 0x2070), 0xFEFF])  # fmt: skip
-_SHORT_NAMES = {"git~1": ".git"}
-
-
-def fold(rel: str) -> str:
-    """One spelling for every way a case-insensitive filesystem (macOS, Windows, WSL's
-    /mnt/c) may take as the same path: Unicode's canonical caseless form (NFD, case-folded,
-    NFD again, so NFC and NFD spellings agree and KELVIN SIGN is k), without the code points
-    HFS+ ignores, each component without the trailing dots and spaces Windows drops."""
-    text = unicodedata.normalize("NFD", unicodedata.normalize("NFD", rel).casefold())
-    parts = (p.rstrip(". ") or p for p in text.translate(_IGNORABLE).split("/"))
-    return "/".join(_SHORT_NAMES.get(p, p) for p in parts)
-
-
 def ignored(rel: str, patterns: tuple[str, ...] | list[str], *, folded: bool = False) -> bool:
     """Whether `rel` (a relative POSIX path) or a directory above it matches a pattern: a
     pattern without `/` matches any one component, one with `/` the path from the root.
@@ -110,8 +67,9 @@ def ignored(rel: str, patterns: tuple[str, ...] | list[str], *, folded: bool = F
 
 
 def left_out(root: Path) -> tuple[str, ...]:
-    """Every pattern that keeps a path of `root` from travelling out."""
-    return (*DEFAULT_IGNORE, *SECRETS, *read_ignore(root))
+    """The deny-list's patterns, as ignored() reads them (what never travels out is
+    treepolicy.walk's decision: collect)."""
+    return (*DEFAULT_IGNORE, *SECRETS)
 
 
 def stays_home(rel: str) -> bool:
@@ -125,22 +83,7 @@ def stays_home(rel: str) -> bool:
 
 def collect(root: Path) -> list[str]:
     """Relative POSIX paths of what travels (directories too), sorted."""
-    patterns = left_out(root)
-    found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = Path(dirpath).relative_to(root).as_posix()
-        keep = []
-        for d in sorted(dirnames):
-            rel = d if rel_dir == "." else f"{rel_dir}/{d}"
-            if not ignored(rel, patterns):
-                keep.append(d)
-                found.append(rel)
-        dirnames[:] = keep  # os.walk does not follow symlinked directories
-        for f in filenames:
-            rel = f if rel_dir == "." else f"{rel_dir}/{f}"
-            if not ignored(rel, patterns):
-                found.append(rel)
-    return sorted(found)
+    return treepolicy.walk(root).sent
 
 
 def entry_of(st: os.stat_result, path: Path) -> Entry | None:

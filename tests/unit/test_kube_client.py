@@ -171,10 +171,14 @@ def test_code_layer_leaves_secrets_out(tmp_path):
     ]
 
 
-def test_dockerignore_exceptions_are_refused(tmp_path):
+def test_a_dockerignore_exception_takes_a_path_back_into_the_layer(tmp_path):
+    """As Docker reads it (issue 44): `!` re-includes; matrix/treepolicy.py's own tests
+    hold the rest."""
+    for rel in ("data/big.bin", "data/keep/labels.txt"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
     (tmp_path / ".dockerignore").write_text("data\n!data/keep\n")
-    with pytest.raises(GpuenvError, match=r"\.dockerignore:2: '!' exceptions"):
-        collect(tmp_path)
+    assert collect(tmp_path) == [".dockerignore", "data", "data/keep", "data/keep/labels.txt"]
 
 
 # ------------------------------------------------------------------- the verb
