@@ -422,8 +422,10 @@ class WheelBuilder:
         files.update({f"{SANDBOX}/deps/{filename}": p.read_bytes() for filename, p in deps})
         command = [
             "/bin/sh", "-c",
-            f"chmod 0755 {SANDBOX}/uv && SOURCE_DATE_EPOCH={SOURCE_DATE_EPOCH} "
-            f"UV_CACHE_DIR=/tmp/uv-cache {SANDBOX}/uv build --wheel --offline --no-index "
+            # Not root (Engine.run_collecting): uv, put in as root's 0644, copied to run it.
+            f"cp {SANDBOX}/uv {SANDBOX}/uv.run && chmod 0755 {SANDBOX}/uv.run && "
+            f"HOME={SANDBOX} SOURCE_DATE_EPOCH={SOURCE_DATE_EPOCH} "
+            f"UV_CACHE_DIR={SANDBOX}/uv-cache {SANDBOX}/uv.run build --wheel --offline --no-index "
             f"--find-links {SANDBOX}/deps --python python3 --out-dir {SANDBOX}/out "
             f"{SANDBOX}/src/{name}",
         ]  # fmt: skip

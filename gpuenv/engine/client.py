@@ -275,6 +275,10 @@ class Engine(ImageOperations):
                 network_mode=spec.network,
                 tmpfs=spec.tmpfs or None,
                 auto_remove=False,
+                cap_drop=spec.cap_drop or None,
+                security_opt=spec.security_opt or None,
+                pids_limit=spec.pids_limit,
+                mem_limit=spec.mem_limit,
             )
             created = api.create_container(
                 image=spec.image,
@@ -435,9 +439,16 @@ class Engine(ImageOperations):
         -> bytes) put in first; (exit code, its output, directory `collect` as a tar, or
         b"" when the command failed). The container is removed whatever happens; a run
         past `timeout` seconds is stopped (exit 124). Through the API only, so a remote
-        engine runs it as a local one."""
+        engine runs it as a local one.
+
+        It runs code no one vetted (a package's setup.py), so it is confined (issue 44,
+        N9): as SANDBOX_USER, not root, every capability dropped, no-new-privileges, at
+        most SANDBOX_PIDS processes and SANDBOX_MEMORY of memory. The directories `files`
+        make are writable by that user (the image is not changed for it)."""
         spec = ContainerSpec(image, command, network="none", init=False, platform=platform,
-                             labels=contract.container_labels("sdist"))  # fmt: skip
+                             labels=contract.container_labels("sdist"), user=SANDBOX_USER,
+                             cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                             pids_limit=SANDBOX_PIDS, mem_limit=SANDBOX_MEMORY)  # fmt: skip
         cid = self.create(spec)
         try:
             with _translated():
@@ -464,13 +475,25 @@ class Engine(ImageOperations):
         return code, output, collected
 
 
+SANDBOX_USER = "65534:65534"  # nobody, in Debian's and most bases' passwd, or none at all
+SANDBOX_PIDS = 4096
+SANDBOX_MEMORY = "8g"
+
+
 def _tar_of(files: dict[str, bytes]) -> bytes:
-    """A tar of absolute paths -> contents (mode 0644, owned by root), for put_archive."""
+    """A tar of absolute paths -> contents (mode 0644, owned by root), for put_archive; the
+    directories above them, below /, made 0777 (the sandbox's user writes in them)."""
     import io
     import tarfile
 
     buf = io.BytesIO()
+    parents = {"/".join(p.lstrip("/").split("/")[:i]) for p in files
+               for i in range(1, p.lstrip("/").count("/") + 1)}  # fmt: skip
     with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in sorted(parents):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = tarfile.DIRTYPE, 0o777
+            tar.addfile(info)
         for path, data in sorted(files.items()):
             info = tarfile.TarInfo(path.lstrip("/"))
             info.size, info.mode = len(data), 0o644

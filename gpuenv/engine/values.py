@@ -108,6 +108,12 @@ class ContainerSpec:
     tty: bool = False
     stdin: bool = False
     platform: str | None = None  # linux/arm64: an image of another architecture, emulated
+    # Confinement, for a container that runs code gpuenv does not trust (the sdist sandbox):
+    # capabilities dropped ("ALL"), --security-opt values, and the pids and memory limits.
+    cap_drop: list[str] = field(default_factory=list)
+    security_opt: list[str] = field(default_factory=list)
+    pids_limit: int | None = None
+    mem_limit: str | None = None
 
 
 @dataclass(frozen=True)

@@ -134,12 +134,33 @@ def test_lock_resolves_with_the_builds_ca_and_secrets_and_gives_them_to_no_one_e
     assert PASSWORD not in proc.stdout + proc.stderr
 
 
+# What the sdist's setup.py checks of the sandbox it runs in (issue 44, N9).
+SANDBOX_CHECK = """import os
+status = dict(line.split(':', 1) for line in open('/proc/self/status').read().splitlines())
+seen = {'uid': os.getuid(), 'CapEff': status['CapEff'].strip(),
+        'NoNewPrivs': status['NoNewPrivs'].strip()}
+def limit(*names):  # cgroup v2, then v1; unlimited: max (or v1's 2**63 rounded to pages)
+    found = [n for n in names if os.path.exists('/sys/fs/cgroup/' + n)]
+    text = open('/sys/fs/cgroup/' + found[0]).read().strip() if found else 'max'
+    return None if text == 'max' or int(text) >= 1 << 62 else int(text)
+seen['pids'] = limit('pids.max', 'pids/pids.max')
+seen['memory'] = limit('memory.max', 'memory/memory.limit_in_bytes')
+if seen['uid'] == 0 or int(seen['CapEff'], 16) or seen['NoNewPrivs'] != '1' or None in (
+        seen['pids'], seen['memory']):
+    raise SystemExit('the sandbox is not confined: ' + repr(seen))
+"""
+
+
 def test_lock_never_builds_a_source_distribution_on_this_machine(tmp_path):
     """A matrix naming a package with a source distribution only: uv pip compile used to
     build it to read its metadata, running its setup.py here, as the user, with the
     environment's secrets (the CI runner's). Now it is built in a network-less container
     of the cell's base on the engine (gpuenv/building/sdists.py): the lock holds the sdist's
-    hash, and its setup.py, which writes a file, wrote none here."""
+    hash, and its setup.py, which writes a file, wrote none here.
+
+    And the sandbox holds the package's code (issue 44, N9): its setup.py fails the build
+    unless it runs as a user other than root, with no capability, no-new-privileges and a
+    pids and memory limit (read from /proc/self/status and the container's cgroup)."""
     ran = tmp_path / "setup.py-ran"
     name = "gpuenv-sdist-probe"
     sdist = io.BytesIO()
@@ -147,7 +168,7 @@ def test_lock_never_builds_a_source_distribution_on_this_machine(tmp_path):
         for member, text in {
             "setup.py": f"import pathlib\np = pathlib.Path({str(ran)!r})\n"
             "p.parent.mkdir(parents=True, exist_ok=True)\np.write_text('ran')\n"
-            f"from setuptools import setup\nsetup(name={name!r}, version='1.0')\n",
+            f"{SANDBOX_CHECK}from setuptools import setup\nsetup(name={name!r}, version='1.0')\n",
             "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
         }.items():
             data = text.encode()
