@@ -16,6 +16,7 @@ from gpuenv.cli import (
     matrix,
     monitor,
     notebook,
+    prune,
     push,
     run,
     slurm,
@@ -26,7 +27,7 @@ from gpuenv.cli.common import app
 
 VERB_MODULES = (
     init, matrix, build, run, kube, slurm, notebook, bench, monitor, validate, lock, diff, push,
-    attest, doctor, cache, catalog,
+    attest, doctor, cache, catalog, prune,
 )  # fmt: skip
 for _verbs in VERB_MODULES:
     _verbs.register(app)

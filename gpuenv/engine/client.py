@@ -50,6 +50,7 @@ from gpuenv.engine.values import (
     ImageInfo,
     LogSink,
 )
+    VolumeInfo,
 from gpuenv.matrix import contract
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "ImageInfo",
     "LogSink",
     "buildkit_cli",
+    "VolumeInfo",
     "connect",
     "engine_error",
     "libpod_spec",
@@ -389,6 +391,25 @@ class Engine(ImageOperations):
         """The image's root filesystem as a tar stream, as `docker export` gives it: of a
         container created (never started, so nothing runs and nothing is written) and
         removed when the block ends. `docker save` would give layers to merge instead."""
+    def volumes(self, label: str) -> list[VolumeInfo]:
+        """The volumes carrying `label`, with their sizes: the engine's disk-usage report
+        (`docker system df -v`), which has both in one call."""
+        with _translated():
+            found = self._api.df().get("Volumes") or []
+        volumes = []
+        for volume in found:
+            labels = dict(volume.get("Labels") or {})
+            if label in labels:
+                usage = volume.get("UsageData") or {}
+                volumes.append(VolumeInfo(str(volume["Name"]), labels,
+                                          int(usage.get("Size", -1)),
+                                          int(usage.get("RefCount", 0)) > 0))  # fmt: skip
+        return volumes
+
+    def remove_volume(self, name: str) -> None:
+        with _translated():
+            self._api.remove_volume(name)
+
         spec = ContainerSpec(ref, ["/bin/true"], network="none", init=False,
                              labels=contract.container_labels("export"))  # fmt: skip
         cid = self.create(spec)

@@ -80,6 +80,16 @@ class ImageInfo:
         )
 
 
+@dataclass(frozen=True)
+class VolumeInfo:
+    """A volume, as the engine's disk-usage report gives it."""
+
+    name: str
+    labels: dict[str, str]
+    size: int  # bytes; -1 where the engine does not say
+    in_use: bool  # a container (running or not) has it mounted
+
+
 @dataclass
 class ContainerSpec:
     """A container as gpuenv asks for one; `device_requests` hold the Engine API's

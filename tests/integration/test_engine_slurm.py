@@ -220,3 +220,31 @@ def test_dry_run_scripts_pass_sbatch_test_only(lab, probe_image, shared, work, r
     check = subprocess.run(["sbatch", "--test-only"], input=proc.stdout, capture_output=True,
                            text=True, timeout=30, env=lab.env())  # fmt: skip
     assert check.returncode == 0, check.stderr
+
+
+def test_prune_removes_the_files_of_ended_jobs_and_the_squashfs_of_images_gone(
+    lab, probe_image, shared, work
+):
+    """`gpuenv prune --shared` (issue 46, item 4), after the module's jobs: the files of
+    every job Slurm says ended go; the probe image's SquashFS stays (the engine has it: the
+    next run uses it); a SquashFS whose image the engine no longer has goes with its
+    environment files, once no job of the user's is pending or running."""
+    if not squashfs(shared):
+        slurm_run(lab, work, shared, probe_image, "--", "true")
+    own = shared / f"gpuenv-{os.getuid()}"
+    gone = own / "images" / ("0" * 64)
+    for suffix in (".sqfs", ".env", ".sh.env"):
+        gone.with_suffix(suffix).write_text("an image the engine no longer has\n")
+    deadline = time.monotonic() + 60  # the detached job of the test above, if still running
+    while lab.run("squeue", "-h", "-o", "%i").stdout.strip() and time.monotonic() < deadline:
+        time.sleep(1)
+    jobs = sorted(p.name for p in (own / "jobs").iterdir())
+    assert jobs, "the module's jobs left their output files"
+    proc = subprocess.run([*GPUENV, "prune", "--shared", str(shared)], capture_output=True,
+                          text=True, timeout=120, env=lab.env())  # fmt: skip
+    assert proc.returncode == 0, output(proc)
+    assert not list((own / "jobs").iterdir()), output(proc)
+    assert not list((own / "images").glob("0000*")), output(proc)
+    (kept,) = squashfs(shared)
+    assert f"SquashFS {kept} " in proc.stdout and "the next run uses it; kept" in proc.stdout
+    assert f"gpuenv prune: removed {len(jobs) + 1} of {len(jobs) + 2} " in proc.stdout, output(proc)
