@@ -205,3 +205,25 @@ def test_the_local_engine_binds_the_directory_it_sees(tmp_path):
     proc = gpuenv_run(proj, env, check=True)
     assert "working directory via" not in proc.stderr
     assert sorted(os.listdir(proj)) == [".env", "ckpt", "data", "train.log", "train.py"]
+
+
+# -- What of the user's tree leaves the machine (issue 44, M5, N5, N6): matrix/treepolicy.py.
+
+LIST_TREE = "import os; print(*sorted(os.path.join(d, f) for d, _, fs in os.walk('.') for f in fs))"
+
+
+def test_no_secret_leaves_this_machine_at_any_depth(lab):
+    """A credential two directories down (any case), a key at the top, and `.dockerignore`
+    as Docker reads it (`**/*.csv` holds a top-level file, `!` takes one back): what the
+    workload on the other host finds is the rest, nothing more."""
+    proj = make_project(lab.project_dir)
+    for rel in ("sub/dir/.git-credentials", "sub/dir/.NPMRC", "key.pem", "big.csv",
+                "data/big.csv", "data/keep.csv", "sub/dir/notes.txt"):  # fmt: skip
+        (proj / rel).parent.mkdir(parents=True, exist_ok=True)
+        (proj / rel).write_text("secret\n")
+    (proj / ".dockerignore").write_text("**/*.csv\n!data/keep.csv\n")
+    proc = run([*GPUENV, "run", "-i", IMAGE, "--", "python3", "-c", LIST_TREE], cwd=proj,
+               env=env_for(lab, "tls"), check=False, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, output(proc)
+    assert proc.stdout.split() == ["./.dockerignore", "./data/in.txt", "./data/keep.csv",
+                                   "./sub/dir/notes.txt", "./train.py"], output(proc)  # fmt: skip
