@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuenv.building import phases
 from gpuenv.building.plan import BuildPlan, CellPlan
 from gpuenv.building.recipe import current, label, lock_note
 from gpuenv.building.results import CellResult, Reporter
@@ -224,6 +225,7 @@ def _do(
         if image_id is None:
             result.seconds = time.monotonic() - start
             return
+        tagging = time.monotonic()
         engine.tag(image_id, cell.image)
         result.status = "built"
     if existing and existing.id != image_id:
@@ -231,6 +233,9 @@ def _do(
     info = engine.image(image_id)
     result.image_id, result.size = image_id, info.size if info else 0
     result.seconds = time.monotonic() - start
+    if result.status == "built":
+        result.phases["tag"] = time.monotonic() - tagging
+        result.phases = phases.ordered(result.phases)
 
 
 def _build(
@@ -241,8 +246,10 @@ def _build(
     reporter.started(cell)
     tail: list[str] = []
     step: list[str] = []
+    clock = phases.BuildLog()
 
     def on_log(line: str) -> None:
+        clock(line)
         if re.match(r"(Step \d+/\d+ :|#\d+ \[)", line):
             step[:] = [line]
         if line.strip():  # uv pads its reports with blank lines; they explain nothing
@@ -255,12 +262,17 @@ def _build(
         contract.INPUTS: json.dumps(p.inputs, sort_keys=True, separators=(",", ":")),
         contract.RECIPE: label(current()),
     }
+    begun = time.monotonic()
     try:
         with sender.context(p) as directory:
-            return engine.build_directory(
+            assembled = time.monotonic()
+            image_id = engine.build_directory(
                 directory, labels=labels, nocache=no_cache, network=sender.network(cell),
                 on_log=on_log, platform=sender.platform_for(cell), secrets=sender.secrets(),
             )  # fmt: skip
+            result.phases = {"probe": sender.probe_seconds, "context": assembled - begun,
+                             **clock.phases(), "build": time.monotonic() - assembled}  # fmt: skip
+            return image_id
     except EngineError:
         raise  # the engine or its CLI failed: the run stops (gpuenv/cli/build.py says why)
     except GpuenvError as exc:  # the resolution or a wheel could not be had

@@ -26,6 +26,9 @@ class CellResult:
     # Its build was cancelled (BuildCancelled), not failed by a step: gpuenv's interruption
     # if gpuenv is ending, else reported as a failure once the other cells are done.
     cancelled: bool = False
+    # Where the build's time went, seconds by phase (gpuenv/building/phases.py); empty for
+    # a cell not built.
+    phases: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -38,6 +41,7 @@ class CellResult:
             "error": self.error,
             "failed_step": self.step,
             "log_tail": self.log_tail if self.status == "failed" else [],
+            "phases": self.phases,
         }
 
 

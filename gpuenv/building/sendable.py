@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -312,10 +313,18 @@ class Sender:
             for p in plans:
                 self.fetcher.uv_soon(p.wheelhouse_key, UV_VERSION, p.cell.machine)
         # Decided while the resolution is made (the probe is a container: about a second).
-        self._near: Future[Near] = ThreadPoolExecutor(1).submit(
-            near.decide, engine, self.primary, image=plans[0].cell.base.image, ca_bundle=ca_bundle,
-            credentials=self.credentials, offline=offline,
-        )  # fmt: skip
+        self.probe_seconds = 0.0  # how long deciding took (gpuenv/building/phases.py)
+
+        def decide() -> Near:
+            begun = time.monotonic()
+            try:
+                return near.decide(engine, self.primary, image=plans[0].cell.base.image,
+                                   ca_bundle=ca_bundle, credentials=self.credentials,
+                                   offline=offline)  # fmt: skip
+            finally:
+                self.probe_seconds = time.monotonic() - begun
+
+        self._near: Future[Near] = ThreadPoolExecutor(1).submit(decide)
         self._resolved: dict[str, str] = {}  # requirements, Python, indexes -> resolution
         self._lock = threading.Lock()
 
