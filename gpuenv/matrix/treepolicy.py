@@ -24,12 +24,12 @@ Pure logic: it reads the two files and walks a directory, and says why each path
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import posixpath
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from pathlib import Path
 
 from gpuenv.matrix.errors import GpuenvError
@@ -83,7 +83,8 @@ class _Denied:
         n = len(self.parts)
         starts = [0] if self.anchored else range(len(parts) - n + 1)
         return any(
-            all(fnmatchcase(parts[i + j], q) for j, q in enumerate(self.parts)) for i in starts
+            all(fnmatch.fnmatchcase(parts[i + j], q) for j, q in enumerate(self.parts))
+            for i in starts
         )
 
 
@@ -187,6 +188,14 @@ class Policy:
 
     denied: tuple[_Denied, ...] = ()
     docker: tuple[_Docker, ...] = ()
+    # The deny-list's one-component patterns as one expression, tried on each component
+    # (a walk asks for every path; the pattern that matched is looked for only on a hit).
+    _names: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        single = [fnmatch.translate(d.parts[0]) for d in self.denied
+                  if len(d.parts) == 1 and not d.anchored]  # fmt: skip
+        object.__setattr__(self, "_names", re.compile("|".join(single) or "(?!)"))
 
     @classmethod
     def built_in(cls) -> Policy:
@@ -220,7 +229,10 @@ class Policy:
     def deny(self, rel: str) -> str | None:
         """Why the deny-list keeps `rel` (or a directory above it) here, or None."""
         parts = fold(rel).split("/")
-        return next((d.why for d in self.denied if d.matches(parts)), None)
+        named = any(self._names.match(p) for p in parts)
+        return next((d.why for d in self.denied
+                     if (named or len(d.parts) > 1 or d.anchored) and d.matches(parts)),
+                    None)  # fmt: skip
 
     def dockerignored(self, rel: str) -> str | None:
         """Why `.dockerignore` leaves `rel` out (its last deciding line), or None:
