@@ -83,6 +83,7 @@ def run_cmd(
                 volumes=volume or [], ports=publish or [], network=network, workdir=workdir,
                 ipc=ipc, interactive=interactive, cwd=cwd,
                 monitor=_monitor_options(monitor, monitor_out),
+                architecture=chosen.architecture,
             )  # fmt: skip
             code = local.run(engine, opts)
     raise typer.Exit(code)

@@ -26,6 +26,7 @@ from gpuenv.engine.images import ImageOperations
 from gpuenv.engine.podman import _podman_tmpfs, create_libpod, libpod_spec
 from gpuenv.engine.transport import (
     _address,
+    _attach_demuxed,
     _attach_tls,
     _bind_mount,
     _connection_error,
@@ -49,8 +50,8 @@ from gpuenv.engine.values import (
     GpuEngineFacts,
     ImageInfo,
     LogSink,
-)
     VolumeInfo,
+)
 from gpuenv.matrix import contract
 
 __all__ = [
@@ -62,8 +63,8 @@ __all__ = [
     "GpuEngineFacts",
     "ImageInfo",
     "LogSink",
-    "buildkit_cli",
     "VolumeInfo",
+    "buildkit_cli",
     "connect",
     "engine_error",
     "libpod_spec",
@@ -76,6 +77,7 @@ class Engine(ImageOperations):
         """An SDK client, or None to make one (from the environment) on first use."""
         self._client = client
         self._podman: bool | None = None
+        self._info: dict[str, Any] | None = None
         self._gpu_facts: GpuEngineFacts | None = None
         self._builds = Builds()  # the docker CLIs building on it now
 
@@ -95,8 +97,14 @@ class Engine(ImageOperations):
         return self.url.startswith(("http+docker://localhost", "unix:"))
 
     def info(self) -> dict[str, Any]:
-        with _translated():
-            return dict(self._api.info())
+        """`docker info`, asked once per Engine (one command): what gpuenv reads of it (the
+        engine's ID, machine, kernel, runtimes, CDI directories) does not change while a
+        command runs, and the engine takes milliseconds to gather it (a run would ask twice:
+        the working directory's verdict and the image's platform, issue 48)."""
+        if self._info is None:
+            with _translated():
+                self._info = dict(self._api.info())
+        return dict(self._info)
 
     def ping(self, timeout: float) -> bool:
         """Whether the engine answers within `timeout` seconds (a dropped link never
@@ -105,7 +113,15 @@ class Engine(ImageOperations):
 
     def remove_container_patiently(self, cid: str, patience: float) -> bool:
         """Remove a container, waiting up to `patience` seconds for an engine that is
-        restarting or a link that is down to come back; False when it did not."""
+        restarting or a link that is down to come back; False when it did not. A local
+        engine is asked at once (one that is down refuses at once); another is pinged
+        first, since a request over a dropped link waits for the client's timeout."""
+        if self.is_local:
+            try:
+                self.remove_container(cid)
+                return True
+            except EngineError:
+                pass
         deadline = time.monotonic() + patience
         while True:
             if self.ping(timeout=5.0):
@@ -184,7 +200,8 @@ class Engine(ImageOperations):
 
     @property
     def is_podman(self) -> bool:
-        """podman's Docker-compatible API service (its version names the component)."""
+        """podman's Docker-compatible API service (its version names the component; the
+        answer the client kept when it was made: no request)."""
         if self._podman is not None:
             return self._podman
         with _translated():
@@ -309,9 +326,7 @@ class Engine(ImageOperations):
         with _translated():
             if self.url.startswith("https://"):
                 return _translated_stream(_attach_tls(self._api, cid))
-            stream = self._api.attach(
-                cid, stdout=True, stderr=True, stream=True, logs=True, demux=True
-            )
+            stream = _attach_demuxed(self._api, cid)
         return _translated_stream(stream)
 
     def attach_socket(self, cid: str) -> Any:
@@ -376,21 +391,6 @@ class Engine(ImageOperations):
                 found = self._api.create_volume(name, labels=labels)
         return dict(found.get("Labels") or {})
 
-    def exec(self, cid: str, command: list[str], user: str = "") -> tuple[int, str]:
-        """Run a command in a running container; (exit code, stdout)."""
-        api = self._api
-        with _translated():
-            exec_id = api.exec_create(cid, command, stdout=True, stderr=False, user=user)["Id"]
-            out = api.exec_start(exec_id, demux=True)
-            code = api.exec_inspect(exec_id).get("ExitCode") or 0
-        stdout = (out[0] if isinstance(out, tuple) else out) or b""
-        return int(code), stdout.decode(errors="replace")
-
-    @contextmanager
-    def exported_filesystem(self, ref: str) -> Iterator[Iterator[bytes]]:
-        """The image's root filesystem as a tar stream, as `docker export` gives it: of a
-        container created (never started, so nothing runs and nothing is written) and
-        removed when the block ends. `docker save` would give layers to merge instead."""
     def volumes(self, label: str) -> list[VolumeInfo]:
         """The volumes carrying `label`, with their sizes: the engine's disk-usage report
         (`docker system df -v`), which has both in one call."""
@@ -410,6 +410,21 @@ class Engine(ImageOperations):
         with _translated():
             self._api.remove_volume(name)
 
+    def exec(self, cid: str, command: list[str], user: str = "") -> tuple[int, str]:
+        """Run a command in a running container; (exit code, stdout)."""
+        api = self._api
+        with _translated():
+            exec_id = api.exec_create(cid, command, stdout=True, stderr=False, user=user)["Id"]
+            out = api.exec_start(exec_id, demux=True)
+            code = api.exec_inspect(exec_id).get("ExitCode") or 0
+        stdout = (out[0] if isinstance(out, tuple) else out) or b""
+        return int(code), stdout.decode(errors="replace")
+
+    @contextmanager
+    def exported_filesystem(self, ref: str) -> Iterator[Iterator[bytes]]:
+        """The image's root filesystem as a tar stream, as `docker export` gives it: of a
+        container created (never started, so nothing runs and nothing is written) and
+        removed when the block ends. `docker save` would give layers to merge instead."""
         spec = ContainerSpec(ref, ["/bin/true"], network="none", init=False,
                              labels=contract.container_labels("export"))  # fmt: skip
         cid = self.create(spec)

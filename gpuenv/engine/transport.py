@@ -187,6 +187,27 @@ def _ping(api: Any, timeout: float) -> bool:
         return False
 
 
+def _attach_demuxed(api: Any, cid: str) -> Iterator[tuple[bytes | None, bytes | None]]:
+    """attach as the SDK's attach(stream=True, logs=True, demux=True) does, to a container
+    gpuenv created without a TTY: the SDK's own asks the engine first (an inspect) whether
+    the container has one."""
+    response = api._post(
+        api._url("/containers/{0}/attach", cid),
+        headers={"Connection": "Upgrade", "Upgrade": "tcp"},
+        params={"logs": 1, "stdout": 1, "stderr": 1, "stream": 1},
+        stream=True,
+    )
+    frames = api._read_from_socket(response, True, tty=False, demux=True)
+
+    def read() -> Iterator[tuple[bytes | None, bytes | None]]:
+        try:  # the response held while its socket is read (collected, it closes it)
+            yield from frames
+        finally:
+            response.close()
+
+    return read()
+
+
 def _attach_tls(api: Any, cid: str) -> Iterator[tuple[bytes | None, bytes | None]]:
     """attach over TLS, read without the SDK's reader: it polls the socket's descriptor
     before each read, and bytes the TLS layer has already decrypted do not wake a poll,
@@ -230,9 +251,28 @@ def _device_request(body: dict[str, Any]) -> Any:
     )
 
 
-def _sdk_client(base_url: str | None, tls: Any) -> Any:
+def _client_class() -> Any:
+    """docker.DockerClient whose API client keeps the engine's answer to /version: asked
+    when the client is made (the API version), it also says whether the engine is podman
+    (Engine.is_podman), which no run then asks again (issue 48)."""
     import docker
 
+    class Api(docker.APIClient):
+        _answer: Any = None
+
+        def version(self, api_version: bool = True) -> Any:
+            if self._answer is None:
+                self._answer = super().version(api_version)
+            return self._answer
+
+    class Client(docker.DockerClient):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.api = Api(*args, **kwargs)
+
+    return Client
+
+
+def _sdk_client(base_url: str | None, tls: Any) -> Any:
     address = base_url or os.environ.get("DOCKER_HOST") or ""
     if address.startswith("ssh://"):
         return _ssh_client(_SshTarget.parse(address))
@@ -240,10 +280,11 @@ def _sdk_client(base_url: str | None, tls: Any) -> Any:
     # first, which already proves the engine answers: no separate ping.
     try:
         with _translated(), _without_ca_overrides():
+            client_class = _client_class()
             client = (
-                docker.DockerClient(base_url=base_url, **({"tls": tls} if tls else {}))
+                client_class(base_url=base_url, **({"tls": tls} if tls else {}))
                 if base_url
-                else docker.from_env()
+                else client_class.from_env()
             )
     except (ValueError, TypeError) as exc:  # the SDK's parse errors of a malformed address
         raise EngineError(
@@ -339,7 +380,6 @@ def _ssh_client(target: _SshTarget) -> Any:
     import subprocess
     import tempfile
 
-    import docker
     from docker.transport.unixconn import (
         UnixHTTPAdapter,
         UnixHTTPConnection,
@@ -390,7 +430,7 @@ def _ssh_client(target: _SshTarget) -> Any:
 
     # A Unix-socket client (its version given, so it asks nothing yet) whose transport is
     # then swapped for ssh's; the first request, for the API version, dials.
-    client = docker.DockerClient(base_url="unix:///gpuenv-ssh", version="1.24")
+    client = _client_class()(base_url="unix:///gpuenv-ssh", version="1.24")
     api: Any = client.api
     api._custom_adapter = Adapter("http+unix:///gpuenv-ssh", timeout=api.timeout)
     api.mount("http+docker://", api._custom_adapter)

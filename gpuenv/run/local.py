@@ -55,6 +55,8 @@ class RunOptions:
     ipc: str | None = None
     interactive: bool = False
     monitor: MonitorOptions | None = None  # --monitor: sample the container's GPUs
+    # The image's (amd64, arm64) when the caller inspected it already: not asked again.
+    architecture: str | None = None
     cwd: Path = field(default_factory=Path.cwd)
     uid: int = field(default_factory=os.getuid)
     gid: int = field(default_factory=os.getgid)
@@ -189,7 +191,7 @@ def run(
     from gpuenv.run import sync
 
     spec = container_spec(opts)
-    spec.platform = foreign_platform(engine, opts.image)
+    spec.platform = foreign_platform(engine, opts.image, opts.architecture)
     spec = replace(spec, **devices_for(engine, opts.gpus))  # the hook's request, or CDI
     if sync.visibility(engine, opts.cwd, opts.image, spec.platform).sees:
         if engine.is_local:  # a remote engine's paths are on its host, not here
@@ -243,14 +245,16 @@ def _run(
         _remove(engine, cid)
 
 
-def foreign_platform(engine: Engine, image: str) -> str | None:
+def foreign_platform(engine: Engine, image: str, architecture: str | None = None) -> str | None:
     """linux/<arch> of an image of another architecture than the engine's (an arm64 cell
     on an x86_64 engine, run under QEMU), so the engine runs it as that platform; None for
-    the engine's own, which runs as every image always has."""
-    info = engine.image(image)
-    arch = info.architecture if info is not None else ""
+    the engine's own, which runs as every image always has. `architecture`: the image's,
+    when the caller has it (else the image is inspected)."""
+    if architecture is None:
+        info = engine.image(image)
+        architecture = info.architecture if info is not None else ""
     own = {"x86_64": "amd64", "aarch64": "arm64"}.get(engine.architecture(), "")
-    return f"linux/{arch}" if arch and own and arch != own else None
+    return f"linux/{architecture}" if architecture and own and architecture != own else None
 
 
 def _remove(engine: Engine, cid: str) -> None:

@@ -25,6 +25,7 @@ class Target:
     image: str
     labels: dict[str, str]
     cell: Cell | None = None  # when chosen from the matrix
+    architecture: str | None = None  # amd64, arm64: the image's config, read with its labels
 
 
 def project_for(image: str | None, file: Path | None) -> Project | None:
@@ -77,16 +78,24 @@ def target_for(
     workload's request on this engine, checked before a missing cell is built."""
     if project is None:
         assert image is not None  # project_for opens the matrix for everything but a reference
-        labels = engine.labels(image)
+        labels, arch = _inspected(engine, image)
         if labels is None:
             raise run_error(f"image {image} not found in the engine")
-        return Target(image, labels)
+        return Target(image, labels, architecture=arch)
     cell = project.default_cell(want_gpu) if image is None else project.one_cell(image, "-i")
-    labels = engine.labels(cell.image)
+    labels, arch = _inspected(engine, cell.image)
     if labels is None:
         _build_for_run(engine, project, cell, gpus)
-        labels = engine.labels(cell.image) or {}
-    return Target(cell.image, labels, cell)
+        built, arch = _inspected(engine, cell.image)
+        labels = built or {}
+    return Target(cell.image, labels, cell, arch)
+
+
+def _inspected(engine: Engine, ref: str) -> tuple[dict[str, str] | None, str | None]:
+    """(labels, architecture) of an image, from one inspect (the run reads both: issue 48);
+    (None, None) when the engine has no such image."""
+    info = engine.image(ref)
+    return (None, None) if info is None else (dict(info.labels), info.architecture)
 
 
 def check_engine_gives_gpus(engine: Engine, cell: Cell, gpus: GpuRequest) -> None:

@@ -1,5 +1,6 @@
 """A tiny Engine API on a Unix socket (http.server): routes (method, path) -> (status,
-payload) or one of the special answers below. The `fake_socket` fixture (conftest.py)
+payload) or one of the special answers below; `routes.seen` lists every request served, in
+order ("GET /v1.41/info", the query left out). The `fake_socket` fixture (conftest.py)
 serves one for a test."""
 
 from __future__ import annotations
@@ -12,14 +13,20 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-Routes = dict[tuple[str, str], Any]
+
+class Routes(dict[tuple[str, str], Any]):
+    """(method, path) -> answer; `seen`: the requests served, "METHOD /path"."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.seen: list[str] = []
 
 
 class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
 
-def _handler(routes: dict[tuple[str, str], Any]) -> type:
+def _handler(routes: Routes) -> type:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -27,6 +34,7 @@ def _handler(routes: dict[tuple[str, str], Any]) -> type:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
             route = routes.get((self.command, self.path.split("?")[0]))
+            routes.seen.append(f"{self.command} {self.path.split('?')[0]}")
             if route == "garbage":
                 self.wfile.write(b"SSH-2.0-OpenSSH_9.2\r\n")
                 return
@@ -63,7 +71,7 @@ def _handler(routes: dict[tuple[str, str], Any]) -> type:
 @contextmanager
 def serving(path: str) -> Iterator[Routes]:
     """Serve the Engine API at `path` while the context is open; add routes to what it yields."""
-    routes: Routes = {("GET", "/_ping"): (200, b"OK")}
+    routes = Routes({("GET", "/_ping"): (200, b"OK")})
     server = _UnixServer(path, _handler(routes))
     # Poll every 10 ms: shutdown() waits out one poll, 0.5 s by default, per test.
     thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)

@@ -235,12 +235,15 @@ def test_docker_cdi_request_on_the_wire(engine_on_fake_api) -> None:
 
 @pytest.fixture
 def podman_on_fake_api(engine_on_fake_api):
-    eng, routes = engine_on_fake_api
+    from gpuenv.engine import client as engines
+
+    _, routes = engine_on_fake_api
     version = (200, {"ApiVersion": "1.41", "Version": "4.3.1",
                      "Components": [{"Name": "Podman Engine", "Version": "4.3.1"}]})  # fmt: skip
     routes[("GET", "/version")] = routes[("GET", "/v1.41/version")] = version
     routes[("GET", "/v1.41/info")] = (200, {"ServerVersion": "4.3.1"})
-    return eng, routes
+    # Connected now: an Engine keeps the /version answer it was made with (is_podman).
+    return engines.connect(), routes
 
 
 def test_podman_cdi_devices_go_through_its_own_api(podman_on_fake_api) -> None:

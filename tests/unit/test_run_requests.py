@@ -1,0 +1,53 @@
+"""What a local `gpuenv run` asks the engine once the working directory's verdict is cached
+(issue 48, item 3), counted on the wire: gpuenv's real Engine and the Docker SDK against the
+tiny Engine API (engine_api.py), every request it serves listed. `docker run --rm` sends
+create, attach, start, wait (and its daemon removes the container); gpuenv adds the API
+version (connect), the image's labels and platform (one inspect), the engine's ID and
+machine (one `info`: the verdict's key and the platform check share it) and the removal."""
+
+from __future__ import annotations
+
+import time
+
+from gpuenv.cli import app
+from gpuenv.run import sync
+from gpuenv.store import cache
+
+IMAGE = "acme/tf:x"
+
+
+def test_a_local_run_asks_the_engine_eight_things(engine_on_fake_api, tmp_path, monkeypatch):
+    eng, routes = engine_on_fake_api
+    inspected = {"Id": "sha256:" + "a" * 64, "Architecture": "amd64", "Config": {"Labels": {}}}
+    routes[("GET", f"/v1.41/images/{IMAGE}/json")] = (200, inspected)
+    routes[("GET", "/v1.41/info")] = (200, {"ID": "ENGINE-1", "Architecture": "x86_64"})
+    routes[("POST", "/v1.41/containers/create")] = (201, {"Id": "c1"})
+    routes[("POST", "/v1.41/containers/c1/attach")] = "attach"
+    routes[("GET", "/v1.41/containers/c1/json")] = (200, {"Config": {"Tty": False}})  # unasked
+    routes[("POST", "/v1.41/containers/c1/start")] = (204, b"")
+    routes[("POST", "/v1.41/containers/c1/wait")] = (200, {"StatusCode": 3})
+    routes[("DELETE", "/v1.41/containers/c1")] = (204, b"")
+    routes[("GET", "/v1.41/_ping")] = (200, b"OK")  # unasked
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    # The verdict an earlier run in this directory left: this engine sees it.
+    verdict = {"sees": True, "why": "read back", "at": int(time.time())}
+    cache.update_record(sync.VERDICTS, {sync._verdict_key(eng, work): verdict})
+    routes.seen.clear()
+
+    argv = ["run", "-i", IMAGE, "--network", "none", "--", "python", "-c", "pass"]
+    code = app(argv, prog_name="gpuenv", standalone_mode=False)
+
+    assert code == 3  # the container's (the output is engine_api's, read or not: not pinned)
+    assert routes.seen == [
+        "GET /version",
+        f"GET /v1.41/images/{IMAGE}/json",
+        "GET /v1.41/info",
+        "POST /v1.41/containers/create",
+        "POST /v1.41/containers/c1/attach",
+        "POST /v1.41/containers/c1/start",
+        "POST /v1.41/containers/c1/wait",
+        "DELETE /v1.41/containers/c1",
+    ]
