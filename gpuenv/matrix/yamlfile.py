@@ -66,11 +66,30 @@ def _child(node: yaml.Node | None, part: str | int) -> tuple[yaml.Node, yaml.Nod
     return None
 
 
+def write_one(path: Path) -> str:
+    """What to do about a matrix file that is not there, for every verb that reads one: the
+    `gpuenv init` that writes it (for the directory it is in; init writes DIR/matrix.yaml),
+    or -f/--file and GPUENV_MATRIX naming another (issue 48: a first run in a directory
+    holding only a script)."""
+    import os
+    import shlex
+
+    where = path.parent
+    here = os.path.abspath(where) == os.getcwd()
+    init = "gpuenv init" if here else f"gpuenv init {shlex.quote(str(where))}"
+    if path.name == "matrix.yaml":
+        return (f"write one for the project {'here' if here else 'there'} with `{init}` (it "
+                "chooses the cells from requirements.txt or pyproject.toml), or pass "
+                "-f/--file or set GPUENV_MATRIX")  # fmt: skip
+    return (f"pass -f/--file or set GPUENV_MATRIX to a matrix that exists, or write one with "
+            f"`{init}` (it writes {where / 'matrix.yaml'})")  # fmt: skip
+
+
 def load(path: Path) -> YamlDocument:
     try:
         raw = read_regular(path, MAX_BYTES)
     except FileNotFoundError:
-        raise MatrixError(path, "no such file; pass -f/--file or set GPUENV_MATRIX") from None
+        raise MatrixError(path, f"no such file; {write_one(path)}") from None
     except IsADirectoryError:
         raise MatrixError(path, "cannot read: not a regular file") from None
     except OSError as exc:
