@@ -95,9 +95,13 @@ def export_cmd(
 @cache_app.command("import")
 def import_cmd(
     source: Annotated[Path, typer.Argument(help="Tarball from gpuenv cache export")],
+    file: FileOption = None,
+    no_bases: Annotated[bool, typer.Option("--no-bases", help="Load no base image")] = False,
 ) -> None:
-    """Add an export's files to the wheelhouse (each checked by its sha256) and load its bases."""
+    """Add an export's files to the wheelhouse (each checked by its sha256) and load the
+    bases the matrix's cells name (the locked ones, where matrix.lock records them)."""
     from gpuenv.engine import client as engine
+    from gpuenv.project.project import open_project
     from gpuenv.store import wheelhouse
 
     with user_errors():
@@ -105,8 +109,15 @@ def import_cmd(
             from gpuenv.matrix.errors import GpuenvError
 
             raise GpuenvError(f"{source}: no such file")
-        with engine.connect() as docker:
-            files, loaded = wheelhouse.import_(wheelhouse.Store.default(), source, docker, say)
+        bases: dict[str, dict[str, object] | None] = {}
+        if not no_bases:
+            project = open_project(file)
+            lock = project.lock
+            bases = {c.base.image: lock.bases.get(c.base.image) if lock else None
+                     for c in project.cells}  # fmt: skip
+        with contextlib.nullcontext() if no_bases else engine.connect() as docker:
+            files, loaded = wheelhouse.import_(wheelhouse.Store.default(), source, docker, say,
+                                               bases)  # fmt: skip
     print(f"{source}: {files} new file(s), {loaded} base image(s) loaded")
 
 

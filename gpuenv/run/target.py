@@ -5,6 +5,7 @@ warnings when it and the GPU request disagree."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -88,6 +89,8 @@ def target_for(
         _build_for_run(engine, project, cell, gpus)
         built, arch = _inspected(engine, cell.image)
         labels = built or {}
+    else:
+        check_built_for(cell, labels)  # what was there; not what this run just built
     return Target(cell.image, labels, cell, arch)
 
 
@@ -96,6 +99,23 @@ def _inspected(engine: Engine, ref: str) -> tuple[dict[str, str] | None, str | N
     (None, None) when the engine has no such image."""
     info = engine.image(ref)
     return (None, None) if info is None else (dict(info.labels), info.architecture)
+
+
+def check_built_for(cell: Cell, labels: dict[str, str]) -> None:
+    """The image carrying a cell's tag must say gpuenv built it for that cell: its cell
+    label names the cell and it has a spec hash (the builder's label). A claim, not a
+    proof (labels are copied as easily as tags): it keeps `run` from starting whatever
+    else was tagged with the cell's name (issue 44, M2a: a crafted `cache import` did
+    that with an image of no labels; import now loads bases only)."""
+    claims = contract.ImageLabels(labels)
+    if claims.cell == cell.name and re.fullmatch(r"[0-9a-f]{64}", claims.spec_hash or ""):
+        return
+    raise run_error(
+        f"{cell.image} is not an image gpuenv built for cell {cell.name} (its "
+        f"{contract.CELL} and {contract.SPEC_HASH} labels do not say so): remove that tag "
+        f"(docker rmi {cell.image}) and gpuenv builds the cell, or name the image itself "
+        f"(-i {cell.image}) to run it as it is"
+    )
 
 
 def check_engine_gives_gpus(engine: Engine, cell: Cell, gpus: GpuRequest) -> None:

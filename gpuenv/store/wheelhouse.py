@@ -31,7 +31,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -717,12 +717,20 @@ def _index_entry_key(data: bytes) -> str | None:
     return index_key(urls)
 
 
-def check_base_archive(archive: Path, file_name: str, where: str) -> str:
-    """The one tag a `docker save` archive loads ("" for none), when it is the base `file_name` was
-    written for (export's _base_file) and carries no cell's labels; else an error.
+Locked = Mapping[str, Mapping[str, Any] | None]  # a base's reference -> its lock identity
+
+
+def check_base_archive(archive: Path, file_name: str, where: str, bases: Locked) -> str:
+    """The one tag a `docker save` archive loads ("" for none), when it is a base the matrix's
+    cells name (`bases`), in the file export wrote it to (_base_file), carrying no cell's
+    labels, and, where the matrix's lock records that base, the locked image by content;
+    else an error.
 
     `docker load` tags what the archive's manifest.json says (or, without it, its legacy
-    `repositories` file; newer engines also read index.json's names), so each is read."""
+    `repositories` file; newer engines also read index.json's names), so each is read. The
+    image is checked by what the engine will compute from the archive itself: its ID is
+    the sha256 of its config, and each layer's bytes must hash to the config's diff_ids
+    (the engine refuses a layer that does not)."""
 
     def refuse(why: str) -> GpuenvError:
         return GpuenvError(f"{where}: {why}; refusing to load it")
@@ -731,7 +739,7 @@ def check_base_archive(archive: Path, file_name: str, where: str) -> str:
         with tarfile.open(archive, "r") as tar:
             files = {m.name.removeprefix("./"): m for m in tar if m.isfile()}
 
-            def read_json(name: str) -> Any:
+            def read_bytes(name: str) -> bytes | None:
                 member = files.get(name)
                 if member is None:
                     return None
@@ -739,7 +747,11 @@ def check_base_archive(archive: Path, file_name: str, where: str) -> str:
                     raise refuse(f"its {name} is larger than {MAX_ARCHIVE_JSON} bytes")
                 stream = tar.extractfile(member)
                 assert stream is not None
-                return json.loads(stream.read())
+                return stream.read()
+
+            def read_json(name: str) -> Any:
+                raw = read_bytes(name)
+                return None if raw is None else json.loads(raw)
 
             manifest = read_json("manifest.json")
             if not (isinstance(manifest, list) and len(manifest) == 1
@@ -752,6 +764,14 @@ def check_base_archive(archive: Path, file_name: str, where: str) -> str:
             if not named or len(tags) > 1:
                 raise refuse(f"it tags {str(tags)[:200]}, not only the base it is named for")
             tag = tags[0] if tags else ""
+            base = {_base_file(b): b for b in bases}.get(file_name)
+            if base is None or tag not in ("", base):
+                names = ", ".join(sorted(bases)[:4]) or "none"
+                raise refuse(
+                    f"it is no base of the matrix's cells (theirs: {names}): an export "
+                    "brings bases, never a cell's image; import it with the matrix it was "
+                    "exported for (-f)"
+                )
             repo, _, tag_part = tag.rpartition(":")
             repositories = read_json("repositories")
             if repositories and not (
@@ -765,20 +785,39 @@ def check_base_archive(archive: Path, file_name: str, where: str) -> str:
                 names = {notes.get(k) for k in IMAGE_NAME_ANNOTATIONS} - {None, "", tag, tag_part}
                 if names:
                     raise refuse(f"its index.json names {sorted(map(str, names))[:3]}")
-            config = read_json(str(manifest[0].get("Config", "")))
+            raw_config = read_bytes(str(manifest[0].get("Config", ""))) or b"{}"
+            config = json.loads(raw_config)
             labels = ((config or {}).get("config") or {}).get("Labels") or {}
             if not isinstance(labels, dict):
                 raise refuse("its config is not an image's")
             forged = [k for k in CELL_LABELS if k in labels]
             if forged:
                 raise refuse(f"it carries a cell's label {forged[0]} (a base never does)")
+            drift = _locked_drift(bases[base], raw_config, config)
+            if drift:
+                raise refuse(f"{drift}, not the {base} the matrix's lock records")
             return tag
     except (OSError, tarfile.TarError, ValueError, AttributeError):
         raise refuse("not a docker save archive") from None
 
 
-def import_(store: Store, source: Path, engine: Engine | None,
-            say: Callable[[str], None]) -> tuple[int, int]:  # fmt: skip
+def _locked_drift(locked: Mapping[str, Any] | None, raw_config: bytes, config: Any) -> str:
+    """How the archive's image differs from the locked base ("" when it is that one, or
+    the lock records none), as lockfile.base_drift compares an engine's: a bootstrapped
+    base by its one layer's content, any other by its image ID."""
+    if not locked:
+        return ""
+    if locked.get("rootfs"):
+        diff_ids = (config.get("rootfs") or {}).get("diff_ids")
+        if diff_ids != [locked["rootfs"]]:
+            return f"its root filesystem is {str(diff_ids)[:80]}"
+        return ""
+    image_id = "sha256:" + hashlib.sha256(raw_config).hexdigest()
+    return "" if image_id == locked.get("id") else f"its image is {image_id[:19]}"
+
+
+def import_(store: Store, source: Path, engine: Engine | None, say: Callable[[str], None],
+            bases: Locked | None = None) -> tuple[int, int]:  # fmt: skip
     """Bring an export back: every file checked against its name (its sha256) before it
     enters the store, pages and indexes by name only, bases loaded into the engine.
     Returns (files added, bases loaded).
@@ -786,7 +825,10 @@ def import_(store: Store, source: Path, engine: Engine | None,
     An index entry must hash to its name (it says where that key's pages come from), and a
     base's archive must load exactly the one base its file is named for, with no cell's
     labels (a crafted export could otherwise tag any image, a cell's with a forged spec
-    hash included): issue 35, M2."""
+    hash included): issue 35, M2. That base must be one of `bases` (the matrix's cells'
+    bases, with their lock identity), and the locked image where the lock records it: an
+    archive named for a cell's tag, holding an image with no labels, was loaded, and
+    `run` ran it (issue 44, M2a)."""
     added = loaded = 0
     store.make_private()  # before the first write, even if the import aborts (L4)
     try:
@@ -825,7 +867,7 @@ def import_(store: Store, source: Path, engine: Engine | None,
                 with saved.open("wb") as out:
                     while chunk := stream.read(1 << 20):
                         out.write(chunk)
-                check_base_archive(saved, parts[1], f"{source}: {member.name[:200]}")
+                check_base_archive(saved, parts[1], f"{source}: {member.name[:200]}", bases or {})
                 for line in engine.load(str(saved)):
                     say(line)
                 saved.unlink()

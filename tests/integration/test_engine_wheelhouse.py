@@ -178,7 +178,7 @@ def test_export_then_import_into_an_empty_wheelhouse_builds_offline(online, tmp_
     info = cache_info(online["env"])
     assert f"{info['files']} file(s), 1 base image(s)" in proc.stdout
     env = clean_env(XDG_CACHE_HOME=str(tmp_path / "other"))
-    proc = gpuenv_cmd("cache", "import", str(tarball), env=env)
+    proc = gpuenv_cmd("cache", "import", str(tarball), "-f", str(online["matrix"]), env=env)
     assert f"{info['files']} new file(s), 1 base image(s) loaded" in proc.stdout
     assert cache_info(env)["files"] == info["files"]
     assert cache_info(env)["bytes"] == info["bytes"]

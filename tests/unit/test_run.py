@@ -510,3 +510,34 @@ def test_a_missing_cell_is_built_as_gpuenv_build_would_pulling_a_published_image
     target.target_for(fake_engine(), None, False, project)
     assert asked[-1]["pull_from"] is None and asked[-1]["vet"] is None
     assert f"{cell.image} is not built yet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("labels", "runs"),
+    [
+        ({}, False),  # issue 44, M2a: the crafted import's image, with no labels
+        ({"io.gpuenv.cell": "tf2.21-py3.11-cpu"}, False),  # no builder's spec hash
+        ({"io.gpuenv.cell": "other", "io.gpuenv.spec-hash": "a" * 64}, False),
+        ({"io.gpuenv.cell": "tf2.21-py3.11-cpu", "io.gpuenv.spec-hash": "a" * 64}, True),
+    ],
+    ids=["no-labels", "no-spec-hash", "another-cell", "the-cell"],
+)
+def test_run_starts_a_cells_tag_only_where_gpuenv_built_that_cell(
+    fake_engine, shipped_matrix, labels, runs
+):
+    from fake_engine import image
+
+    from gpuenv.project.project import open_project
+
+    project = open_project(shipped_matrix)
+    cell = project.one_cell("tf2.21-py3.11-cpu", "-i")
+    engine = fake_engine(local={cell.image: image("sha256:planted", labels)})
+    if runs:
+        assert target.target_for(engine, cell.name, False, project).image == cell.image
+        return
+    with pytest.raises(GpuenvError) as refused:
+        target.target_for(engine, cell.name, False, project)
+    assert refused.value.exit_code == 125 and "\n" not in refused.value.message
+    assert refused.value.message.startswith(
+        f"{cell.image} is not an image gpuenv built for cell {cell.name} "
+    )

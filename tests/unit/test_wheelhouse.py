@@ -324,8 +324,10 @@ class LoadRecorder:
         return []
 
 
-def base_archive(tags: list[str], labels: dict[str, str], **more: bytes) -> bytes:
-    config = json.dumps({"config": {"Labels": labels}, "rootfs": {"diff_ids": []}}).encode()
+def base_archive(
+    tags: list[str], labels: dict[str, str], diff_ids: tuple[str, ...] = (), **more: bytes
+) -> bytes:
+    config = base_config(labels, diff_ids)
     manifest = [{"Config": "c.json", "RepoTags": tags, "Layers": []}]
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as tar:
@@ -338,9 +340,16 @@ def base_archive(tags: list[str], labels: dict[str, str], **more: bytes) -> byte
     return out.getvalue()
 
 
+def base_config(labels: dict[str, str], diff_ids: tuple[str, ...] = ()) -> bytes:
+    return json.dumps(
+        {"config": {"Labels": labels}, "rootfs": {"diff_ids": list(diff_ids)}}
+    ).encode()
+
+
 BASE_TAG = "gpuenv/debian:bookworm"
 BASE_FILE = "bases/gpuenv_debian_bookworm.tar"
 CELL_TAG = "gpuenv/tensorflow:tf2.21-py3.11-cpu"
+BASES = {BASE_TAG: None}  # the matrix's cells' bases; this lock records none
 
 
 @pytest.mark.parametrize(
@@ -377,11 +386,54 @@ def test_an_import_loads_only_the_base_its_file_is_named_for(tmp_path, archive, 
     engine = LoadRecorder()
     tarball = carry(tmp_path, {BASE_FILE: archive})
     with pytest.raises(GpuenvError, match=why):
-        wheelhouse.import_(Store(tmp_path / "w"), tarball, engine, print)  # type: ignore[arg-type]
+        wheelhouse.import_(Store(tmp_path / "w"), tarball, engine, print, BASES)  # type: ignore[arg-type]
     assert engine.loaded == []
     # The base as export writes it loads.
     ok = carry(tmp_path, {BASE_FILE: base_archive([BASE_TAG], {"io.gpuenv.rootfs": "x"})}, "ok.tar")
-    assert wheelhouse.import_(Store(tmp_path / "w"), ok, engine, print) == (0, 1)  # type: ignore[arg-type]
+    assert wheelhouse.import_(Store(tmp_path / "w"), ok, engine, print, BASES) == (0, 1)  # type: ignore[arg-type]
+    assert engine.loaded == [[BASE_TAG]]
+
+
+ROOTFS = "sha256:" + "1" * 64
+
+
+@pytest.mark.parametrize(
+    ("name", "archive", "locked", "why"),
+    [
+        # The review's reproduction (issue 44, M2a): a file named for the cell's own tag,
+        # holding an image with that tag and no labels; `run` then ran it.
+        ("bases/gpuenv_tensorflow_tf2.21-py3.11-cpu.tar", base_archive([CELL_TAG], {}), None,
+         "no base of the matrix's cells"),
+        # The base's own name, but not the image the lock records: by its one layer's
+        # content (a bootstrapped base) or by its image ID (an image from a registry).
+        (BASE_FILE, base_archive([BASE_TAG], {}, ("sha256:" + "2" * 64,)), {"rootfs": ROOTFS},
+         "its root filesystem is"),
+        (BASE_FILE, base_archive([BASE_TAG], {"x": "y"}), {"id": "sha256:" + "3" * 64},
+         "its image is sha256:"),
+    ],
+    ids=["cell-named-file", "other-rootfs", "other-id"],
+)  # fmt: skip
+def test_an_import_loads_only_the_matrixs_bases_as_the_lock_records_them(
+    tmp_path, name, archive, locked, why
+):
+    engine = LoadRecorder()
+    tarball = carry(tmp_path, {name: archive})
+    with pytest.raises(GpuenvError, match=why) as refused:
+        wheelhouse.import_(Store(tmp_path / "w"), tarball, engine, print, {BASE_TAG: locked})  # type: ignore[arg-type]
+    assert engine.loaded == [] and "\n" not in refused.value.message
+    assert refused.value.message.startswith(f"{tarball}: {name}: ")
+
+
+@pytest.mark.parametrize("by", ["rootfs", "id"])
+def test_the_locked_base_loads(tmp_path, by):
+    archive = base_archive([BASE_TAG], {}, (ROOTFS,))
+    config_id = "sha256:" + hashlib.sha256(base_config({}, (ROOTFS,))).hexdigest()
+    locked = {"rootfs": ROOTFS, "id": "sha256:other"} if by == "rootfs" else {"id": config_id}
+    engine = LoadRecorder()
+    tarball = carry(tmp_path, {BASE_FILE: archive})
+    assert wheelhouse.import_(
+        Store(tmp_path / "w"), tarball, engine, print, {BASE_TAG: locked}
+    ) == (0, 1)  # type: ignore[arg-type]
     assert engine.loaded == [[BASE_TAG]]
 
 

@@ -77,6 +77,7 @@ TEST_REPOSITORIES = frozenset(
         "basepull",  # test_engine_base_pull.py: a copy of the base, pushed and pulled back
         "bench",  # test_engine_bench.py: benchmarks/build.py on the JAX CPU cell
         "act",  # test_engine_act.py: images.yml run under nektos/act on the JAX CPU cell
+        "planted",  # test_engine_cache_import.py: an empty image under a cell's tag (no build)
     )
 )
 
