@@ -12,11 +12,14 @@ from typing import Any
 
 
 def main() -> None:
-    from gpuenv.cli.verbs import app, normalise_argv
+    from gpuenv.cli.verbs import click_app, normalise_argv
 
     # `-it` (docker's spelling) would parse as `-i t` because -i takes the image.
     argv = normalise_argv(sys.argv[1:])
-    app(argv)
+    # The Click command normalise_argv read the verbs' options from: Typer's app(argv) would
+    # build it again (issue 48: ~25 ms of every `gpuenv run`). The same command, run the
+    # same way: the app turns Typer's pretty tracebacks off, its only other work.
+    click_app()(argv)
 
 
 def __getattr__(name: str) -> Any:

@@ -13,14 +13,15 @@ from gpuenv.cli.common import RUN_VERBS, app
 
 
 @functools.cache
-def _click_app() -> Any:
-    """The app as Click parses it, built once (some 25 ms: not once per question)."""
+def click_app() -> Any:
+    """The app as Click parses it, built once (some 25 ms: not once per question, nor again
+    to run the verb: cli.main runs this one)."""
     return typer.main.get_command(app)  # Typer's own Click: matched by shape, not type
 
 
 def _command(path: list[str]) -> Any:
     """The command that `path` (verb, sub-verb) names, as Click parses it; None if none."""
-    command = _click_app()
+    command = click_app()
     for name in path:
         command = getattr(command, "commands", {}).get(name)
     return command

@@ -22,7 +22,7 @@ from gpuenv.cli import (
     slurm,
     validate,
 )
-from gpuenv.cli.argv import normalise_argv
+from gpuenv.cli.argv import click_app, normalise_argv
 from gpuenv.cli.common import app
 
 VERB_MODULES = (
@@ -33,4 +33,4 @@ for _verbs in VERB_MODULES:
     _verbs.register(app)
 
 
-__all__ = ["VERB_MODULES", "app", "normalise_argv"]
+__all__ = ["VERB_MODULES", "app", "click_app", "normalise_argv"]

@@ -51,3 +51,26 @@ def test_a_local_run_asks_the_engine_eight_things(engine_on_fake_api, tmp_path, 
         "POST /v1.41/containers/c1/wait",
         "DELETE /v1.41/containers/c1",
     ]
+
+
+def test_the_command_line_is_built_once(monkeypatch, tmp_path, capsys):
+    """normalise_argv reads run's options from the Click command Typer builds from the app;
+    main() runs that same command rather than have Typer build it again (some 25 ms of every
+    `gpuenv run`, issue 48)."""
+    import sys
+
+    import typer
+
+    from gpuenv.cli import argv, main
+
+    built = []
+    build = typer.main.get_command
+    monkeypatch.setattr(typer.main, "get_command", lambda app: built.append(app) or build(app))
+    argv.click_app.cache_clear()
+    monkeypatch.setattr(sys, "argv", ["gpuenv", "run", "-f", str(tmp_path / "none.yaml"), "x"])
+    try:
+        main()
+    except SystemExit as exc:
+        assert exc.code == 125
+    assert "none.yaml: no such file" in capsys.readouterr().err
+    assert len(built) == 1
