@@ -25,6 +25,7 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from gpuenv.catalog import freshness
 from gpuenv.matrix.cell import MACHINE, Base, Cell, cell_name
 from gpuenv.matrix.errors import MatrixError
 from gpuenv.matrix.schema import AXES, Combination, DebianBase, LoadedMatrix, expand
@@ -115,8 +116,25 @@ class Catalog:
         return [m for m, row in self.releases.items() if row.gpu_default is not None]
 
 
+@functools.cache
 def _read(name: str) -> Any:
+    """A hand-kept data file of the package; the generated ones come from `generated()`."""
     return yaml.safe_load(resources.files("gpuenv.data").joinpath(name).read_text("utf-8"))
+
+
+def generated() -> freshness.Choice:
+    """The generated files in use: the package's, or the user's newer refreshed copy."""
+    return freshness.current(check_documents)
+
+
+def check_documents(documents: dict[str, Any]) -> None:
+    """Raise unless ``documents`` (the generated files) make a catalog of every framework
+    whose every GPU row's wheels pin: what a refreshed copy must pass to be read."""
+    for framework in FRAMEWORKS:
+        cat = _catalog(framework, documents)
+        for row in cat.releases.values():
+            if row.gpu_default is not None and not row.gpu_unsupported:
+                gpu_wheels(row, *row.gpu_default, cat)
 
 
 def _release(row: dict[str, Any]) -> FrameworkRelease:
@@ -157,13 +175,17 @@ def catalog(framework: str = "tensorflow") -> Catalog:
     frameworks share (data/cuda.yaml, data/debian.yaml)."""
     if framework not in FRAMEWORKS:
         raise KeyError(framework)
-    doc = _read(f"{framework}.yaml")
+    return _catalog(framework, generated().documents)
+
+
+def _catalog(framework: str, documents: dict[str, Any]) -> Catalog:
+    doc = documents[f"{framework}.yaml"]
+    wheel_sets = documents["cuda-wheels.yaml"]
     cuda = _read("cuda.yaml")
-    generated = _read("cuda-wheels.yaml")
     debian = _read("debian.yaml")
     # The hand-kept sets (CUDA 12, 13.0) first; generated ones add the minors they lack.
-    toolkit_rows = {**(generated.get("toolkits") or {}), **cuda["toolkits"]}
-    pair_rows = [*cuda["pairs"], *(generated.get("pairs") or [])]
+    toolkit_rows = {**(wheel_sets.get("toolkits") or {}), **cuda["toolkits"]}
+    pair_rows = [*cuda["pairs"], *(wheel_sets.get("pairs") or [])]
     return Catalog(
         framework=doc["framework"],
         short=doc["short"],

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuenv.matrix.errors import GpuenvError
+
+if TYPE_CHECKING:
+    from gpuenv.catalog.index import Index
 
 ALIASES = {
     "tf": "tensorflow",
@@ -75,21 +78,61 @@ def entries(framework: str | None = None) -> list[dict[str, Any]]:
     return out
 
 
+def stale_note() -> str | None:
+    """One line when the catalog in use is stale (`freshness.STALE_DAYS`), else None: for the
+    verbs that choose framework releases from it."""
+    import datetime
+
+    from gpuenv.catalog import compat, freshness
+
+    return freshness.stale_note(compat.generated(), datetime.datetime.now(datetime.UTC).date())
+
+
+def in_use() -> str:
+    """Which catalog is read, for `gpuenv catalog`'s footer."""
+    from gpuenv.catalog import compat
+
+    choice = compat.generated()
+    if choice.origin == "packaged":
+        return "the package's"
+    return f"your refreshed copy {choice.origin}"
+
+
 def refresh_catalog(
-    index_url: str | None = None, data: Path | None = None, record: Path | None = None
-) -> list[str]:
+    index_url: str | None = None, into: Path | None = None, record: Path | None = None
+) -> tuple[list[str], str]:
     """Regenerate the data files from the index (PyPI unless $GPUENV_CATALOG_INDEX or
-    ``index_url`` names another), trusting $PIP_CERT's CA; what changed, one line each."""
-    from gpuenv.catalog import refresh
+    ``index_url`` names another), trusting $PIP_CERT's CA: into the user's cache (the catalog
+    in use is what changed is measured against), or rewrite the files in ``into`` (a
+    checkout's gpuenv/data/). What changed, one line each, and where it went."""
     from gpuenv.catalog.index import Index
 
     url = index_url or os.environ.get("GPUENV_CATALOG_INDEX") or "https://pypi.org/simple/"
     ca = os.environ.get("GPUENV_CA_BUNDLE") or os.environ.get("PIP_CERT")
-    index = Index(url, Path(ca) if ca else None)
-    result = refresh.refresh(index, data=data or refresh.DATA)
-    refresh.write(result, data or refresh.DATA)
-    if record is not None and result.changes:
-        import datetime
+    return refresh_from(Index(url, Path(ca) if ca else None), into, record)
 
+
+def refresh_from(
+    index: Index, into: Path | None = None, record: Path | None = None
+) -> tuple[list[str], str]:
+    """`refresh_catalog` from ``index``. The cache always gets the whole set, dated today
+    (its date says when the index was last asked); a folder only the files that changed."""
+    import datetime
+
+    from gpuenv.catalog import compat, freshness, refresh
+
+    if into is not None:
+        if not all((into / name).is_file() for name in refresh.GENERATED):
+            raise GpuenvError(
+                f"{into}: --into needs a folder holding the generated catalog files "
+                f"({', '.join(refresh.GENERATED)}), as gpuenv/data/ in a checkout does"
+            )
+        result = refresh.refresh(index, data=into)
+        refresh.write(result, into)
+        where = str(into)
+    else:
+        result = refresh.refresh(index, previous=compat.generated().documents)
+        where = str(freshness.write_cache(result.documents))
+    if record is not None and result.changes:
         refresh.record(result, record, datetime.date.today())
-    return result.changes
+    return result.changes, where

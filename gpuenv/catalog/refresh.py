@@ -583,12 +583,14 @@ def refresh(
     today: datetime.date | None = None,
     data: Path = DATA,
     progress: Callable[[str], None] | None = None,
+    previous: dict[str, dict[str, Any]] | None = None,
 ) -> Refresh:
-    """Every data file generated anew from ``index``, and what changed against ``data``."""
+    """Every data file generated anew from ``index``, and what changed against ``data``
+    (or against the ``previous`` documents: the catalog in use, for a refresh into the cache)."""
     today = today or datetime.date.today()
     say = progress or (lambda _m: None)
     reader = Reader(index)
-    previous = previous_documents(data)
+    previous = previous_documents(data) if previous is None else previous
     toolkits, pairs = _hand_kept()
     ctx = Context(
         reader,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gpuenv.cli.common import JsonOption, print_json, print_table, say, user_errors
+from gpuenv.cli.common import JsonOption, fail, print_json, print_table, say, user_errors
 
 
 def catalog_cmd(
@@ -19,9 +19,19 @@ def catalog_cmd(
         bool,
         typer.Option(
             "--refresh",
-            help="Regenerate gpuenv/data/ from the package index's metadata and show what changed",
+            help="Regenerate the catalog from the package index's metadata into your cache "
+            "(read instead of the package's while newer) and show what changed",
         ),
     ] = False,
+    into: Annotated[
+        Path | None,
+        typer.Option(
+            "--into",
+            help="With --refresh: rewrite the generated files in DIR instead (a checkout's "
+            "gpuenv/data, as the catalog workflow does)",
+            show_default=False,
+        ),
+    ] = None,
     record: Annotated[
         Path | None,
         typer.Option(
@@ -36,14 +46,19 @@ def catalog_cmd(
 
     with user_errors():
         if refresh:
-            changes = listing.refresh_catalog(record=record)
+            changes, where = listing.refresh_catalog(into=into, record=record)
             if as_json:
-                print_json({"changes": changes})
+                print_json({"changes": changes, "written": where})
             else:
                 for line in changes or ["the catalog is up to date: nothing changed"]:
                     say(line)
+                say(f"catalog written to {where}" if changes or into is None else f"{where}: kept")
             return
+        if into is not None or record is not None:
+            raise fail("--into and --record go with --refresh: gpuenv catalog --refresh --into DIR",
+                       2)  # fmt: skip
         entries = listing.entries(framework)
+        note, source = listing.stale_note(), listing.in_use()
     if as_json:
         print_json({"releases": entries})
         return
@@ -57,7 +72,10 @@ def catalog_cmd(
             gpu["cudnn_wheel"] or gpu["cudnn"] if gpu else "-", e["refreshed"] or "-",
         ))  # fmt: skip
     print_table(rows)
-    print("(sources: `gpuenv catalog --json`; newer releases: `gpuenv catalog --refresh`)")
+    print(f"(the catalog: {source}; sources: `gpuenv catalog --json`; newer releases: "
+          "`gpuenv catalog --refresh`)")  # fmt: skip
+    if note:
+        say(note)
 
 
 def _pythons(pythons: list[str]) -> str:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gpuenv.cli.common import user_errors
+from gpuenv.cli.common import say, user_errors
 
 
 def init_cmd(
@@ -25,6 +25,10 @@ def init_cmd(
     with user_errors():
         path = init(directory)
         print(path)
+        from gpuenv.catalog.listing import stale_note
+
+        if note := stale_note():
+            say(note)
 
 
 def register(app: typer.Typer) -> None:

@@ -83,6 +83,10 @@ def lock_cmd(
                                         project.path),
             )  # fmt: skip
         print(path)
+        from gpuenv.catalog.listing import stale_note
+
+        if note := stale_note():
+            say(note)
 
 
 def register(app: typer.Typer) -> None:

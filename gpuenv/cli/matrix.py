@@ -14,6 +14,7 @@ from gpuenv.cli.common import (
     fail,
     print_json,
     print_table,
+    say,
     user_errors,
 )
 
@@ -58,6 +59,10 @@ def matrix_cmd(
             print(f"  {values}: {entry['reason']}")
     elif res.rejected:
         print(f"({len(res.rejected)} combination(s) rejected; `gpuenv matrix --all` says why)")
+    from gpuenv.catalog.listing import stale_note
+
+    if note := stale_note():
+        say(note)
 
 
 def render_cmd(

@@ -59,9 +59,14 @@ def code_digest() -> str:
 
 def key(matrix: Path, lock: Path) -> str:
     """gpuenv's code, the matrix and the lock (each by absolute path and bytes): relative
-    paths in the matrix resolve from where it is, so a copy elsewhere is another input."""
+    paths in the matrix resolve from where it is, so a copy elsewhere is another input. And
+    the user's refreshed catalog in the cache, which is read instead of the package's while
+    it is newer and valid (gpuenv/catalog/freshness.py)."""
+    from gpuenv.catalog import freshness
+
     doc = {
         "code": code_digest(),
+        "catalog": freshness.signature(),
         "matrix": [str(matrix.resolve()), file_digest(matrix)],
         "lock": [str(lock.resolve()), file_digest(lock)],
     }

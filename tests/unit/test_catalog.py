@@ -11,6 +11,7 @@ import hashlib
 import http.server
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -28,7 +29,7 @@ from packaging.version import Version
 from rendering import key_of
 
 from gpuenv.building.render import render
-from gpuenv.catalog import compat, refresh
+from gpuenv.catalog import compat, freshness, refresh
 from gpuenv.catalog.index import Index, Unreachable, parse_metadata
 from gpuenv.matrix import schema as matrix
 from gpuenv.matrix.errors import GpuenvError
@@ -388,8 +389,6 @@ class _Result:
 @pytest.fixture
 def cli(monkeypatch):
     def run(*args: str) -> _Result:
-        import os
-
         proc = subprocess.run([sys.executable, "-m", "gpuenv", *args], capture_output=True,
                               text=True, env=dict(os.environ), timeout=120)  # fmt: skip
         return _Result(proc.returncode, proc.stdout + proc.stderr)
@@ -436,3 +435,204 @@ def test_the_data_files_parse_as_the_catalog_expects():
             assert row.python == tuple(sorted(row.python, key=Version))
             if row.exact:
                 assert row.gpu_release and SpecifierSet(f"=={row.gpu_release}")
+
+
+# ---------------------------------------------------------------------- the user's copy
+# (issue 45: the catalog keeps up between releases; gpuenv/catalog/freshness.py)
+
+
+def _documents(refreshed: str) -> dict:
+    """The packaged generated documents, as a refresh dated ``refreshed`` would write them."""
+    docs = {name: _shipped(name) for name in freshness.GENERATED}
+    for doc in docs.values():
+        doc["refreshed"] = refreshed
+    return docs
+
+
+def _later(days: int = 1) -> str:
+    return (_today() + datetime.timedelta(days=days)).isoformat()
+
+
+def _choose(cached: object, unreadable: str | None = None) -> freshness.Choice:
+    return freshness.choose(freshness.packaged(), cached, unreadable, "/c/catalog.json",
+                            compat.check_documents)  # fmt: skip
+
+
+def test_without_a_copy_the_packaged_catalog_is_read():
+    choice = _choose(None)
+    assert (choice.origin, choice.refreshed, choice.warning) == ("packaged", _today(), None)
+
+
+def test_a_valid_newer_copy_is_read_instead_of_the_packaged_one():
+    docs = _documents(_later())
+    docs["jax.yaml"]["releases"][0]["version"] = "0.12.9"
+    choice = _choose({"format": 1, "documents": docs})
+    assert (choice.origin, choice.refreshed, choice.warning) == (
+        "/c/catalog.json", _today() + datetime.timedelta(days=1), None)  # fmt: skip
+    assert compat._catalog("jax", choice.documents).newest().version == "0.12.9"
+
+
+@pytest.mark.parametrize("days", [0, -3])
+def test_a_copy_no_newer_than_the_package_is_not_read_and_not_warned_of(days):
+    # An upgrade of gpuenv since the user's refresh: the package's catalog is as new or newer.
+    choice = _choose({"format": 1, "documents": _documents(_later(days))})
+    assert (choice.origin, choice.warning) == ("packaged", None)
+
+
+def _broken(how: str) -> object:
+    docs = _documents(_later())
+    if how == "not an object":
+        return ["torch.yaml"]
+    if how == "another format":
+        return {"format": 2, "documents": docs}
+    if how == "a document missing":
+        del docs["cuda-wheels.yaml"]
+    elif how == "a document under another name":
+        docs["torch.yaml"], docs["jax.yaml"] = docs["jax.yaml"], docs["torch.yaml"]
+    elif how == "two refresh dates":
+        docs["jax.yaml"]["refreshed"] = _later(2)
+    elif how == "a row without its Pythons":
+        del docs["torch.yaml"]["releases"][0]["python"]
+    elif how == "a GPU row whose wheels do not pin":
+        docs["jax.yaml"]["releases"][0]["gpu"]["cuda"] = "11.0"
+    return {"format": 1, "documents": docs}
+
+
+@pytest.mark.parametrize("how, why", [
+    ("not an object", "not a gpuenv catalog (format 1)"),
+    ("another format", "not a gpuenv catalog (format 1)"),
+    ("a document missing", "it must hold exactly torch.yaml, jax.yaml, tensorflow.yaml, "
+                           "cuda-wheels.yaml"),
+    ("a document under another name", "its torch.yaml is not the torch catalog"),
+    ("two refresh dates", "its documents do not record one refresh date (YYYY-MM-DD)"),
+    ("a row without its Pythons", "the catalog's loader refuses it (KeyError: 'python')"),
+    ("a GPU row whose wheels do not pin", "the catalog's loader refuses it (ValueError: "),
+])  # fmt: skip
+def test_a_malformed_copy_is_ignored_with_a_warning(how, why):
+    choice = _choose(_broken(how))
+    assert (choice.origin, choice.refreshed) == ("packaged", _today())
+    assert choice.warning is not None
+    assert choice.warning.startswith(f"ignoring /c/catalog.json: {why}"), choice.warning
+    assert choice.warning.endswith("; `gpuenv catalog --refresh` rewrites it")
+
+
+def test_a_copy_that_could_not_be_read_is_ignored_with_a_warning():
+    choice = _choose(None, "owned by uid 0, not by you (uid 1000)")
+    assert choice.origin == "packaged"
+    assert choice.warning == ("ignoring /c/catalog.json: owned by uid 0, not by you (uid 1000); "
+                              "`gpuenv catalog --refresh` rewrites it")  # fmt: skip
+
+
+def test_only_a_regular_file_of_this_user_is_read(tmp_path):
+
+    uid = os.geteuid()
+    path = tmp_path / "catalog.json"
+    assert freshness.read_cached(path, uid) == (None, None)  # none: nothing to say
+    path.write_text('{"format": 1}')
+    assert freshness.read_cached(path, uid) == ({"format": 1}, None)
+    assert freshness.read_cached(path, uid + 1) == (
+        None, f"owned by uid {uid}, not by you (uid {uid + 1})")  # fmt: skip
+    link = tmp_path / "link.json"
+    link.symlink_to(path)
+    assert freshness.read_cached(link, uid)[1].startswith("cannot be read")  # never followed
+    assert freshness.read_cached(tmp_path, uid) == (None, "not a regular file")
+    path.write_text("{half")
+    assert freshness.read_cached(path, uid)[1].startswith("not JSON")
+
+
+def test_a_catalog_is_stale_after_thirty_days():
+    choice = freshness.Choice({}, "packaged", datetime.date(2026, 11, 24))
+    assert freshness.stale_note(choice, datetime.date(2026, 12, 24)) is None
+    assert freshness.stale_note(choice, datetime.date(2026, 12, 25)) == (
+        "the catalog was refreshed 2026-11-24 (31 days ago); newer framework releases may be "
+        "missing: `gpuenv catalog --refresh` updates your copy")  # fmt: skip
+    assert freshness.stale_note(freshness.Choice({}, "packaged", None), _today()) is None
+
+
+@pytest.fixture
+def user_cache(tmp_path, monkeypatch) -> Iterator[Path]:
+    """An empty XDG cache, and the process's choice of catalog forgotten before and after."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    freshness.current.cache_clear()
+    compat.catalog.cache_clear()
+    yield tmp_path / "cache" / "gpuenv" / freshness.CACHE_NAME
+    freshness.current.cache_clear()
+    compat.catalog.cache_clear()
+
+
+def test_a_refresh_writes_the_users_cache_which_is_then_read(server, user_cache):
+    from gpuenv.catalog import listing
+
+    changes, where = listing.refresh_from(LoopbackIndex(server))
+    assert (changes, where) == ([], str(user_cache))  # the recorded index: nothing new
+    cached, unreadable = freshness.read_cached(user_cache, os.geteuid())
+    assert unreadable is None and set(cached["documents"]) == set(freshness.GENERATED)
+    today = datetime.date.today()
+    assert freshness.refreshed_of(cached["documents"]) == today  # when the index was asked
+    freshness.current.cache_clear()  # a new process
+    chosen = compat.generated()
+    assert chosen.origin == (str(user_cache) if today > _today() else "packaged")
+    # The rows are the package's (the recorded index is the package's refresh).
+    for name in freshness.GENERATED:
+        assert {**chosen.documents[name], "refreshed": "-"} == {**_shipped(name), "refreshed": "-"}
+
+
+def test_the_snapshot_key_follows_the_users_catalog(user_cache, tmp_path):
+    from gpuenv.project import fingerprint
+
+    matrix, lock = tmp_path / "matrix.yaml", tmp_path / "matrix.lock"
+    matrix.write_text("name: x\n")
+    before = fingerprint.key(matrix, lock)
+    user_cache.parent.mkdir(parents=True)
+    user_cache.write_text(json.dumps({"format": 1, "documents": _documents(_later())}))
+    assert fingerprint.key(matrix, lock) != before
+
+
+def test_the_verbs_that_choose_releases_say_when_the_catalog_is_stale(
+    user_cache, monkeypatch, write_matrix
+):
+    from cli_runner import CliRunner
+
+    from gpuenv.cli import app
+
+    monkeypatch.setattr(freshness, "STALE_DAYS", 0)
+    note = "gpuenv: the catalog was refreshed 2026-11-24 ("
+    listed = CliRunner().invoke(app, ["catalog", "jax"])
+    assert listed.exit_code == 0 and note in listed.stderr, listed.output
+    assert "(the catalog: the package's;" in listed.stdout
+    shown = CliRunner().invoke(app, ["matrix", "-f", str(write_matrix())])
+    assert shown.exit_code == 0 and note in shown.stderr, shown.output
+    monkeypatch.setattr(freshness, "STALE_DAYS", 30_000)
+    assert note not in CliRunner().invoke(app, ["catalog", "jax"]).stderr
+
+
+def test_the_cli_reads_a_newer_copy_and_ignores_another_users(cli, tmp_path, monkeypatch):
+
+    cache = tmp_path / "cache"
+    (cache / "gpuenv").mkdir(parents=True)
+    path = cache / "gpuenv" / freshness.CACHE_NAME
+    docs = _documents(_later())
+    docs["jax.yaml"]["releases"][0]["version"] = "0.12.9"
+    path.write_text(json.dumps({"format": 1, "documents": docs}))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    listed = cli("catalog", "jax")
+    assert listed.exit_code == 0, listed.output
+    assert listed.output.splitlines()[1].split()[:2] == ["jax", "0.12.9"]
+    assert f"(the catalog: your refreshed copy {path};" in listed.output
+    if os.geteuid() != 0:
+        return  # giving the file away needs root
+    os.chown(path, 4242, 4242)
+    listed = cli("catalog", "jax")
+    assert listed.exit_code == 0, listed.output
+    assert listed.output.splitlines()[1].split()[:2] == ["jax", "0.12.0.1"]
+    assert (f"gpuenv: warning: ignoring {path}: owned by uid 4242, not by you (uid 0); "
+            "`gpuenv catalog --refresh` rewrites it") in listed.output  # fmt: skip
+
+
+def test_refresh_into_a_folder_without_the_catalog_files_is_one_error(cli, tmp_path):
+    result = cli("catalog", "--refresh", "--into", str(tmp_path))
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        f"error: {tmp_path}: --into needs a folder holding the generated catalog files "
+        "(torch.yaml, jax.yaml, tensorflow.yaml, cuda-wheels.yaml), as gpuenv/data/ in a "
+        "checkout does")  # fmt: skip
