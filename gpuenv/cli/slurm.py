@@ -51,6 +51,17 @@ def run_cmd(
             metavar="DIR",
         ),
     ] = None,
+    login: Annotated[
+        str | None,
+        typer.Option(
+            "--login",
+            help="The cluster's login node over your ssh: the image and the working directory "
+            "are sent to --shared DIR there, what the job writes comes back "
+            "[default: $GPUENV_SLURM_LOGIN; none: Slurm's commands on this machine]",
+            show_default=False,
+            metavar="[USER@]HOST[:PORT]",
+        ),
+    ] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Print the job ID and return")] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the batch script, submit nothing")
@@ -67,7 +78,7 @@ def run_cmd(
                 command=command or [], image=image, env=env or [], nodes=nodes,
                 gpus_per_node=gpus_per_node, partition=partition, time=time,
                 runtime=runtime or slurm.DEFAULT_RUNTIME,
-                shared=shared, detach=detach, dry_run=dry_run, file=file,
+                shared=shared, detach=detach, dry_run=dry_run, file=file, login=login,
             )
         )  # fmt: skip
     raise typer.Exit(code)

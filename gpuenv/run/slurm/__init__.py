@@ -7,9 +7,14 @@
 - `jobs.py`: Slurm's own commands on PATH (sbatch, scontrol, scancel), honouring
   $SLURM_CONF; their outputs parsed.
 - `run.py`: wires them for the verb and follows the job to its exit code.
+- `ssh.py`: a login node over the user's ssh (`--login`): the argv, one quoted command.
+- `login.py`: `slurm run --login` from a machine with Docker: the image written here and
+  sent once per image ID, the job submitted and followed over ssh.
+- `jobdir.py`: the working directory's copy in a job directory on the shared directory,
+  sent by content digest; what the job wrote brought back through run/sync.py's unpacking.
 
-Slurm is reached through its commands on this machine (a login node). A login node over ssh
-would be one more runner for jobs.py's commands (docs/architecture.md says how).
+Slurm is reached through its commands on this machine (a login node), or on a login node
+over ssh (`jobs.Slurm.over`: the same commands, each one ssh call).
 """
 
 from __future__ import annotations

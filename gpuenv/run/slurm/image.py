@@ -33,7 +33,7 @@ import subprocess
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -61,11 +61,12 @@ MOUNT_ROOTS = ("home", "scratch", "work", "project", "projects", "data", "shared
 
 @dataclass(frozen=True)
 class Shared:
-    root: Path  # resolved: no symbolic link in it
+    root: Path  # resolved: no symbolic link in it (with --login: a path on the cluster)
+    uid: int = field(default_factory=os.getuid)  # the user's, where DIR is
 
     @property
     def own(self) -> Path:
-        return self.root / f"gpuenv-{os.getuid()}"
+        return self.root / f"gpuenv-{self.uid}"
 
     @property
     def images(self) -> Path:

@@ -16,7 +16,8 @@ import subprocess
 from dataclasses import dataclass
 
 from gpuenv.run.slurm import SlurmError
-from gpuenv.run.slurm.script import submission_environment
+from gpuenv.run.slurm.script import WIDENING, submission_environment
+from gpuenv.run.slurm.ssh import Login
 
 COMMANDS = ("sbatch", "scontrol", "scancel")
 TIMEOUT = 60  # seconds for one command: slurmctld answers in milliseconds, or is down
@@ -133,10 +134,16 @@ def refusal(stderr: str) -> str:
 
 
 class Slurm:
-    """Slurm's commands, found on PATH once."""
+    """Slurm's commands, found on PATH once, or run on a login node over ssh (`over`)."""
 
-    def __init__(self, paths: dict[str, str]) -> None:
+    def __init__(self, paths: dict[str, str], login: Login | None = None) -> None:
         self.paths = paths
+        self.login = login
+
+    @classmethod
+    def over(cls, login: Login) -> Slurm:
+        """The commands on the login node's PATH, each run through the user's ssh."""
+        return cls({name: name for name in COMMANDS}, login)
 
     @classmethod
     def find(cls) -> Slurm:
@@ -153,6 +160,8 @@ class Slurm:
     def _run(
         self, name: str, *args: str, stdin: str | None = None
     ) -> subprocess.CompletedProcess[str]:
+        if self.login is not None:
+            return self._run_there(self.login, name, *args, stdin=stdin)
         try:
             return subprocess.run(
                 [self.paths[name], *args], input=stdin, capture_output=True, text=True,
@@ -164,6 +173,24 @@ class Slurm:
             ) from None
         except OSError as exc:
             raise SlurmError(f"{name}: {exc.strerror or exc}") from None
+
+    def _run_there(
+        self, login: Login, name: str, *args: str, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        from gpuenv.run.slurm import ssh
+
+        argv = remote_argv(name, *args)
+        proc = ssh.run(login, argv, name, stdin=(stdin or "").encode(), timeout=TIMEOUT,
+                       check=False)  # fmt: skip
+        if proc.returncode == 127:
+            raise SlurmError(
+                f"{name} not found on {login.host}: Slurm's client commands must be on the PATH "
+                f"of a non-interactive ssh session there (check `ssh {login.who} {name} --version`)"
+            )
+        return subprocess.CompletedProcess(
+            proc.args, proc.returncode, proc.stdout.decode(errors="replace"),
+            proc.stderr.decode(errors="replace"),
+        )  # fmt: skip
 
     def submit(self, script: str) -> str:
         proc = self._run("sbatch", "--parsable", stdin=script)
@@ -195,5 +222,12 @@ class Slurm:
             raise SlurmError(f"scancel {job_id}: {refusal(proc.stderr)}")
 
 
+def remote_argv(name: str, *args: str) -> list[str]:
+    """A Slurm command as the login node runs it: without the variables that would widen
+    the job's --export (script.py's WIDENING), whatever the session there sets."""
+    unset = [a for w in WIDENING for a in ("-u", w)]
+    return ["env", *unset, name, *args]
+
+
 __all__ = ["ENDED", "NEVER", "REASONS", "Job", "Slurm", "job_from", "parse_show_job",
-           "parse_submitted", "refusal"]  # fmt: skip
+           "parse_submitted", "refusal", "remote_argv"]  # fmt: skip

@@ -37,6 +37,7 @@ from gpuenv.run.slurm.script import (
     parse_time,
 )
 
+Tail = Callable[[int, BinaryIO], int]  # (offset, out) -> the new offset
 POLL_SECONDS = 0.5
 CANCEL_PATIENCE = 120  # seconds for Slurm to end a cancelled job's processes (KillWait...)
 
@@ -56,6 +57,7 @@ class SlurmOptions:
     dry_run: bool = False
     file: Path | None = None
     cwd: Path = field(default_factory=Path.cwd)
+    login: str | None = None  # [USER@]HOST[:PORT]: Slurm over ssh (login.py)
 
 
 def check(opts: SlurmOptions) -> tuple[str | None, str | None]:
@@ -68,7 +70,6 @@ def check(opts: SlurmOptions) -> tuple[str | None, str | None]:
         raise SlurmError(f"--runtime {opts.runtime!r}: expected one of {', '.join(RUNTIMES)}")
     if opts.detach and opts.dry_run:
         raise SlurmError("--detach and --dry-run: give one")
-    check_path(str(opts.cwd), "the working directory")
     if str(opts.cwd) == "/":
         raise SlurmError("run gpuenv from your project directory: it binds the current directory")
     return (
@@ -80,9 +81,13 @@ def check(opts: SlurmOptions) -> tuple[str | None, str | None]:
 def submit(opts: SlurmOptions) -> int:
     from gpuenv.engine import client as engine
     from gpuenv.run import options, target
-    from gpuenv.run.slurm import image
+    from gpuenv.run.slurm import image, login, ssh
 
+    there = ssh.login_for(opts.login)
+    if there is not None:
+        return login.submit(opts, there)
     time_limit, partition = check(opts)
+    check_path(str(opts.cwd), "the working directory")
     argv = options.command_for(opts.command, opts.cwd)
     env = options.parse_env(opts.env)
     # Slurm first: no point writing gigabytes to find out there is no cluster. A dry run
@@ -154,13 +159,13 @@ def _find_slurm(required: bool) -> Slurm | None:
         return None
 
 
-def attach(slurm: Slurm, job_id: str, out_path: Path, *,
+def attach(slurm: Slurm, job_id: str, out_path: Path, *, tail: Tail | None = None,
            sleep: Callable[[float], None] = time.sleep) -> int:  # fmt: skip
     """Follow the job to its exit code; Ctrl-C or SIGTERM cancel it (scancel) and wait for
     Slurm to end its processes."""
     try:
         with raising_interrupted():
-            return follow(slurm, job_id, out_path, sys.stdout.buffer, sleep=sleep)
+            return follow(slurm, job_id, out_path, sys.stdout.buffer, sleep=sleep, tail=tail)
     except (Interrupted, KeyboardInterrupt) as exc:
         code = exc.code if isinstance(exc, Interrupted) else 130
         # A second signal while cancelling must not leave the job running.
@@ -196,8 +201,15 @@ def _cancel(slurm: Slurm, job_id: str, sleep: Callable[[float], None]) -> None:
 
 
 def follow(slurm: Slurm, job_id: str, out_path: Path, out: BinaryIO, *,
+           tail: Tail | None = None,
            sleep: Callable[[float], None] = time.sleep) -> int:  # fmt: skip
-    """Pending reasons in words, the job's output as it grows, then its exit code."""
+    """Pending reasons in words, the job's output as it grows (`tail`: what the output
+    gained since an offset, written to `out`; the output file here by default), then its
+    exit code."""
+
+    def _copy_new(path: Path, offset: int, out: BinaryIO) -> int:
+        return tail(offset, out) if tail is not None else _copy_file(path, offset, out)
+
     offset = 0
     said = ""
     while True:
@@ -246,7 +258,7 @@ def exit_code(job: Job) -> int:
     raise SlurmError(f"job {job.id} {words.get(job.state, job.state)}")
 
 
-def _copy_new(path: Path, offset: int, out: BinaryIO) -> int:
+def _copy_file(path: Path, offset: int, out: BinaryIO) -> int:
     """Write what the output file gained since `offset`; the new offset."""
     try:
         with path.open("rb") as fh:

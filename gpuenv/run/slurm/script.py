@@ -41,7 +41,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 EXPORTED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR",
             "XDG_RUNTIME_DIR")  # fmt: skip
 # Slurm's input variables that would widen --export (sbatch(1), srun(1)).
-_WIDENING = ("SBATCH_EXPORT", "SLURM_EXPORT_ENV", "SBATCH_GET_USER_ENV")
+WIDENING = ("SBATCH_EXPORT", "SLURM_EXPORT_ENV", "SBATCH_GET_USER_ENV")
 
 
 # ---------------------------------------------------------------------- --time
@@ -141,7 +141,7 @@ def submission_environment(environ: dict[str, str]) -> dict[str, str]:
     return {
         k: v
         for k, v in environ.items()
-        if (k in EXPORTED or k.startswith(("SLURM_", "SBATCH_"))) and k not in _WIDENING
+        if (k in EXPORTED or k.startswith(("SLURM_", "SBATCH_"))) and k not in WIDENING
     }
 
 
@@ -311,6 +311,7 @@ __all__ = [
     "DEFAULT_RUNTIME",
     "EXPORTED",
     "RUNTIMES",
+    "WIDENING",
     "ImageFiles",
     "JobInputs",
     "batch_script",
