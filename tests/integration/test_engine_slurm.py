@@ -23,10 +23,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.cells import BASE_IMAGE, test_repository
+from support.cells import test_repository
 from support.cli import GPUENV, output
-from support.engine import SESSION_LABEL, docker
-from support.slurm_cluster import MARKER, SlurmCluster, marked_pids, slurm_cluster
+from support.slurm_cluster import (
+    MARKER,
+    SlurmCluster,
+    marked_pids,
+    probe_image_for,
+    slurm_cluster,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -43,18 +48,8 @@ def lab() -> Iterator[SlurmCluster]:
 
 @pytest.fixture(scope="module")
 def probe_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The base plus /gpuenv-probe and ENV GPUENV_PROBE, committed from a created container."""
-    probe = tmp_path_factory.mktemp("probe") / "gpuenv-probe"
-    probe.write_text("inside the image\n")
-    cid = docker("create", "--label", SESSION_LABEL, "--network", "none", BASE_IMAGE,
-                 "true").stdout.strip()  # fmt: skip
-    try:
-        docker("cp", str(probe), f"{cid}:/gpuenv-probe")
-        docker("commit", "--change", "ENV GPUENV_PROBE=from-the-image", cid, PROBE_IMAGE)
-    finally:
-        docker("rm", "-f", cid, check=False)
-    yield PROBE_IMAGE
-    docker("rmi", PROBE_IMAGE, check=False)
+    with probe_image_for(PROBE_IMAGE, tmp_path_factory.mktemp("probe")) as image:
+        yield image
 
 
 @pytest.fixture(scope="module")

@@ -203,6 +203,28 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def probe_image_for(ref: str, tmp: Path) -> Iterator[str]:
+    """The smallest image that proves a job ran inside it: the base plus /gpuenv-probe and
+    ENV GPUENV_PROBE, committed from a created container (no build); removed after."""
+    from support.cells import BASE_IMAGE
+    from support.engine import SESSION_LABEL, docker
+
+    probe = tmp / "gpuenv-probe"
+    probe.write_text("inside the image\n")
+    cid = docker("create", "--label", SESSION_LABEL, "--network", "none", BASE_IMAGE,
+                 "true").stdout.strip()  # fmt: skip
+    try:
+        docker("cp", str(probe), f"{cid}:/gpuenv-probe")
+        docker("commit", "--change", "ENV GPUENV_PROBE=from-the-image", cid, ref)
+    finally:
+        docker("rm", "-f", cid, check=False)
+    try:
+        yield ref
+    finally:
+        docker("rmi", ref, check=False)
+
+
 def _wait(ready: object, timeout: float, what: str, root: Path) -> None:
     deadline = time.monotonic() + timeout
     while not ready():  # type: ignore[operator]
