@@ -17,7 +17,9 @@ Prints side-by-side ratios:
 2. Cold CPU cell: `gpuenv build CELL --no-cache` from an empty gpuenv cache (wheelhouse,
    probe verdict) against hand-written single-stage Dockerfiles that install the same
    packages (tensorflow==<version>) on the same base, one with pip and one with uv; medians
-   of --repeat runs, interleaved (gpuenv, pip, uv, gpuenv, ...), each run listed (the spread).
+   of --repeat runs (3 at least for a claim), interleaved (gpuenv, pip, uv, gpuenv, ...), each
+   run listed and each ratio with each round's (the spread), and the load average while it
+   ran (benchmarks/spread.py, which every part's figures go through).
    Targets: <= 0.7x pip, <= 1.0x uv (issue 33).
    The hand-written builds do the same work as gpuenv's resolution, download and install
    step, so the ratio is gpuenv's own overhead: a venv in /opt/venv, bytecode compiled (pip
@@ -66,6 +68,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+
+from spread import Load, check_rounds, ratio, runs
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH_REPOSITORY = "gpuenv-bench/tensorflow"
@@ -159,10 +163,11 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def ratio_line(label: str, mine: float, theirs: float, target: float) -> str:
-    r = mine / theirs if theirs else float("inf")
+def ratio_line(label: str, mine: list[float], theirs: list[float], target: float) -> str:
+    """The ratio of the medians with each round's (benchmarks/spread.py), and the target."""
+    r = median(mine) / median(theirs) if median(theirs) else float("inf")
     verdict = "ok" if r <= target else "MISSED"
-    return f"  {label:<44} {r:6.2f}x   (target <= {target}x: {verdict})"
+    return f"  {label:<44} {ratio(mine, theirs)}   (target <= {target}x: {verdict})"
 
 
 def human(size: float) -> str:
@@ -211,6 +216,7 @@ def no_op(matrix: Path, cells: dict[str, dict], repeat: int, ca: Path | None, tm
     contexts = assembled_contexts(matrix, ca)
     gpuenv_times, docker_times, inside, one_cell = [], [], [], []
     first = next(iter(cells))
+    load = Load()
     for _ in range(repeat):
         seconds, _proc = timed(gpuenv("build", "-f", str(matrix), first, "--json"))
         one_cell.append(seconds)
@@ -239,10 +245,13 @@ def no_op(matrix: Path, cells: dict[str, dict], repeat: int, ca: Path | None, tm
                 print(f"  warning: warm docker build of {name} missed the cache")
             if image_id != images[name].get("Id"):
                 sh(["docker", "rmi", image_id], check=False)
+        load.sample()
     n = len(cells)
     g, d = median(gpuenv_times), median(docker_times)
-    print(f"\n1. No-op rebuild of the whole matrix ({n} cells), medians of {repeat}")
-    print(f"  {'gpuenv build (all up to date)':<44} {g:6.2f} s   ({g / n:.3f} s per cell)")
+    print(f"\n1. No-op rebuild of the whole matrix ({n} cells), medians of {repeat} [each run], "
+          f"{load}")  # fmt: skip
+    print(f"  {'gpuenv build (all up to date)':<44} {runs(gpuenv_times, ' s', 2)}   "
+          f"({g / n:.3f} s per cell)")  # fmt: skip
     i, one = median(inside), median(one_cell)
     print(f"  {'  of which the per-cell checks (--json)':<44} {i:6.2f} s   (the rest: start-up)")
     if n > 1:
@@ -250,12 +259,11 @@ def no_op(matrix: Path, cells: dict[str, dict], repeat: int, ca: Path | None, tm
         print(
             f"  {'  gpuenv build of one cell':<44} {one:6.2f} s   ({marginal:.3f} s per extra cell)"
         )
-    print(
-        f"  {'docker build, warm cache, same contexts':<44} {d:6.2f} s   ({d / n:.3f} s per cell)"
-    )
+    print(f"  {'docker build, warm cache, same contexts':<44} {runs(docker_times, ' s', 2)}   "
+          f"({d / n:.3f} s per cell)")  # fmt: skip
     networks = ", ".join(sorted({c.network for c in contexts.values()}))
     print(f"  {'  with the network gpuenv gave them':<44} {networks}")
-    print(ratio_line("gpuenv / docker build", g, d, 0.2))
+    print(ratio_line("gpuenv / docker build", gpuenv_times, docker_times, 0.2))
     verdict = "ok" if g / n <= 0.2 else "MISSED"
     print(f"  {'per cell':<44} {g / n:6.3f} s   (target <= 0.2 s: {verdict})")
 
@@ -345,15 +353,16 @@ def cold(
     matrix = bench_matrix(shipped, tmp)
     cell = matrix_cells(matrix)[cell_name]
     contexts = handwritten_contexts(cell, ca, tmp)
-    runs = {"gpuenv": None, **({"gpuenv before": before} if before else {})}
-    times: dict[str, list[float]] = {name: [] for name in [*runs, *contexts]}
+    checkouts = {"gpuenv": None, **({"gpuenv before": before} if before else {})}
+    times: dict[str, list[float]] = {name: [] for name in [*checkouts, *contexts]}
     sizes: dict[str, int] = {}
     ca_args = ["--ca-bundle", str(ca)] if ca else []
+    load = Load()
     for i in range(repeat):
         print(f"  run {i + 1}:", end="", flush=True)
         # With --before, the two gpuenv builds swap places each run: the one right after the
         # other was seen to be seconds slower, whichever gpuenv it was.
-        for name, checkout in rotated(list(runs.items()), i):
+        for name, checkout in rotated(list(checkouts.items()), i):
             # An empty cache each time: a cold build downloads everything, as the
             # hand-written ones do (benchmarks/wheelhouse.py measures the warm rebuild).
             env, cwd = checkout_env(checkout)
@@ -375,21 +384,19 @@ def cold(
             sizes[name] = int((inspect(image_id) or {}).get("Size") or 0)
             sh(["docker", "rmi", image_id], check=False)
             print(f" {name} {seconds:.1f} s,", end="", flush=True)
-        print()
-    m = {name: median(values) for name, values in times.items()}
-    print(f"\n2. Cold build of {cell_name} (--no-cache), medians of {repeat}, interleaved")
+        print(f" load {load.sample():.1f}")
+    print(f"\n2. Cold build of {cell_name} (--no-cache), medians of {repeat} [each run], "
+          f"interleaved, {load}")  # fmt: skip
     labels = {"gpuenv": "gpuenv build --no-cache",
               "gpuenv before": f"gpuenv build --no-cache, {before}",
               "pip": "hand-written Dockerfile, pip install",
               "uv": "hand-written Dockerfile, uv pip install"}  # fmt: skip
     for key in times:
-        listed = ", ".join(f"{t:.1f}" for t in times[key])
-        print(f"  {labels[key]:<44} {m[key]:6.1f} s   [{listed}]  image {human(sizes[key])}")
-    for key in runs:
-        print(ratio_line(f"{key} / hand-written pip", m[key], m["pip"], 0.7))
-        print(ratio_line(f"{key} / hand-written uv (gpuenv's overhead)", m[key], m["uv"], 1.0))
-        pairs = ", ".join(f"{g / u:.2f}" for g, u in zip(times[key], times["uv"], strict=True))
-        print(f"  {'  each run':<44} [{pairs}]x")
+        print(f"  {labels[key]:<44} {runs(times[key])}  image {human(sizes[key])}")
+    for key in checkouts:
+        print(ratio_line(f"{key} / hand-written pip", times[key], times["pip"], 0.7))
+        print(ratio_line(f"{key} / hand-written uv (gpuenv's overhead)", times[key], times["uv"],
+                         1.0))  # fmt: skip
     return [f"{BENCH_REPOSITORY}:{cell_name}"]
 
 
@@ -450,6 +457,7 @@ def breakdown(
     if before is not None:
         columns["near, before"] = (before, "")
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in [*columns, "hand-written uv"]}
+    load = Load()
     for i in range(repeat):
         for name, (checkout, near) in rotated(list(columns.items()), i):
             env, cwd = checkout_env(checkout)
@@ -476,11 +484,12 @@ def breakdown(
         row = {**parts_of(logged[0]), "total": time.time() - start}
         sh(["docker", "rmi", image_id], check=False)
         rows["hand-written uv"].append(row)
-        print(f"  run {i + 1} hand-written uv: {row['total']:.1f} s", flush=True)
+        print(f"  run {i + 1} hand-written uv: {row['total']:.1f} s (load {load.sample():.1f})",
+              flush=True)  # fmt: skip
     keys = ["gpuenv before the engine", "context transfer", "install step", "export",
             "gpuenv after the engine", "total", "context MB"]  # fmt: skip
     print(f"\n2b. Where a cold build of {cell_name} goes, medians of {repeat} (seconds; "
-          "the range of the runs in brackets)")  # fmt: skip
+          f"the range of the runs in brackets), {load}")  # fmt: skip
     print(f"  {'part':<26}" + "".join(f"{name:>22}" for name in rows))
     for key in keys:
         cells = []
@@ -545,6 +554,7 @@ def main() -> None:
         help="only part 2b: where a cold build's time goes (both paths, hand-written uv)",
     )
     args = parser.parse_args()
+    check_rounds(args.repeat)
     ca = args.ca_bundle or (Path(os.environ["PIP_CERT"]) if os.environ.get("PIP_CERT") else None)
     matrix = args.file.resolve()
     earlier = args.before.resolve() if args.before else None

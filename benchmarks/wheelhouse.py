@@ -40,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("gpuenv_bench_build", HERE / "build.py")
 assert _spec is not None and _spec.loader is not None
 b = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = b  # dataclasses look their module up there
 _spec.loader.exec_module(b)
 
 REPOSITORY = "gpuenv-bench/wheelhouse"
@@ -90,7 +91,7 @@ def warm_rebuild(matrix: Path, cell: str, repeat: int, ca: Path | None, tmp: Pat
     print(f"\n1. {cell}: --no-cache rebuild, warm wheelhouse vs empty, medians of {repeat}")
     print(f"  {'cold (--no-cache, empty wheelhouse)':<44} {c:6.1f} s")
     print(f"  {'warm (--no-cache, wheelhouse filled)':<44} {w:6.1f} s")
-    print(b.ratio_line("warm / cold", w, c, 0.4))
+    print(b.ratio_line("warm / cold", warm_times, cold_times, 0.4))
     download_share(tmp / "cache-0" / "gpuenv" / "wheelhouse", cell, matrix, c, tmp)
 
 
@@ -168,7 +169,7 @@ def cold_matrix(shipped_matrix: Path, ca: Path | None, tmp: Path) -> None:
     print(f"\n2. Cold build of the whole matrix ({len(cells)} cells), empty engine")
     print(f"  {'gpuenv build, empty engine and wheelhouse':<44} {g:6.1f} s")
     print(f"  {'hand-written uv Dockerfiles, one after another':<44} {hand:6.1f} s")
-    print(b.ratio_line("gpuenv / hand-written uv", g, hand, 0.6))
+    print(b.ratio_line("gpuenv / hand-written uv", [g], [hand], 0.6))
 
 
 def main() -> None:
