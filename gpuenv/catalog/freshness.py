@@ -103,12 +103,18 @@ def choose(
     return Choice(documents, origin, when)
 
 
-def stale_note(choice: Choice, today: datetime.date) -> str | None:
-    """One line when the catalog in use was refreshed more than STALE_DAYS ago."""
-    if choice.refreshed is None:
+MAX_AGE_ENV = "GPUENV_CATALOG_MAX_AGE"  # days before the note (default STALE_DAYS), or "off"
+
+
+def stale_note(choice: Choice, today: datetime.date, max_age: str | None = None) -> str | None:
+    """One line when the catalog in use was refreshed more than `max_age` days ago
+    ($GPUENV_CATALOG_MAX_AGE: STALE_DAYS unless set; "off" never says it: a pinned gpuenv
+    in CI, a test suite that must pass on any day)."""
+    if choice.refreshed is None or (max_age or "").strip().lower() == "off":
         return None
+    limit = int(max_age) if max_age and max_age.strip().isdigit() else STALE_DAYS
     age = (today - choice.refreshed).days
-    if age <= STALE_DAYS:
+    if age <= limit:
         return None
     return (
         f"the catalog was refreshed {choice.refreshed.isoformat()} ({age} days ago); newer "

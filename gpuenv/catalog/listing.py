@@ -82,10 +82,12 @@ def stale_note() -> str | None:
     """One line when the catalog in use is stale (`freshness.STALE_DAYS`), else None: for the
     verbs that choose framework releases from it."""
     import datetime
+    import os
 
     from gpuenv.catalog import compat, freshness
 
-    return freshness.stale_note(compat.generated(), datetime.datetime.now(datetime.UTC).date())
+    today = datetime.datetime.now(datetime.UTC).date()
+    return freshness.stale_note(compat.generated(), today, os.environ.get(freshness.MAX_AGE_ENV))
 
 
 def in_use() -> str:

@@ -547,6 +547,10 @@ def test_a_catalog_is_stale_after_thirty_days():
         "the catalog was refreshed 2026-11-24 (31 days ago); newer framework releases may be "
         "missing: `gpuenv catalog --refresh` updates your copy")  # fmt: skip
     assert freshness.stale_note(freshness.Choice({}, "packaged", None), _today()) is None
+    # $GPUENV_CATALOG_MAX_AGE: another number of days, or "off"; anything else: the default.
+    assert freshness.stale_note(choice, datetime.date(2026, 11, 30), "5") is not None
+    assert freshness.stale_note(choice, datetime.date(2027, 11, 24), "off") is None
+    assert freshness.stale_note(choice, datetime.date(2026, 12, 24), "soon") is None
 
 
 @pytest.fixture
@@ -595,6 +599,7 @@ def test_the_verbs_that_choose_releases_say_when_the_catalog_is_stale(
 
     from gpuenv.cli import app
 
+    monkeypatch.delenv("GPUENV_CATALOG_MAX_AGE")
     monkeypatch.setattr(freshness, "STALE_DAYS", 0)
     note = "gpuenv: the catalog was refreshed 2026-11-24 ("
     listed = CliRunner().invoke(app, ["catalog", "jax"])
