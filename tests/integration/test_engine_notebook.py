@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -201,6 +202,53 @@ def test_the_notebook_layer_sits_on_the_cell_and_changes_nothing_of_it(cell_befo
     assert (lock.read_bytes() if lock.exists() else None) == cell_before["lock"]
     assert plan_action(CPU_CELL) == "up-to-date"
     assert containers_of(found.group(1)) == []
+
+
+# Another user's listener on the port (issue 44, N8): it records what it is sent and
+# answers 200, as the review's did (it logged the token, and gpuenv printed its URL).
+LISTENER = r"""
+import socket, sys
+s = socket.socket()
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+print("listening", flush=True)
+while True:
+    c, _ = s.accept()
+    c.settimeout(2)
+    try:
+        sys.stdout.write(c.recv(65536).decode("latin-1"))
+        sys.stdout.flush()
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+    except OSError:
+        pass
+    c.close()
+"""
+SYSTEM_PYTHON = "/usr/bin/python3"  # one another uid may run
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK),
+    reason=f"a listener of another uid needs root and {SYSTEM_PYTHON}",
+)
+def test_a_listener_of_another_user_on_its_port_gets_no_token(cell_before, tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    listener = subprocess.Popen([SYSTEM_PYTHON, "-c", LISTENER, str(port)], user=65534,
+                                stdout=subprocess.PIPE, text=True, encoding="latin-1")  # fmt: skip
+    try:
+        assert listener.stdout is not None and listener.stdout.readline() == "listening\n"
+        proc = run([*GPUENV, "notebook", "-f", str(SHIPPED_MATRIX), CPU_CELL, "--port", str(port)],
+                   cwd=tmp_path, check=False, timeout=600)  # fmt: skip
+    finally:
+        listener.terminate()
+        heard = listener.communicate(timeout=10)[0]
+    assert heard == "", heard  # not one request: no token, no connection at all
+    assert "JupyterLab in" not in proc.stdout, output(proc)
+    assert proc.returncode != 0, output(proc)  # the server cannot take a port that is held
+    layers = [r for r in docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
+              if r.startswith(f"{CPU_IMAGE}-notebook-")]  # fmt: skip
+    assert layers and all(containers_of(layer) == [] for layer in layers), layers
 
 
 def test_devcontainer_json_names_the_cells_image_and_user(cell_before, in_image, tmp_path):
