@@ -13,7 +13,9 @@ from a scratch working directory (gpuenv mounts the current directory):
 then `gpuenv --help` against a bare `python -c pass` of the same interpreter. Each comparison
 is --rounds rounds of -n runs of each command (3 x 3: a median of 9); every run is printed,
 each round's difference and ratio beside the whole one's, and the load average before each
-round and at the end (issue 48: a figure is quoted with its spread). Targets (issue 48):
+round and at the end (issue 48: a figure is quoted with its spread), and each command's
+own CPU time (user + system of its processes; the engine's work is not in it), which a
+loaded machine inflates far less than the wall time. Targets (issue 48):
 run adds at most 0.15 s; --help takes at most 0.3 s.
 
 `--tree DIR` (repeatable) times the gpuenv whose sources are in DIR (a `git archive` or a
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -65,7 +68,9 @@ def gpuenv_commands(trees: list[Path]) -> list[tuple[str, list[str], dict[str, s
     return heads
 
 
-def timed(cmd: Command, cwd: str) -> float:
+def timed(cmd: Command, cwd: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the command's own processes: user + system)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(cmd.argv, cwd=cwd, env=cmd.env, capture_output=True,
                           stdin=subprocess.DEVNULL)  # fmt: skip
@@ -75,7 +80,9 @@ def timed(cmd: Command, cwd: str) -> float:
             f"error: {' '.join(cmd.argv)} exited {proc.returncode}: "
             f"{proc.stderr.decode(errors='replace').strip()[-500:]}"
         )
-    return elapsed
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - used.ru_utime) + (after.ru_stime - used.ru_stime)
+    return elapsed, cpu
 
 
 def load() -> list[float]:
@@ -91,12 +98,15 @@ def rounds(cmds: list[Command], n: int, count: int, warmup: int, cwd: str) -> di
     out: dict = {"rounds": [], "load_end": None}
     for _ in range(count):
         times: dict[str, list[float]] = {c.name: [] for c in cmds}
+        cpu: dict[str, list[float]] = {c.name: [] for c in cmds}
         at = load()
         for i in range(n):
             k = i % len(cmds)
             for cmd in cmds[k:] + cmds[:k]:
-                times[cmd.name].append(round(timed(cmd, cwd), 4))
-        out["rounds"].append({"load": at, "runs": times})
+                wall, used = timed(cmd, cwd)
+                times[cmd.name].append(round(wall, 4))
+                cpu[cmd.name].append(round(used, 4))
+        out["rounds"].append({"load": at, "runs": times, "cpu": cpu})
     out["load_end"] = load()
     return out
 
@@ -144,6 +154,10 @@ def report(result: dict, reference: str, target: float, absolute: bool) -> dict:
             row["within_target"] = ok
             line += f": {'within' if ok else 'OVER'} the target"
         print(line)
+        cpu = [v for rnd in result["rounds"] for v in rnd["cpu"][name]]
+        row["cpu_median_s"] = round(statistics.median(cpu), 4)
+        print(f"  {'':<{width}}  its own CPU (user + system): median "
+              f"{statistics.median(cpu):.3f} s (runs {_runs(cpu)})")  # fmt: skip
         summary[name] = row
     return summary
 
