@@ -15,6 +15,7 @@ import typer
 from typer.core import TyperGroup
 
 from gpuenv.cli.signals import interrupted_code, interrupted_message, on_sigterm_raise
+from gpuenv.matrix.errors import printable
 
 # `run` and its front-ends for clusters: their usage errors exit 125, as docker run's do.
 RUN_VERBS = ("run", "kube", "slurm")
@@ -154,14 +155,6 @@ CaOption = Annotated[
 
 
 MAX_ERROR = 2000
-
-
-def printable(text: str) -> str:
-    """`text` with what a terminal would act on (ESC, other control and format characters,
-    bidi overrides) written as escapes: file names and values reach error lines raw."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:

@@ -1,12 +1,22 @@
 """The one exception type user-facing failures travel in.
 
 The CLI turns a GpuenvError into a single ``error: ...`` line and its exit code; anything
-else escaping is a bug in gpuenv and keeps its traceback.
+else escaping is a bug in gpuenv and keeps its traceback. `printable` is how a name or value
+from outside (a file name a workload chose, a label) is shown in such a line.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+
+def printable(text: str) -> str:
+    """`text` with what a terminal would act on (ESC, other control and format characters,
+    bidi overrides) written as escapes: file names and values reach error and warning lines
+    raw."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 class GpuenvError(Exception):
