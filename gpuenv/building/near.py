@@ -19,6 +19,14 @@ verdict is kept per engine, index and trust for a day (`gpuenv doctor` probes an
 `GPUENV_NEAR_INDEX=URL` names the index the engine's host fetches from instead (a mirror
 near the GPU box, such as a devpi or Artifactory it reaches); it stands for the primary
 index and must carry the same files (the hashes are checked).
+
+uv, the installer the steps run, is one of those public wheels: where the host of another
+machine's engine fetches and the primary index offers uv's wheel, the step's part holds
+`uv_script`'s text instead of uv's executable (17 MB of wheel, 40 MB unpacked, that would
+cross the link on every first build; to an engine of this machine uv is sent, a copy on
+the same disk). Run by the base's python3, it reads uv's page on the index the host fetches
+from, downloads the one wheel the client picked, refuses it unless its sha256 is the one
+the client read, and takes the executable out. The image is the same either way.
 """
 
 from __future__ import annotations
@@ -69,6 +77,51 @@ except Exception as exc:
     print(type(exc).__name__ + ":", getattr(exc, "reason", exc))
     sys.exit(1)
 """
+
+
+# Run by the base's python3 in an install step (partials/macros.j2), with the trust the
+# step has (SSL_CERT_FILE: the CA secret on an engine of this machine; else the base's
+# roots): uv's wheel, found on the index's page by its file name, checked against the
+# sha256 the client read, its executable written to argv[1]. Three tries a download.
+UV_SCRIPT = """\
+import hashlib, html, io, os, re, sys, time, urllib.parse, urllib.request, zipfile
+INDEX, FILENAME, SHA256, MEMBER = {index!r}, {filename!r}, {sha256!r}, {member!r}
+def get(url, accept="*/*"):
+    request = urllib.request.Request(url, headers={{"User-Agent": "gpuenv", "Accept": accept}})
+    for attempt in range(3):
+        try:
+            with urllib.request.urlopen(request, timeout=60) as reply:
+                return reply.geturl(), reply.read()
+        except Exception as exc:
+            problem = exc
+            time.sleep(attempt + 1)
+    sys.exit(f"gpuenv: cannot fetch {{url}}: {{problem}}")
+start = time.monotonic()
+page_url, page = get(INDEX + "uv/", "text/html")
+for href in re.findall(r'href="([^"]+)"', page.decode("utf-8", "replace")):
+    url = urllib.parse.urljoin(page_url, html.unescape(href)).split("#")[0]
+    if urllib.parse.unquote(url.rsplit("/", 1)[-1]) == FILENAME:
+        break
+else:
+    sys.exit(f"gpuenv: {{INDEX}}uv/ offers no {{FILENAME}}; the wheels are then sent: "
+             "GPUENV_NEAR_FETCH=client")
+_, wheel = get(url)
+if hashlib.sha256(wheel).hexdigest() != SHA256:
+    sys.exit(f"gpuenv: hash mismatch for {{FILENAME}} from {{url}}: not {{SHA256}}; not run")
+with zipfile.ZipFile(io.BytesIO(wheel)) as whl:
+    executable = whl.read(MEMBER)
+with open(os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o755), "wb") as out:
+    out.write(executable)
+print(f"gpuenv: uv fetched near the engine: {{FILENAME}} ({{len(wheel) / 1e6:.1f}} MB) "
+      f"in {{time.monotonic() - start:.2f}}s")
+"""
+
+
+def uv_script(index: str, filename: str, sha256: str, version: str) -> str:
+    """The text of the script by which an install step fetches uv's wheel `filename`
+    (checked against `sha256`) from `index` and takes out its executable."""
+    member = f"uv-{version}.data/scripts/uv"
+    return UV_SCRIPT.format(index=_slash(index), filename=filename, sha256=sha256, member=member)
 
 
 @dataclass(frozen=True)

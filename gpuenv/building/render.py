@@ -6,6 +6,7 @@ inputs, StrictUndefined. The spec hash (plan.py) is taken over these files.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -22,8 +23,9 @@ if TYPE_CHECKING:
 
     from gpuenv.project.lockfile import CellLock
 
-# The uv release the install steps run (sent in the build context, never in a layer). Part
-# of the rendered Dockerfile, so changing it rebuilds, as it should.
+# The uv release the install steps run (sent in the build context or fetched by the
+# engine's host, never in a layer). Part of the rendered Dockerfile, so changing it
+# rebuilds, as it should.
 UV_VERSION = "0.13.9"
 # Where an install step's part of the context is mounted (partials/macros.j2).
 MOUNT = "/mnt"
@@ -32,6 +34,10 @@ MOUNT = "/mnt"
 # wheels come from the client), what was sent (wheels beside it), and the CA's mount point
 # (an empty file: a BuildKit secret is mounted over it only on an engine of this machine).
 FETCHED, SENT, CA_FILE = "index.txt", "requirements.txt", "ca.pem"
+# uv in a part: its executable (`uv`, sent), or the script by which the engine's host
+# fetches its wheel by hash (`uv.py`, gpuenv/building/near.py); either way the step runs it
+# from `bin/`, an empty directory of the part with a tmpfs mounted over it (no layer).
+UV_SENT, UV_SCRIPT, UV_BIN = "uv", "uv.py", "bin"
 
 
 @dataclass(frozen=True)
@@ -111,7 +117,7 @@ def render(cell: Cell, wheelhouse_key: str, lock: CellLock | None = None) -> Bui
     if cell.is_gpu and cell.ptxas_dir:
         # ptxas, for XLA's and TensorFlow's own PTX compilation.
         path = f"{venv}/bin:{sp}/nvidia/{cell.ptxas_dir}:{contract.SYSTEM_PATH}"
-    uv = f"{MOUNT}/uv"
+    uv = f"{MOUNT}/{UV_BIN}/uv"
     dockerfile = env.get_template("Dockerfile.j2").render(
         cell=cell,
         index_key=f"{wheelhouse_key} (uv {UV_VERSION})",
@@ -120,14 +126,13 @@ def render(cell: Cell, wheelhouse_key: str, lock: CellLock | None = None) -> Bui
         # Both installs run on either path, so the line (and the image) is the same whether
         # the engine's host fetched the public wheels or they came in the context: only the
         # mounted files differ, which BuildKit keys its cache by and no image records.
-        install_fetched=(
-            f"{uv} pip install --quiet --no-cache --require-hashes --no-deps "
-            f"--python {venv}/bin/python -r {MOUNT}/{FETCHED}"
+        install_fetched=functools.partial(_install, uv, venv, FETCHED, ""),
+        install_sent=functools.partial(
+            _install, uv, venv, SENT, f"--offline --no-index --find-links {MOUNT} "
         ),
-        install_sent=(
-            f"{uv} pip install --quiet --no-cache --offline --no-index --find-links {MOUNT} "
-            f"--require-hashes --no-deps --python {venv}/bin/python -r {MOUNT}/{SENT}"
-        ),
+        uv_bin=f"{MOUNT}/{UV_BIN}",
+        uv_sent=f"{MOUNT}/{UV_SENT}",
+        uv_script=f"{MOUNT}/{UV_SCRIPT}",
         ca_file=f"{MOUNT}/{CA_FILE}",
         # The date every build step's programs see (partials/macros.j2): the bases' fixed
         # one, never the clock, whatever the lock's date (the layer then depends on the
@@ -150,6 +155,18 @@ def render(cell: Cell, wheelhouse_key: str, lock: CellLock | None = None) -> Bui
         if cell.is_gpu and not cell.cuda_with_framework:
             files["requirements/cuda.txt"] = lock.cuda
     return BuildContext(cell, files)
+
+
+def _install(uv: str, venv: str, file: str, source: str, extra: str = "") -> str:
+    """An install step's command for one of its part's files (`extra`: more options): run
+    only when the file names a requirement (uv warns of one that names none), with uv's
+    summary lines ("Prepared 30 packages in 9.1s") left in the log: the build's phase times
+    are read from them (gpuenv/building/results.py)."""
+    return (
+        f"if grep -q -e --hash= {MOUNT}/{file}; then {uv} pip install --no-progress --no-cache "
+        f"{source}--require-hashes --no-deps --python {venv}/bin/python -r {MOUNT}/{file}"
+        f"{extra}; fi"
+    )
 
 
 def driver_cuda_floor(cell: Cell) -> str:

@@ -33,7 +33,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from gpuenv.building import layers, sdists
-from gpuenv.building.render import CA_FILE, FETCHED, SENT, UV_VERSION
+from gpuenv.building.render import (
+    CA_FILE,
+    FETCHED,
+    SENT,
+    UV_BIN,
+    UV_SCRIPT,
+    UV_SENT,
+    UV_VERSION,
+)
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.project.lockfile import framework_requirements
 from gpuenv.store.cache import read_record, update_record, write_record
@@ -109,11 +117,14 @@ def assembled(
     near: Near | Future[Near] | None = None,
     primary: str = "",
     builder: Callable[[Requirement, IndexFile], tuple[IndexFile, Path]] | None = None,
+    uv_offered: tuple[IndexFile, str] | None = None,
 ) -> Iterator[Path]:
     """The cell's build context as a directory under `root`, held (a lock per cell) while
     the build reads it: the rendered files, then each part's requirements, wheels and uv.
     With `near` deciding that the engine's host fetches the primary index's wheels, those
-    are named in the part's index.txt (one hash each) instead of sent. A requirement the
+    are named in the part's index.txt (one hash each) instead of sent, and so is uv when
+    `uv_offered` (its wheel, and the upstream offering it) is on that index: the part then
+    holds the script that fetches it by that wheel's hash (near.uv_script). A requirement the
     lock holds as an sdist is sent as the wheel `builder` gives for it (built on the
     engine: gpuenv/building/sdists.py), under that wheel's hash. `uv` and `near` may still
     be on their way (the download, the probe): they are waited for once the first part's
@@ -130,6 +141,7 @@ def assembled(
             picked = fetcher.picks(key, text, target.python, target.machine, target.glibc)
             decided = None if near is None else _ready(near)
             index = decided.index if decided is not None else None
+            installer = _uv_for(uv, decided, uv_offered, primary)
             built = _built(picked, builder)
             for name, (wheel, _) in built.items():
                 text = sdists.with_wheel(text, name, wheel.filename, wheel.sha256)
@@ -153,11 +165,28 @@ def assembled(
                     update_record(REQUIRES_RECORD, requires.read)
                 for name, piece in ((layers.FRAMEWORK, split.framework),
                                     (layers.PACKAGES, split.packages)):  # fmt: skip
-                    _write_part(here / name, piece, chosen, stored, _ready(uv), index)
+                    _write_part(here / name, piece, chosen, stored, installer(), index)
                 (here / layers.PACKAGES / layers.COMPILE).write_text(layers.COMPILE_SCRIPT)
             else:
-                _write_part(here / part, text, chosen, stored, _ready(uv), index)
+                _write_part(here / part, text, chosen, stored, installer(), index)
         yield here
+
+
+def _uv_for(
+    uv: Path | Future[Path], decided: Near | None, offered: tuple[IndexFile, str] | None,
+    primary: str,
+) -> Callable[[], Path | str]:  # fmt: skip
+    """What a part holds of uv: the script fetching its wheel near the engine (its text),
+    where the engine's host fetches from the index offering it, else its executable (waited
+    for only then)."""
+    if decided is not None and decided.index is not None and offered is not None:
+        wheel, upstream = offered
+        if decided.fetches(upstream, primary):
+            from gpuenv.building.near import uv_script
+
+            text = uv_script(decided.index, wheel.filename, wheel.sha256, UV_VERSION)
+            return lambda: text
+    return lambda: _ready(uv)
 
 
 def _built(
@@ -218,12 +247,13 @@ def _requirement(name: str, wheel: IndexFile) -> Requirement:
 
 def _write_part(
     directory: Path, text: str, chosen: dict[str, IndexFile],
-    stored: dict[str, tuple[str, Path]], uv: Path, index: str | None,
+    stored: dict[str, tuple[str, Path]], uv: Path | str, index: str | None,
 ) -> None:  # fmt: skip
     """A part: what was sent (requirements.txt, the resolution's lines of those wheels, and
     the wheels), what the engine's host fetches (index.txt: the index, then each of its
     requirements with the one hash of the wheel the client-side path would send), the CA's
-    empty mount point, and uv."""
+    empty mount point, and uv: its executable (a path), or the script fetching it near the
+    engine (its text), with bin/, where the step runs it from."""
     directory.mkdir(mode=0o700)
     sent = "".join(block for name, block in layers.blocks(text) if name in stored)
     (directory / SENT).write_text(sent, encoding="utf-8")
@@ -232,7 +262,11 @@ def _write_part(
     lines += [f"{r.name}=={r.version} --hash=sha256:{chosen[r.name].sha256}" for r in fetched]
     (directory / FETCHED).write_text("\n".join(lines) + "\n", encoding="utf-8")
     (directory / CA_FILE).write_bytes(b"")
-    _link(uv, directory / "uv")
+    (directory / UV_BIN).mkdir(mode=0o755)
+    if isinstance(uv, str):
+        (directory / UV_SCRIPT).write_text(uv, encoding="utf-8")
+    else:
+        _link(uv, directory / UV_SENT)
     for req in locked_requirements(sent):
         filename, path = stored[req.name]
         _link(path, directory / filename)
@@ -422,8 +456,12 @@ class Sender:
         def wheel(req: Requirement, sdist: IndexFile) -> tuple[IndexFile, Path]:
             return builder.wheel(req, sdist, sandbox)
 
+        # uv is fetched near a remote engine only: to one of this machine, sending it is a
+        # copy on this disk, of the file uv_soon is fetching here anyway.
+        offered = (None if self.engine.is_local
+                   else self.fetcher.uv_offered(key, UV_VERSION, target.machine))  # fmt: skip
         return assembled(root, p.context, self.resolution(p), self.fetcher, key, uv, target,
-                         self._near, self.primary, wheel)  # fmt: skip
+                         self._near, self.primary, wheel, offered)  # fmt: skip
 
     @property
     def near(self) -> Near:

@@ -578,6 +578,18 @@ class Fetcher:
             )
         return self.store.put(sha, io.BytesIO(executable), member, mode=0o755)
 
+    def uv_offered(self, key: str, version: str, machine: str) -> tuple[IndexFile, str] | None:
+        """uv's wheel of `version` for `machine` as the indexes `key` names offer it (read
+        from its page, nothing downloaded), and the upstream that offers it; None when none
+        does or the page cannot be read (uv is then sent: `uv_file`)."""
+        release = f"uv-{version}-"
+        try:
+            answered = self.page_from(key, "uv", lambda name, _: name.startswith(release))
+        except (_Upstream, GpuenvError):
+            return None
+        wheel = None if answered is None else uv_wheel(answered[0], version, machine)
+        return None if wheel is None or answered is None else (wheel, answered[1])
+
     def uv_soon(self, key: str, version: str, machine: str) -> Future[Path]:
         """`uv_file` fetched once per indexes and machine, in the background, so that a build
         takes uv (a 17 MB wheel taken apart: about a second on a cold wheelhouse) while its

@@ -4,6 +4,7 @@ the probe containers it was asked to run."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +194,69 @@ def test_the_probe_asks_for_the_index_root_s_head(tmp_path, head, get, code, ask
         server.shutdown()
         server.server_close()
     assert (done.returncode, seen) == (code, asked), done.stdout + done.stderr
+
+
+# --------------------------------------------------------------- uv, fetched near the engine
+
+
+def _serve_index(root: Path, wheel: bytes, name: str):
+    """A PEP 503 page for uv over `root` (a relative link, with its fragment, as the lab's
+    mirror writes it), on this machine's loopback; (server, index URL)."""
+    import functools
+    import http.server
+    import threading
+
+    (root / "files").mkdir(parents=True)
+    (root / "files" / name).write_bytes(wheel)
+    (root / "simple" / "uv").mkdir(parents=True)
+    other = "uv-0.13.9-py3-none-manylinux_2_17_aarch64.manylinux2014_aarch64.whl"
+    (root / "simple" / "uv" / "index.html").write_text(
+        f'<a href="../../files/{other}#sha256={"0" * 64}">{other}</a>\n'
+        f'<a href="../../files/{name}#sha256=x&amp;y">{name}</a>\n'
+    )
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/simple"
+
+
+@pytest.mark.parametrize("tampered", [False, True])
+def test_the_uv_script_takes_uvs_executable_from_the_wheel_of_that_hash(tmp_path, tampered):
+    """What an install step runs where the engine's host fetches uv: the wheel the client
+    picked, found on the index's page by name, refused unless its sha256 is the one the
+    client read; its executable written where the step runs it."""
+    import hashlib
+    import io
+    import os
+    import subprocess
+    import sys
+    import zipfile
+
+    name = "uv-0.13.9-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as whl:
+        whl.writestr("uv-0.13.9.data/scripts/uv", b"#!/bin/sh\necho uv 0.13.9\n")
+    wheel = buffer.getvalue()
+    sha = hashlib.sha256(wheel + (b"!" if tampered else b"")).hexdigest()
+    server, index = _serve_index(tmp_path / "index", wheel, name)
+    try:
+        script = tmp_path / "uv.py"
+        script.write_text(near.uv_script(index, name, sha, "0.13.9"))
+        target = tmp_path / "bin" / "uv"
+        target.parent.mkdir()
+        env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+        ran = subprocess.run([sys.executable, "-B", str(script), str(target)], env=env,
+                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    finally:
+        server.shutdown()
+    if tampered:
+        assert ran.returncode != 0 and f"hash mismatch for {name}" in ran.stderr
+        assert not target.exists()
+    else:
+        assert ran.returncode == 0, ran.stderr
+        assert target.read_bytes() == b"#!/bin/sh\necho uv 0.13.9\n"
+        assert target.stat().st_mode & 0o777 == 0o755
+        assert re.fullmatch(
+            rf"gpuenv: uv fetched near the engine: {re.escape(name)} \(0\.0 MB\) in [\d.]+s\n",
+            ran.stdout,
+        )

@@ -305,3 +305,59 @@ def test_cache_prune_forgets_the_requires_dist_of_wheels_no_longer_stored(tmp_pa
     assert sendable.forget_requires(store) == 1
     assert cache.read_record(sendable.REQUIRES_RECORD) == {kept: ["numpy"]}
     assert sendable.forget_requires(store) == 0
+
+
+def _never(name: str):
+    from concurrent.futures import Future
+
+    class Never(Future):
+        def result(self, timeout=None):
+            raise AssertionError(f"{name} was awaited: it is not sent")
+
+    return Never()
+
+
+UV_WHEEL = "uv-0.13.9-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+
+
+@pytest.mark.parametrize("index", [PYPI, "http://10.0.0.2:3141/root/pypi/+simple/"])
+def test_near_the_engine_uv_is_fetched_there_by_its_wheels_hash(cells, tmp_path, index):
+    from gpuenv.building.near import Near
+    from gpuenv.store.wheelhouse import IndexFile
+
+    cell = cells["tf2.21-py3.11-cpu"]
+    six = _stored(tmp_path, "six", b"six")
+    fetcher = StandInFetcher({RESOLUTION.python_env: [("six-1.17.0-py2.py3-none-any.whl", six)]})
+    offered = (IndexFile(UV_WHEEL, "https://files.example/" + UV_WHEEL, "9" * 64), PYPI)
+    ctx, target = render(cell, key_of(cell)), sendable.target_of(cell, "x86_64")
+    with sendable.assembled(tmp_path / "c", ctx, RESOLUTION, fetcher, "0" * 16, _never("uv"),
+                            target, Near(index, None, "probe: HTTP 200"), PYPI,
+                            None, offered) as here:  # type: ignore[arg-type]  # fmt: skip
+        part = here / "python-env"
+        assert not (part / "uv").exists() and (part / "bin").is_dir()
+        script = (part / "uv.py").read_text()
+        assert f"{index!r}, {UV_WHEEL!r}, {'9' * 64!r}" in script
+        compile(script, "uv.py", "exec")
+        # The step runs uv from bin/, under a tmpfs, whichever way it came.
+        assert "--mount=type=tmpfs,target=/mnt/bin" in ctx.dockerfile
+        assert "python3 -B /mnt/uv.py /mnt/bin/uv" in ctx.dockerfile
+
+
+@pytest.mark.parametrize("case", ["no near fetch", "uv on another index", "uv not offered"])
+def test_uv_is_sent_where_the_engines_host_does_not_fetch_it(cells, tmp_path, case):
+    from gpuenv.building.near import Near
+    from gpuenv.store.wheelhouse import IndexFile
+
+    cell = cells["tf2.21-py3.11-cpu"]
+    uv, six = _stored(tmp_path, "uv", b"uv", 0o755), _stored(tmp_path, "six", b"six")
+    fetcher = StandInFetcher({RESOLUTION.python_env: [("six-1.17.0-py2.py3-none-any.whl", six)]})
+    wheel = IndexFile(UV_WHEEL, "https://files.example/" + UV_WHEEL, "9" * 64)
+    near = Near(None, None, "sent") if case == "no near fetch" else Near(PYPI, None, "probe")
+    offered = {"uv not offered": None, "uv on another index": (wheel, PRIVATE)}.get(
+        case, (wheel, PYPI)
+    )
+    ctx, target = render(cell, key_of(cell)), sendable.target_of(cell, "x86_64")
+    with sendable.assembled(tmp_path / "c", ctx, RESOLUTION, fetcher, "0" * 16, uv, target,
+                            near, PYPI, None, offered) as here:  # type: ignore[arg-type]  # fmt: skip
+        assert (here / "python-env" / "uv").samefile(uv)
+        assert not (here / "python-env" / "uv.py").exists()

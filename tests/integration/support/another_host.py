@@ -167,6 +167,25 @@ class AnotherHost:
         _write_index(mirror)
 
 
+def add_uv_wheel(cache_home: Path, wheels: Path, machine: str = "x86_64") -> Path:
+    """Link the uv wheel a build fetched into the wheelhouse under XDG_CACHE_HOME
+    `cache_home` into `wheels` (for the mirror: the lab's host fetches uv near too, by the
+    hash the client read from its page); its path there."""
+    from gpuenv.building.render import UV_VERSION
+    from gpuenv.store.wheelhouse import IndexFile, uv_wheel
+
+    store = cache_home / "gpuenv" / "wheelhouse"
+    for page in sorted(store.glob("pages/*/uv.json")):
+        files = [IndexFile(**f) for f in json.loads(page.read_text())["files"]]
+        wheel = uv_wheel(files, UV_VERSION, machine)
+        if wheel is not None and (store / "files" / wheel.sha256[:2] / wheel.sha256).is_file():
+            target = wheels / wheel.filename
+            if not target.exists():
+                os.link(store / "files" / wheel.sha256[:2] / wheel.sha256, target)
+            return target
+    raise AssertionError(f"no uv {UV_VERSION} wheel for {machine} in {store}")
+
+
 def _write_index(mirror: Path) -> None:
     """simple/index.html and simple/<project>/index.html for mirror/files/*.whl."""
     projects: dict[str, list[Path]] = {}

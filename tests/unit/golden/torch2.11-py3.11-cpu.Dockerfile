@@ -7,14 +7,17 @@ FROM gpuenv/debian:bookworm
 
 RUN --mount=type=bind,source=python-env,target=/mnt \
     --mount=type=secret,id=ca,target=/mnt/ca.pem \
+    --mount=type=tmpfs,target=/mnt/bin \
     set -eu; \
     export SOURCE_DATE_EPOCH=1735689600; \
     [ ! -s /mnt/ca.pem ] || export SSL_CERT_FILE=/mnt/ca.pem; \
+    if [ -e /mnt/uv ]; then ln -s /mnt/uv /mnt/bin/uv; \
+    else python3 -B /mnt/uv.py /mnt/bin/uv; fi; \
     useradd --uid 1000 --user-group --create-home --shell /bin/bash gpuenv; \
     rm -f /etc/passwd- /etc/group- /etc/shadow- /etc/gshadow- /etc/subuid- /etc/subgid-; \
-    /mnt/uv venv --quiet --python python3 /opt/venv; \
-    /mnt/uv pip install --quiet --no-cache --require-hashes --no-deps --python /opt/venv/bin/python -r /mnt/index.txt --compile-bytecode; \
-    /mnt/uv pip install --quiet --no-cache --offline --no-index --find-links /mnt --require-hashes --no-deps --python /opt/venv/bin/python -r /mnt/requirements.txt --compile-bytecode; \
+    /mnt/bin/uv venv --quiet --python python3 /opt/venv; \
+    if grep -q -e --hash= /mnt/index.txt; then /mnt/bin/uv pip install --no-progress --no-cache --require-hashes --no-deps --python /opt/venv/bin/python -r /mnt/index.txt --compile-bytecode; fi; \
+    if grep -q -e --hash= /mnt/requirements.txt; then /mnt/bin/uv pip install --no-progress --no-cache --offline --no-index --find-links /mnt --require-hashes --no-deps --python /opt/venv/bin/python -r /mnt/requirements.txt --compile-bytecode; fi; \
     find /opt/venv -path '*.dist-info/uv_cache.json' -delete; \
     grep -l '/uv_cache\.json,' /opt/venv/lib/python*/site-packages/*.dist-info/RECORD \
         | xargs -r sed -i '/\/uv_cache\.json,/d'; \
