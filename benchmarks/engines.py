@@ -2,33 +2,41 @@
 """A cell's first build on an engine on another host over a slow link, against a local cold build.
 
     sudo .venv/bin/python benchmarks/engines.py [--cell CELL] [--repeat N] [-f MATRIX]
+        [--legs LEG,...] [--before DIR] [--same-id]
 
 The remote engine is tests/integration/support/another_host.py's lab: a dockerd in its own
 network and mount namespaces (the project, gpuenv's cache and HOME hidden from it), reached
 over TCP+TLS across a veth shaped to 50 Mbit/s both ways (`tc ... tbf`; this kernel has no
 netem: a rate, no added delay), with a PEP 503 mirror on the lab's own loopback that its
 host-network containers reach without the slow link (GPUENV_NEAR_INDEX names it, as a user
-names a devpi or Artifactory near the GPU box). The mirror holds the cell's wheels.
+names a devpi or Artifactory near the GPU box). The mirror holds the cell's wheels and uv's.
 
 The cell, from a copy of the matrix renamed gpuenv-bench/engines, is locked first (so both
 engines install one resolution) and built once locally with the wheels sent
 (GPUENV_NEAR_FETCH=client), which fills the wheelhouse and gives the mirror its files. Then,
---repeat times, alternating:
+--repeat rounds (3 at least for a claim), interleaved, the legs --legs names (all by default):
 
-- local cold: `gpuenv build CELL --no-cache` on the local engine, as a user gets it (the
-  probe decides: on this machine its host fetches from PyPI through the site's proxy, the CA
+- local: `gpuenv build CELL --no-cache` on the local engine, as a user gets it (the probe
+  decides: on this machine its host fetches from PyPI through the site's proxy, the CA
   bundle given to the step as a BuildKit secret);
-- local cold, wheels sent: the same with GPUENV_NEAR_FETCH=client (the wheelhouse warm);
-- remote first: the first build on a fresh lab (its probe included): the engine's host
-  fetches the public wheels from the mirror; uv and the context cross the link;
-- remote first, wheels sent: the same with GPUENV_NEAR_FETCH=client (every wheel crosses).
+- local-sent: the same with GPUENV_NEAR_FETCH=client (the wheelhouse warm);
+- remote: the first build on a fresh lab (its probe included): the engine's host fetches
+  the public wheels and uv from the mirror; the context crosses the link;
+- remote-sent: the same with GPUENV_NEAR_FETCH=client (every wheel crosses).
 
-With --same-id, then the same lock built with --reproducible on both engines and the image
-IDs compared (slow on the lab: the rewrite saves the image across the link and loads it back,
-2 x 2.26 GB at 50 Mbit/s; tests/integration/test_engine_near_fetch.py shows it with the
-smaller JAX cell). Prints medians, each against local cold, the bytes that crossed towards
-the engine (the veth's counters), and the load average. Needs root (namespaces, tc, sshd).
-Run it under the engine-tests flock.
+With --before DIR (another checkout's gpuenv/ and images/: `git archive REV gpuenv images |
+tar -x -C DIR`), each leg runs that gpuenv too, in the same round (the two swap places each
+round), so a change's before and after see the same machine. With --same-id, then the same
+lock built with --reproducible on both engines and the image IDs compared (slow on the lab:
+the rewrite saves the image across the link and loads it back; tests/integration/
+test_engine_near_fetch.py shows it with the smaller JAX cell).
+
+Prints, per leg, each round's time by phase (`gpuenv build --json`'s `phases`,
+gpuenv/building/phases.py; `other` is the rest of the command: start-up, the plan, the
+engine's connection), each round's slow phases against their medians, then the medians with
+every run, each against local cold with the ratio of each round, the bytes that crossed
+towards the engine (the veth's counters) and the load average (benchmarks/spread.py). Needs
+root (namespaces, tc, sshd). Run it under the engine-tests flock.
 """
 
 from __future__ import annotations
@@ -44,12 +52,21 @@ import tempfile
 import time
 from pathlib import Path
 
+from spread import Load, check_rounds, ratio, runs
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from support.another_host import AnotherHost, another_host  # noqa: E402
+from support.another_host import AnotherHost, add_uv_wheel, another_host  # noqa: E402
 
 NAME = "gpuenv-bench/engines"
+LEGS = {"local": "local cold", "local-sent": "local cold, wheels sent",
+        "remote": "remote first (50 Mbit/s)",
+        "remote-sent": "remote first, wheels sent (50 Mbit/s)"}  # fmt: skip
+# gpuenv build --json's phases (gpuenv/building/phases.py), then the rest of the command.
+PHASES = ("probe", "context", "send", "uv", "fetch", "install", "steps", "export", "build",
+          "tag", "other")  # fmt: skip
+SLOW = 1.0  # seconds over its median that make a phase a slow round's reason
 
 
 def gpuenv(*args: str, cwd: Path, env: dict[str, str]) -> tuple[float, dict]:
@@ -82,13 +99,62 @@ def remote(project: Path, cache: Path, wheels: Path, env: dict[str, str], cell: 
         return seconds, tx_bytes(lab.host_if) - before, result
 
 
+def phases_of(seconds: float, result: dict) -> dict[str, float]:
+    """The build's phases (none from a gpuenv that reports none), and `other`: the command's
+    time outside the context, the engine's build and the tag."""
+    got = {k: float(v) for k, v in (result.get("phases") or {}).items()}
+    if got:
+        got["other"] = seconds - got.get("context", 0) - got.get("build", 0) - got.get("tag", 0)
+    return got
+
+
+def phase_table(label: str, rounds: list[dict[str, float]], totals: list[float],
+                loads: list[float], crossed: list[int] | None) -> None:  # fmt: skip
+    """Each round's phases, their medians, and why the slow rounds were slow: the phases
+    that took more than SLOW seconds over their own median."""
+    shown = [p for p in PHASES if any(p in r for r in rounds)]
+    print(f"\n  {label}: seconds by phase")
+    header = "".join(f"{p:>8}" for p in ["total", *shown, "load"])
+    print(f"    {'round':<7}{header}" + ("      MB" if crossed else ""))
+    for i, row in enumerate(rounds):
+        cells = "".join(f"{row.get(p, 0.0):8.1f}" for p in shown)
+        mb = f"{crossed[i] / 1e6:8.1f}" if crossed else ""
+        print(f"    {i + 1:<7}{totals[i]:8.1f}{cells}{loads[i]:8.1f}{mb}")
+    medians = {p: statistics.median(r.get(p, 0.0) for r in rounds) for p in shown}
+    cells = "".join(f"{medians[p]:8.1f}" for p in shown)
+    mb = f"{statistics.median(crossed) / 1e6:8.1f}" if crossed else ""
+    print(f"    {'median':<7}{statistics.median(totals):8.1f}{cells}{'':8}{mb}")
+    middle = statistics.median(totals)
+    for i, row in enumerate(rounds):
+        if totals[i] - middle > SLOW:
+            why = [f"{p} +{row.get(p, 0.0) - medians[p]:.1f} s" for p in shown
+                   if p != "build" and row.get(p, 0.0) - medians[p] > SLOW]  # fmt: skip
+            print(f"    round {i + 1} is {totals[i] - middle:.1f} s over the median: "
+                  f"{', '.join(why) or 'no one phase'} (load average {loads[i]:.1f})")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cell", default="tf2.21-py3.11-cpu")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=3, help="rounds, interleaved [3]")
+    parser.add_argument("--legs", default=",".join(LEGS),
+                        help=f"which legs, comma-separated [{','.join(LEGS)}]")  # fmt: skip
+    parser.add_argument(
+        "--before",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also time another checkout's gpuenv (DIR: its gpuenv/, images/)",
+    )
     parser.add_argument("--same-id", action="store_true", help="also compare --reproducible IDs")
     parser.add_argument("-f", "--file", type=Path, default=REPO / "matrix.yaml")
     args = parser.parse_args()
+    legs = [leg.strip() for leg in args.legs.split(",") if leg.strip()]
+    if not legs or any(leg not in LEGS for leg in legs):
+        sys.exit(f"error: --legs {args.legs}: expected some of {', '.join(LEGS)}")
+    if "local" not in legs:
+        sys.exit("error: --legs: every ratio is against local; name it")
+    check_rounds(args.repeat)
     work = Path(tempfile.mkdtemp(prefix="gpuenv-bench-engines-"))
     project, cache = work / "project", work / "cache"
     project.mkdir()
@@ -97,10 +163,15 @@ def main() -> None:
     (project / "matrix.yaml").write_text(text.replace(name_line, f"name: {NAME}"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUENV_")}
     env["XDG_CACHE_HOME"] = str(cache)
+    checkouts = {"": env}
+    if args.before:
+        checkouts[" (before)"] = {**env, "PYTHONPATH": str(args.before.resolve())}
     image = f"{NAME}:{args.cell}"
     times: dict[str, list[float]] = {}
     crossed: dict[str, list[int]] = {}
-    loads = [os.getloadavg()[0]]
+    phases: dict[str, list[dict[str, float]]] = {}
+    loads: dict[str, list[float]] = {}
+    load = Load()
     try:
         subprocess.run([str(REPO / ".venv/bin/gpuenv"), "lock", args.cell], cwd=project,
                        env=env, check=True, capture_output=True)  # fmt: skip
@@ -115,23 +186,34 @@ def main() -> None:
         for wheel in context.glob("*/*.whl"):
             if not (wheels / wheel.name).exists():
                 os.link(wheel, wheels / wheel.name)
+        add_uv_wheel(cache, wheels)  # the lab's host fetches uv near too
         size = sum(p.stat().st_size for p in wheels.glob("*.whl"))
         print(f"{args.cell}: {len(list(wheels.glob('*.whl')))} wheels, {size / 1e6:.0f} MB")
         for i in range(args.repeat):
-            for label, run_env in (("local cold", env), ("local cold, wheels sent", sent)):
-                subprocess.run(["docker", "rmi", image], env=env, capture_output=True, check=False)
-                seconds, _ = gpuenv("build", args.cell, "--no-cache", cwd=project, env=run_env)
-                times.setdefault(label, []).append(seconds)
-                print(f"    {label}: {seconds:.1f} s", flush=True)  # kept if a later leg fails
-            for label, mode in (("remote first (50 Mbit/s)", "auto"),
-                                ("remote first, wheels sent (50 Mbit/s)", "client")):  # fmt: skip
-                seconds, nbytes, _ = remote(project, cache, wheels, env, args.cell, mode)
-                times.setdefault(label, []).append(seconds)
-                crossed.setdefault(label, []).append(nbytes)
-                print(f"    {label}: {seconds:.1f} s, {nbytes / 1e6:.1f} MB crossed", flush=True)
-            loads.append(os.getloadavg()[0])
-            print(f"  round {i + 1}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()),
-                  flush=True)  # fmt: skip
+            order = list(checkouts.items())
+            order = order[i % len(order) :] + order[: i % len(order)]
+            for suffix, base_env in order:
+                for leg in legs:
+                    label = LEGS[leg] + suffix
+                    run_env = {**base_env, "GPUENV_NEAR_FETCH": "client"} if leg.endswith(
+                        "-sent") else base_env  # fmt: skip
+                    if leg.startswith("local"):
+                        subprocess.run(["docker", "rmi", image], env=env, capture_output=True,
+                                       check=False)  # fmt: skip
+                        seconds, result = gpuenv("build", args.cell, "--no-cache", cwd=project,
+                                                 env=run_env)  # fmt: skip
+                        shown = ""
+                    else:
+                        mode = "client" if leg.endswith("-sent") else "auto"
+                        seconds, nbytes, result = remote(project, cache, wheels, run_env,
+                                                         args.cell, mode)  # fmt: skip
+                        crossed.setdefault(label, []).append(nbytes)
+                        shown = f", {nbytes / 1e6:.1f} MB crossed"
+                    times.setdefault(label, []).append(seconds)
+                    phases.setdefault(label, []).append(phases_of(seconds, result))
+                    loads.setdefault(label, []).append(load.sample())
+                    print(f"    round {i + 1}, {label}: {seconds:.1f} s{shown} "
+                          f"(load {loads[label][-1]:.1f})", flush=True)  # fmt: skip
         if args.same_id:
             _, here = gpuenv("build", args.cell, "--no-cache", "--reproducible", cwd=project,
                              env=env)  # fmt: skip
@@ -139,15 +221,18 @@ def main() -> None:
     finally:
         subprocess.run(["docker", "rmi", image], env=env, capture_output=True, check=False)
         shutil.rmtree(work, ignore_errors=True)
-    reference = statistics.median(times["local cold"])
-    load = f"load average {min(loads):.1f}-{max(loads):.1f}"
-    print(f"\n{args.cell}, medians of {args.repeat} ({load})")
-    for label, values in times.items():
-        value = statistics.median(values)
-        link = crossed.get(label)
-        sent_mb = f"  {statistics.median(link) / 1e6:7.1f} MB crossed" if link else ""
-        runs = ", ".join(f"{v:.1f}" for v in values)
-        print(f"  {label:<42} {value:7.1f} s  {value / reference:5.2f}x  [{runs}]{sent_mb}")
+    print(f"\n{args.cell}, {args.repeat} rounds, {load}")
+    for label, rounds in phases.items():
+        phase_table(label, rounds, times[label], loads[label], crossed.get(label))
+    print("\n  medians [each run], against local cold [each round]")
+    for suffix in checkouts:
+        reference = times[LEGS["local"] + suffix]
+        for label, values in times.items():
+            if not label.endswith(suffix) or (suffix == "" and "(before)" in label):
+                continue
+            link = crossed.get(label)
+            sent_mb = f"  {runs([b / 1e6 for b in link], ' MB')} crossed" if link else ""
+            print(f"  {label:<42} {runs(values):<30} {ratio(values, reference):<26}{sent_mb}")
     if args.same_id:
         ids = here["image_id"], there["image_id"]
         same = "same" if ids[0] == ids[1] else "DIFFERENT"
