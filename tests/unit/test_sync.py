@@ -26,7 +26,7 @@ def test_quick_check_compares_kind_size_and_whole_second_mtime():
     assert not Entry("l", link="a").same(Entry("l", link="b"))
 
 
-def test_the_copy_there_becomes_this_directory_but_what_never_travels():
+def test_the_copy_there_becomes_this_directory_caches_included():
     local = {"train.py": F, "data": Entry("d"), "data/x.csv": Entry("f", 3, 1)}
     remote = {
         "train.py": Entry("f", 10, 99),  # edited here since
@@ -34,21 +34,21 @@ def test_the_copy_there_becomes_this_directory_but_what_never_travels():
         "data/x.csv": Entry("f", 3, 1),  # unchanged
         "old": Entry("d"),  # gone here: removed there, with what it holds
         "old/a.pt": Entry("f", 1, 1),
-        "__pycache__": Entry("d"),  # never travels: stays there
+        "__pycache__": Entry("d"),  # never travels: removed there too (issue 44, N3)
         "__pycache__/t.pyc": Entry("f", 1, 1),
         "outputs": Entry("f", 1, 1),  # a directory here: replaced
     }
     local["outputs"] = Entry("d")
-    gone, send, staged = sync.plan_send(local, remote, workdir.DEFAULT_IGNORE)
-    assert gone == ["old", "outputs"]
+    gone, send, staged = sync.plan_send(local, remote)
+    assert gone == ["__pycache__", "old", "outputs"]
     assert send == ["train.py", "outputs"]
-    assert staged == {**{k: v for k, v in remote.items() if not k.startswith(("old", "outputs"))},
-                      "train.py": F, "outputs": Entry("d")}  # fmt: skip
+    assert staged == {"train.py": F, "data": Entry("d"), "data/x.csv": Entry("f", 3, 1),
+                      "outputs": Entry("d")}  # fmt: skip
 
 
 def test_an_unchanged_directory_sends_nothing():
     local = {"a.py": F, "pkg": Entry("d"), "pkg/m.py": Entry("f", 1, 2)}
-    assert sync.plan_send(local, dict(local), ())[:2] == ([], [])
+    assert sync.plan_send(local, dict(local))[:2] == ([], [])
 
 
 def test_what_comes_back_is_what_the_workload_created_or_changed():
@@ -93,8 +93,9 @@ def test_a_path_from_the_engine_never_leaves_the_directory(name):
 def test_nothing_is_written_through_a_symlink_here(tmp_path: Path):
     (tmp_path / "out").symlink_to("/tmp")
     (tmp_path / "real").mkdir()
-    assert sync._through_symlink(tmp_path, "out/x")
-    assert not sync._through_symlink(tmp_path, "real/x")
+    assert sync.in_the_way(tmp_path, "out/x") == "a symlink is on its way here"
+    assert sync.in_the_way(tmp_path, "out") == "a symlink is on its way here"
+    assert sync.in_the_way(tmp_path, "real/x") is None
 
 
 def test_binds_on_an_engine_that_cannot_see_this_machine():
