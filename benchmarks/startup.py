@@ -16,7 +16,7 @@ drift hits both alike:
    each run).
 4. `gpuenv run -i CELL -f MATRIX --network none -- python -c pass` against `docker run --rm
    --network none IMAGE python -c pass`, from a scratch directory (gpuenv mounts the
-   current one). Target: gpuenv adds <= 0.25 s (medians).
+   current one). Target: gpuenv adds <= 0.15 s (medians; issue 48, as benchmarks/run.py).
 
 Exit status 0 always: this measures, it does not gate. Nothing is built or removed, except
 the untagged images the warm `docker build` runs leave (the cache's own, already there).
@@ -41,7 +41,7 @@ from build import docker_build  # benchmarks/build.py: the BuildKit build gpuenv
 REPO = Path(__file__).resolve().parents[1]
 HELP_TARGET_S = 0.3
 NOOP_TARGET_S, NOOP_TARGET_X = 0.5, 1.0
-RUN_TARGET_S = 0.25
+RUN_TARGET_S = 0.15  # issue 48 (it was 0.25: issue 4)
 # Timed as an installed gpuenv runs: with its bytecode cached (pip compiles it at install
 # time). PYTHONDONTWRITEBYTECODE=1 would recompile every module on every run (~35 ms);
 # --no-bytecode keeps the environment's setting instead.
