@@ -388,7 +388,9 @@ def test_each_check_fails_alone_on_an_image_broken_in_that_respect(
 # --------------------------------------------------------------------------- --gpus
 
 
-@pytest.mark.parametrize("gpus", ["all", "capabilities=compute,utility"])
+# `--gpus all` is test_engine_validate.py's (the same refusal, the cell named through the
+# matrix); here the other form, capabilities, on the image named with -i.
+@pytest.mark.parametrize("gpus", ["capabilities=compute,utility"])
 def test_device_checks_fail_when_the_engine_cannot_give_the_requested_gpus(
     gpus: str,
     validate_image: Callable[..., Any],
