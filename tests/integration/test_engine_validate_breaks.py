@@ -456,6 +456,5 @@ def test_diff_reports_each_kind_of_difference(
     back = json.loads(gpuenv("diff", ref, CPU_IMAGE, "--json", check=False, timeout=900).stdout)
     assert back["pip"]["only_a"] == ["gpuenv-test-diff"]
     assert back["env"]["only_a"] == ["GPUENV_TEST_DIFF"]
-    # And an image against itself is identical (exit 0).
-    same = gpuenv("diff", ref, ref, check=False, timeout=900)
-    assert same.returncode == 0 and same.stdout.startswith("identical:"), same.stdout
+    # "identical:" and exit 0 where nothing differs: test_engine_lock.py's two builds of one
+    # locked cell (two images, not one against itself).
