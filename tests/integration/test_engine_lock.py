@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -218,15 +219,15 @@ def test_extra_package_in_a_locked_image_fails_validation(
     context = tmp_path / "extra"
     context.mkdir()
     shutil.copyfile(_pip_ca(), context / "pip-ca.pem")
+    # This virtualenv's uv (a gpuenv dependency), not one pip-installed in the image.
+    shutil.copy2(Path(sys.executable).parent / "uv", context / "uv")
     (context / "Dockerfile").write_text(
         f"FROM {IMAGE}\n"
         "USER root\n"
-        "COPY pip-ca.pem /tmp/pip-ca.pem\n"
-        "RUN python3 -m venv /tmp/u \\\n"
-        " && /tmp/u/bin/pip install --quiet --no-cache-dir --cert /tmp/pip-ca.pem uv \\\n"
-        " && SSL_CERT_FILE=/tmp/pip-ca.pem /tmp/u/bin/uv pip install --quiet --no-cache \\\n"
+        "COPY pip-ca.pem uv /tmp/\n"
+        "RUN SSL_CERT_FILE=/tmp/pip-ca.pem /tmp/uv pip install --quiet --no-cache \\\n"
         f"      --python /opt/venv/bin/python {extra} \\\n"
-        " && rm -rf /tmp/u /tmp/pip-ca.pem /root/.cache\n"
+        " && rm -rf /tmp/uv /tmp/pip-ca.pem /root/.cache\n"
         "USER 1000:1000\n"
     )
     derived = None
