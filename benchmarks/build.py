@@ -203,9 +203,8 @@ def assembled_contexts(matrix: Path, ca: Path | None) -> dict[str, Context]:
     sender = Sender(docker, project, the_plan.cells, ca, offline=False)
     out = {}
     for p in the_plan.cells:
-        with sender.context(p) as directory:  # kept in the cache once assembled
-            secret = sender.secrets().get("ca")
-            out[p.cell.name] = Context(directory, sender.network(p.cell), secret)
+        with sender.context(p, {}) as build:  # kept in the cache once assembled
+            out[p.cell.name] = Context(build.directory, build.network, build.secrets.get("ca"))
     return out
 
 

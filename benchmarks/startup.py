@@ -124,8 +124,8 @@ def assembled(matrix: Path, names: list[str]) -> dict[str, Path]:
     sender = sendable.Sender(docker, project, the_plan.cells, ca, offline=True)
     out = {}
     for p in the_plan.cells:
-        with sender.context(p) as directory:
-            out[p.cell.name] = directory
+        with sender.context(p, {}) as build:
+            out[p.cell.name] = build.directory
     return out
 
 

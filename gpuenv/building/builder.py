@@ -264,12 +264,9 @@ def _build(
     }
     begun = time.monotonic()
     try:
-        with sender.context(p) as directory:
+        with sender.context(p, labels) as build:
             assembled = time.monotonic()
-            image_id = engine.build_directory(
-                directory, labels=labels, nocache=no_cache, network=sender.network(cell),
-                on_log=on_log, platform=sender.platform_for(cell), secrets=sender.secrets(),
-            )  # fmt: skip
+            image_id = engine.build_directory(build, nocache=no_cache, on_log=on_log)
             result.phases = {"probe": sender.probe_seconds, "context": assembled - begun,
                              **clock.phases(), "build": time.monotonic() - assembled}  # fmt: skip
             return image_id

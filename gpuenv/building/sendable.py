@@ -42,6 +42,7 @@ from gpuenv.building.render import (
     UV_SENT,
     UV_VERSION,
 )
+from gpuenv.engine.client import BuildInput
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.project.lockfile import framework_requirements
 from gpuenv.store.cache import read_record, update_record, write_record
@@ -436,13 +437,22 @@ class Sender:
 
         return metadata
 
-    def platform_for(self, cell: Cell) -> str | None:
+    def _platform_for(self, cell: Cell) -> str | None:
         """The platform to build for when it is not the engine's own (an arm64 cell on an
         x86_64 engine: its steps run under QEMU); None builds as every cell always has."""
 
         return None if MACHINES.get(self.architecture) == cell.machine else cell.platform
 
-    def context(self, p: CellPlan) -> AbstractContextManager[Path]:
+    @contextlib.contextmanager
+    def context(self, p: CellPlan, labels: dict[str, str]) -> Iterator[BuildInput]:
+        """What the cell's build hands the engine, as one value: its context directory,
+        assembled (while the context manager is open), the image's `labels`, the build's
+        network, platform and secrets."""
+        with self._directory(p) as directory:
+            yield BuildInput(directory, labels, self._network(p.cell),
+                             self._platform_for(p.cell), self._secrets())  # fmt: skip
+
+    def _directory(self, p: CellPlan) -> AbstractContextManager[Path]:
         """The cell's context directory, assembled (a context manager)."""
         key = p.wheelhouse_key
         target = target_of(p.cell, self.architecture)
@@ -468,12 +478,12 @@ class Sender:
         """Where the public wheels come from (gpuenv/building/near.py); its error, if any."""
         return self._near.result()
 
-    def network(self, cell: Cell) -> str:
+    def _network(self, cell: Cell) -> str:
         """The build's network: host when a step reaches an index (the engine's host
         fetching wheels, or apt reaching Debian's archive), else none."""
         return "host" if cell.apt or self.near.index is not None else "none"
 
-    def secrets(self) -> dict[str, Path]:
+    def _secrets(self) -> dict[str, Path]:
         """The CA bundle as the install steps' secret `ca`, only when the engine's host
         fetches and the engine is this machine's (gpuenv/building/near.py)."""
         return {"ca": self.near.ca} if self.near.index is not None and self.near.ca else {}

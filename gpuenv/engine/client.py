@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from gpuenv.engine import apibuild
@@ -45,6 +44,7 @@ from gpuenv.engine.transport import (
 from gpuenv.engine.values import (
     BuildCancelled,
     BuildFailed,
+    BuildInput,
     ContainerSpec,
     EngineError,
     GpuEngineFacts,
@@ -57,6 +57,7 @@ from gpuenv.matrix import contract
 __all__ = [
     "BuildCancelled",
     "BuildFailed",
+    "BuildInput",
     "ContainerSpec",
     "Engine",
     "EngineError",
@@ -234,32 +235,23 @@ class Engine(ImageOperations):
         """The engine's machine (x86_64, aarch64; podman says amd64, arm64)."""
         return str(self.info().get("Architecture") or "")
 
-    def build_directory(
-        self,
-        directory: Path,
-        *,
-        labels: dict[str, str],
-        nocache: bool,
-        network: str,
-        on_log: LogSink,
-        platform: str | None = None,
-        secrets: dict[str, Path] | None = None,
-    ) -> str:
-        """Build a context directory whose Dockerfile mounts parts of it (RUN --mount), without
-        tagging; returns the image ID. `secrets` (id -> file, BuildKit only) reach the steps
-        that mount them and nothing the engine keeps. `platform` (linux/arm64) builds for another
-        architecture: its steps run under the engine's QEMU emulation (binfmt_misc).
+    def build_directory(self, build: BuildInput, *, nocache: bool, on_log: LogSink) -> str:
+        """Build what `build` holds (a context directory whose Dockerfile mounts parts of it,
+        RUN --mount), without tagging; returns the image ID. Its `secrets` (id -> file,
+        BuildKit only) reach the steps that mount them and nothing the engine keeps; its
+        `platform` (linux/arm64) builds for another architecture, the steps under the
+        engine's QEMU emulation (binfmt_misc).
         Docker engines build it with BuildKit through the
         docker CLI (the SDK cannot drive BuildKit: docker/docker-py#2230), which sends the
         context over the build session: local, rootless, Desktop and remote engines alike.
         podman's API service builds it through its own endpoint (its builder takes the same
         mounts), from an uploaded tar."""
         if self.is_podman:
-            with apibuild.uploaded(directory) as tar_file:
-                return self.build(tar_file, labels=labels, nocache=nocache, on_log=on_log,
-                                  network=network, platform=platform)  # fmt: skip
-        return self._builds.build(self.url, directory, labels, nocache, network, on_log,
-                                  platform, secrets or {})  # fmt: skip
+            with apibuild.uploaded(build.directory) as tar_file:
+                return self.build(tar_file, labels=build.labels, nocache=nocache, on_log=on_log,
+                                  network=build.network, platform=build.platform)  # fmt: skip
+        return self._builds.build(self.url, build.directory, build.labels, nocache, build.network,
+                                  on_log, build.platform, build.secrets)  # fmt: skip
 
     # ------------------------------------------------------------------ containers
 

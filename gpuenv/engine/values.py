@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpuenv.matrix import contract
@@ -78,6 +79,19 @@ class ImageInfo:
             architecture=str(data.get("Architecture") or ""),
             layers=tuple(str(x) for x in (data.get("RootFS") or {}).get("Layers") or ()),
         )
+
+
+@dataclass(frozen=True)
+class BuildInput:
+    """What one build hands the engine: the context directory (its Dockerfile mounts parts
+    of it: RUN --mount) and how to build it. One value per build, made by its maker
+    (gpuenv/building/sendable.py for a cell, run/jupyter.py for the notebook layer)."""
+
+    directory: Path
+    labels: dict[str, str] = field(default_factory=dict)
+    network: str = "none"  # "host" when a step reaches an index or Debian's archive
+    platform: str | None = None  # linux/arm64 on an x86_64 engine: the steps under QEMU
+    secrets: dict[str, Path] = field(default_factory=dict)  # id -> file, BuildKit only
 
 
 @dataclass(frozen=True)

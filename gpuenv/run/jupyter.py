@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuenv.engine.client import BuildInput
 from gpuenv.matrix import contract
 from gpuenv.matrix.errors import GpuenvError
 
@@ -212,10 +213,8 @@ def _build(
         for filename, stored in wheels:
             _link(stored, here / PART / filename)
         try:
-            return engine.build_directory(
-                here, labels={LABEL: digest, BASE_LABEL: base.id}, nocache=False,
-                network="none", on_log=lambda line: None,
-            )  # fmt: skip
+            build = BuildInput(here, labels={LABEL: digest, BASE_LABEL: base.id})
+            return engine.build_directory(build, nocache=False, on_log=lambda line: None)
         except Exception as exc:  # BuildFailed, EngineError
             raise GpuenvError(
                 f"building the notebook layer of {cell.name} failed: {exc}", exit_code=125

@@ -127,11 +127,12 @@ class RecordingEngine:
             return dataclasses.replace(info, id=self.base_id)
         return info
 
-    def build_directory(self, directory, **kwargs):
+    def build_directory(self, build, **kwargs):
         """Where every build goes (gpuenv/building/builder.py: _build), with its context
         assembled."""
         from gpuenv.engine.client import BuildFailed
 
+        directory = build.directory
         assert (directory / "Dockerfile").is_file() and (directory / "python-env").is_dir()
         self.builds += 1
         raise BuildFailed("recorded, not built")

@@ -295,30 +295,23 @@ def test_a_build_cancelled_as_gpuenv_ends_is_the_interruption_in_either_order(
     class Engine(fake_engine):  # type: ignore[misc]
         builds = buildkit.Builds()
 
-        def build_directory(self, directory: Path, *, on_log: Any, **kw: Any) -> str:
+        def build_directory(self, build: Any, *, on_log: Any, **kw: Any) -> str:
             def log(line: str) -> None:
                 running.set()
                 on_log(line)
 
-            return self.builds.build(self.url, directory, {}, False, "none", log)
+            return self.builds.build(self.url, build.directory, {}, False, "none", log)
 
         def end_builds(self) -> None:
             self.builds.end()
 
     class Sender:
-        def context(self, p: Any) -> Any:
+        def context(self, p: Any, labels: dict[str, str]) -> Any:
             import contextlib
 
-            return contextlib.nullcontext(tmp_path)
+            from gpuenv.engine.client import BuildInput
 
-        def network(self, cell: Any) -> str:
-            return "none"
-
-        def platform_for(self, cell: Any) -> None:
-            return None
-
-        def secrets(self) -> dict[str, Path]:
-            return {}
+            return contextlib.nullcontext(BuildInput(tmp_path, labels))
 
         def stop(self) -> None:
             pass
