@@ -3,6 +3,7 @@ back from the login node, what is sent and what comes back (issue 46, item 1).""
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpuenv.run.slurm import SlurmError
+from gpuenv.run.slurm import ssh as ssh_mod
 from gpuenv.run.slurm.jobdir import Listing, changed, parse_listing, parse_sha256sum, plan
 from gpuenv.run.slurm.jobs import remote_argv
 from gpuenv.run.slurm.login import parse_prepared, shared_there, to_send
@@ -149,3 +151,39 @@ def test_shared_is_an_absolute_path_on_the_cluster(monkeypatch):
     with pytest.raises(SlurmError, match="--shared DIR or"):
         shared_there(None)
     assert Path(shared_there("/tmp")) == Path("/tmp")
+
+
+def _ssh_stand_in(tmp_path, monkeypatch, script: str) -> Path:
+    """An `ssh` first on PATH that runs `script` (sh), counting its calls in `calls`."""
+    calls = tmp_path / "calls"
+    ssh = tmp_path / "bin" / "ssh"
+    ssh.parent.mkdir()
+    ssh.write_text(f"#!/bin/sh\necho x >> {calls}\n{script}\n")
+    ssh.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{ssh.parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(ssh_mod.time, "sleep", lambda s: None)
+    return calls
+
+
+def test_a_connection_dropped_before_the_login_is_tried_again(tmp_path, monkeypatch):
+    """An sshd throttling unauthenticated connections (MaxStartups) resets some: nothing ran
+    there, so the command is asked again; a refusal after the login is not."""
+    calls = _ssh_stand_in(
+        tmp_path,
+        monkeypatch,
+        f"""
+n=$(wc -l < {tmp_path / "calls"})
+if [ "$n" -lt 3 ]; then
+  echo "kex_exchange_identification: read: Connection reset by peer" >&2; exit 255
+fi
+echo done""",
+    )
+    proc = ssh_mod.run(Login("node"), ["true"], "the test")
+    assert proc.stdout == b"done\n" and len(calls.read_text().split()) == 3
+
+    calls.unlink()
+    refused = "echo 'Permission denied (publickey).' >&2; exit 255"
+    (tmp_path / "bin" / "ssh").write_text(f"#!/bin/sh\necho x >> {calls}\n{refused}\n")
+    with pytest.raises(SlurmError, match="refused the login"):
+        ssh_mod.run(Login("node"), ["true"], "the test")
+    assert len(calls.read_text().split()) == 1

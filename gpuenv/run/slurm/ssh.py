@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import IO
 
@@ -19,6 +20,12 @@ from gpuenv.run.slurm import SlurmError
 
 LOGIN_ENV = "GPUENV_SLURM_LOGIN"
 TIMEOUT = 120  # seconds for one command there that moves no bulk data
+RETRIES = 3  # for a connection dropped before the login
+_DROPPED = re.compile(
+    r"kex_exchange_identification|Connection reset by|Connection closed by .* port \d+$|"
+    r"Connection refused|Connection timed out",
+    re.MULTILINE,
+)
 
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -99,18 +106,28 @@ def run(
     with `check`, when the command fails."""
     data = stdin if isinstance(stdin, bytes) else None
     source = None if isinstance(stdin, bytes) else stdin
-    try:
-        proc = subprocess.run(
-            login.argv(command), input=data, stdin=source if data is None else None,
-            capture_output=True, timeout=timeout, check=False,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"{what} on {login.host} did not answer within {timeout:.0f} s") from None
-    except FileNotFoundError:
-        raise SlurmError(
-            "slurm run --login needs the ssh client, and there is no `ssh` on PATH; install "
-            "OpenSSH's client (Debian, Ubuntu: openssh-client)"
-        ) from None
+    for attempt in range(RETRIES + 1):
+        try:
+            proc = subprocess.run(
+                login.argv(command), input=data, stdin=source if data is None else None,
+                capture_output=True, timeout=timeout, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise SlurmError(
+                f"{what} on {login.host} did not answer within {timeout:.0f} s"
+            ) from None
+        except FileNotFoundError:
+            raise SlurmError(
+                "slurm run --login needs the ssh client, and there is no `ssh` on PATH; install "
+                "OpenSSH's client (Debian, Ubuntu: openssh-client)"
+            ) from None
+        # A connection dropped before the login (an sshd throttling unauthenticated
+        # connections, MaxStartups; a busy login node) ran nothing there: asked again, unless
+        # what it sends cannot be read twice.
+        if not (proc.returncode == 255 and source is None and attempt < RETRIES
+                and _DROPPED.search(proc.stderr.decode(errors="replace"))):  # fmt: skip
+            break
+        time.sleep(1 + attempt)
     if proc.returncode == 255 or (check and proc.returncode != 0):
         raise login.failure(proc.returncode, proc.stderr.decode(errors="replace"), what)
     return proc

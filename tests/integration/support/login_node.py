@@ -187,6 +187,9 @@ def _start_sshd(root: Path, ns: str, addr: str, hidden: tuple[Path, ...], conf: 
         f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
         "PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
         "UsePAM no\nStrictModes no\n"
+        # A loaded CI machine logs in slowly: sshd's default throttle (MaxStartups 10:30:100)
+        # would reset the job's polls' connections.
+        "MaxStartups 100:30:200\n"
         # The cluster's configuration, as a login node's /etc/slurm gives it; the lab's
         # marker, so that teardown finds what sessions left.
         f"SetEnv SLURM_CONF={conf} {key}={value}\n"
