@@ -70,17 +70,20 @@ def run_cmd(
 ) -> None:
     """Run a script or command in a cell's image as a Slurm batch job on every node, the
     working directory bound there; follow its output to its exit code (Ctrl-C cancels it)."""
+    from gpuenv.run.slurm import login as over_ssh
     from gpuenv.run.slurm import run as slurm
+    from gpuenv.run.slurm.ssh import login_for
 
     with user_errors(exit_code=125):
-        code = slurm.submit(
-            slurm.SlurmOptions(
-                command=command or [], image=image, env=env or [], nodes=nodes,
-                gpus_per_node=gpus_per_node, partition=partition, time=time,
-                runtime=runtime or slurm.DEFAULT_RUNTIME,
-                shared=shared, detach=detach, dry_run=dry_run, file=file, login=login,
-            )
+        opts = slurm.SlurmOptions(
+            command=command or [], image=image, env=env or [], nodes=nodes,
+            gpus_per_node=gpus_per_node, partition=partition, time=time,
+            runtime=runtime or slurm.DEFAULT_RUNTIME,
+            shared=shared, detach=detach, dry_run=dry_run, file=file, login=login,
         )  # fmt: skip
+        # Slurm's commands on this machine, or on a login node over ssh (--login).
+        there = login_for(opts.login)
+        code = over_ssh.submit(opts, there) if there else slurm.submit(opts)
     raise typer.Exit(code)
 
 

@@ -81,11 +81,8 @@ def check(opts: SlurmOptions) -> tuple[str | None, str | None]:
 def submit(opts: SlurmOptions) -> int:
     from gpuenv.engine import client as engine
     from gpuenv.run import options, target
-    from gpuenv.run.slurm import image, login, ssh
+    from gpuenv.run.slurm import image
 
-    there = ssh.login_for(opts.login)
-    if there is not None:
-        return login.submit(opts, there)
     time_limit, partition = check(opts)
     check_path(str(opts.cwd), "the working directory")
     argv = options.command_for(opts.command, opts.cwd)
