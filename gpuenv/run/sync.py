@@ -319,7 +319,7 @@ class Synced:
             return
         self._script(_PACK, taken, _BACK)
         self._new_mode = 0o666 & ~current_umask()
-        reader = io.BufferedReader(_Chunks(self.engine.get_archive(self._require_helper(), _BACK)),
+        reader = io.BufferedReader(Chunks(self.engine.get_archive(self._require_helper(), _BACK)),
                                    1 << 20)  # fmt: skip
         try:
             with tarfile.open(fileobj=reader, mode="r|") as wrapper:
@@ -570,8 +570,9 @@ def _local_digests(root: Path, rels: list[str]) -> dict[str, str]:
     return out
 
 
-class _Chunks(io.RawIOBase):
-    """An iterator of byte chunks as a readable stream (for tarfile's stream mode)."""
+class Chunks(io.RawIOBase):
+    """An iterator of byte chunks as a readable stream (for tarfile's stream mode): the
+    engine's archives come as chunks (`Engine.get_archive`, `exported_filesystem`)."""
 
     def __init__(self, chunks: Iterator[bytes]) -> None:
         self._chunks = iter(chunks)

@@ -40,6 +40,7 @@ from typing import IO, TYPE_CHECKING
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.run.slurm import SlurmError
 from gpuenv.run.slurm.script import ImageFiles, check_path
+from gpuenv.run.sync import Chunks
 from gpuenv.store import private
 
 if TYPE_CHECKING:
@@ -247,34 +248,12 @@ def _remember(files: ImageFiles) -> None:
     write_record(RECORD, records)
 
 
-class _Chunks(io.RawIOBase):
-    """An iterator of byte chunks as a readable stream (for tarfile's stream mode)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = iter(chunks)
-        self._left = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        while not self._left:
-            try:
-                self._left = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(buffer), len(self._left))
-        buffer[:n] = self._left[:n]
-        self._left = self._left[n:]
-        return n
-
-
 def rewrite(chunks: Iterator[bytes], sink: IO[bytes], extra: dict[str, bytes],
             roots: set[str] | frozenset[str] = frozenset()) -> None:  # fmt: skip
     """Copy the exported filesystem's tar to `sink`, without /.dockerenv and /dev's
     entries (the runtimes mount /dev), with `extra` files replacing or added and the top
     directories `roots` added where the image has no such entry."""
-    reader = io.BufferedReader(_Chunks(chunks), 1 << 20)
+    reader = io.BufferedReader(Chunks(chunks), 1 << 20)
     with (
         tarfile.open(fileobj=reader, mode="r|") as source,
         tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as out,
