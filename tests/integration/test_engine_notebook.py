@@ -204,25 +204,10 @@ def test_the_notebook_layer_sits_on_the_cell_and_changes_nothing_of_it(cell_befo
     assert containers_of(found.group(1)) == []
 
 
-# Another user's listener on the port (issue 44, N8): it records what it is sent and
-# answers 200, as the review's did (it logged the token, and gpuenv printed its URL).
-LISTENER = r"""
-import socket, sys
-s = socket.socket()
-s.bind(("127.0.0.1", int(sys.argv[1])))
-s.listen()
-print("listening", flush=True)
-while True:
-    c, _ = s.accept()
-    c.settimeout(2)
-    try:
-        sys.stdout.write(c.recv(65536).decode("latin-1"))
-        sys.stdout.flush()
-        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
-    except OSError:
-        pass
-    c.close()
-"""
+# Another uid's listener on the port (issue 44, N8): records what it is sent, answers 200.
+LISTENER = (
+    Path(__file__).parents[1] / "unit" / "fixtures" / "notebook" / "listener.py"
+).read_text()
 SYSTEM_PYTHON = "/usr/bin/python3"  # one another uid may run
 
 

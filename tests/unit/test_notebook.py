@@ -92,26 +92,9 @@ def test_the_servers_log_is_passed_on_without_the_token():
 
 # ---------------------------------------------------------------- who gets the token (N8)
 
-# A stand-in for whatever else listens on the notebook's port (issue 44, N8): it writes
-# every request it gets to stdout and answers 200, as the review's listener did.
-LISTENER = r"""
-import socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1])))
-s.listen()
-print("listening", flush=True)
-while True:
-    c, _ = s.accept()
-    c.settimeout(2)
-    try:
-        sys.stdout.write(c.recv(65536).decode("latin-1"))
-        sys.stdout.flush()
-        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
-    except OSError:
-        pass
-    c.close()
-"""
+
+# Another uid's listener on the port (issue 44, N8): records what it is sent, answers 200.
+LISTENER = (Path(__file__).parent / "fixtures" / "notebook" / "listener.py").read_text()
 SYSTEM_PYTHON = "/usr/bin/python3"  # one another uid may run (this one may be under /root)
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK),
