@@ -114,6 +114,34 @@ def run_in_image(image: str, *cmd: str, user: str | None = None, timeout: float 
         return container.run(timeout=timeout).stdout
 
 
+# What an image's files are, ignoring when they were written: each regular file, link and
+# directory under / (not the kernel's or the runtime's mounts) with its mode, owner, size and
+# sha256 or target, hashed in one line. Two builds of one lock on two engines, not rewritten
+# --reproducible, differ only in mtimes and history: this compares what a container gets.
+FILES_DIGEST = """
+import hashlib, os, stat
+skip = {"/proc", "/sys", "/dev", "/etc/hostname", "/etc/hosts", "/etc/resolv.conf", "/mnt"}
+total = hashlib.sha256()
+for top, dirs, files in os.walk("/"):
+    dirs[:] = sorted(d for d in dirs if os.path.join(top, d) not in skip)
+    for name in sorted(dirs + files):
+        path = os.path.join(top, name)
+        if path in skip:
+            continue
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode):
+            with open(path, "rb") as f:
+                what = hashlib.file_digest(f, "sha256").hexdigest()
+        elif stat.S_ISLNK(st.st_mode):
+            what = os.readlink(path)
+        else:
+            what = ""
+        size = st.st_size if what else 0
+        total.update(f"{path} {st.st_mode:o} {st.st_uid} {st.st_gid} {size} {what}\\n".encode())
+print(total.hexdigest())
+"""
+
+
 def logging_docker_cli(tmp: Path) -> dict[str, Path]:
     """A stand-in for the docker CLI gpuenv builds with: the same CLI (the one gpuenv picks
     here), with what each build prints (the engine's build log) and its arguments kept."""
