@@ -1,18 +1,20 @@
 """A locked cell built, run and validated on every kind of engine users have, none of which
 shares this machine's loopback, each started and torn down here:
 
-- ``netns-unix``: dockerd in another network namespace behind a Unix socket (Docker
-  Desktop's shape: the socket is local, the engine's network is not);
-- ``netns-tls``: the same over TCP with TLS client certificates (a remote GPU host);
+- ``netns``: dockerd in another network namespace, reached two ways: behind a Unix socket
+  (Docker Desktop's shape: the socket is local, the engine's network is not), and over TCP
+  with TLS client certificates (a remote GPU host's shape);
 - ``rootless``: dockerd-rootless.sh run by a throwaway user (rootlesskit, slirp4netns);
 - ``podman``: podman's Docker-compatible API service.
 
 The namespaced engines have no route to any index: the build succeeds because the engine
 fetches nothing (the wheels travel in the build context). `--reproducible` gives every
-engine the image ID the local engine gives (gpuenv/building/reproducible.py's canonical form);
-on the remote TLS engine (a GPU host's shape) an `--offline` rebuild, from the wheelhouse
-alone, gives it too. Once is enough for that: what `--offline` changes is on the client (no
-index asked), and the engines above get the same context either way.
+engine the image ID the local engine gives (gpuenv/building/reproducible.py's canonical form).
+The namespaced engine builds, runs and validates the cell through its Unix socket, then
+rebuilds it `--offline` through TLS, from the wheelhouse alone, with the same ID: one engine
+for both shapes (the transport is the only difference between them, and a second engine
+cost CI about two minutes), and once is enough for `--offline`: what it changes is on the
+client (no index asked), and the engines above get the same context either way.
 
 The cell is JAX 0.7 on CPU, the smallest framework cell (~120 MB of wheels), fetched once
 into a wheelhouse the module shares.
@@ -41,7 +43,6 @@ NAME = test_repository("anywhere")
 CELL = JAX_CPU_CELL
 IMAGE = f"{NAME}:{CELL}"
 MATRIX = jax_cpu_matrix(NAME)
-OFFLINE_ON = "netns-tls"  # the one engine that also rebuilds the cell --offline
 
 
 @pytest.fixture(scope="module")
@@ -73,19 +74,19 @@ def local_id(project: Path) -> Iterator[str]:
 
 @dataclass
 class Lab:
-    kind: str  # netns-unix, netns-tls, rootless or podman
+    kind: str  # netns, rootless or podman
     env: dict[str, str]  # what points gpuenv at the engine
     workdir: Path  # where its user works: `gpuenv run` mounts it
+    tls_env: dict[str, str] | None = None  # the same engine over TCP with TLS (netns only)
 
 
 @contextlib.contextmanager
 def _lab(kind: str, tmp: Path, project: Path) -> Iterator[Lab]:
     """A fresh engine of that kind, holding the base."""
-    if kind in ("netns-unix", "netns-tls"):
+    if kind == "netns":
         with remote_engine() as engine:
             load_image(engine.sock, BASE_IMAGE)
-            yield Lab(kind, {"DOCKER_HOST": engine.sock} if kind == "netns-unix"
-                      else engine.env(), project)  # fmt: skip
+            yield Lab(kind, {"DOCKER_HOST": engine.sock}, project, tls_env=engine.env())
     elif kind == "rootless":
         with rootless_engine(tmp / "rootless.log") as engine:
             load_image(engine.sock, BASE_IMAGE)
@@ -102,7 +103,7 @@ def _lab(kind: str, tmp: Path, project: Path) -> Iterator[Lab]:
             yield Lab(kind, engine.env(), project)
 
 
-@pytest.fixture(scope="module", params=["netns-unix", "netns-tls", "rootless", "podman"])
+@pytest.fixture(scope="module", params=["netns", "rootless", "podman"])
 def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
         project: Path, local_id: str) -> Iterator[Lab]:  # fmt: skip
     with _lab(request.param, tmp_path_factory.mktemp(request.param), project) as it:
@@ -126,11 +127,12 @@ def test_a_locked_cell_builds_runs_and_validates_with_the_local_image_id(
     assert ran.stdout.strip().splitlines()[-1] == "6", output(ran)
     validated = gpuenv_cmd("validate", CELL, cwd=cwd, env=env, check=False)
     assert validated.returncode == 0, output(validated)
-    if lab.kind != OFFLINE_ON:
+    if lab.tls_env is None:
         return
-    # Offline, from the wheelhouse alone (the engine never had an index to reach anyway).
-    run(["docker", "rmi", IMAGE], env=clean_env(**lab.env))
+    # The same engine through TLS, offline, from the wheelhouse alone (the engine never had
+    # an index to reach anyway).
+    run(["docker", "rmi", IMAGE], env=clean_env(**lab.tls_env))
     offline = gpuenv_cmd("build", "--offline", "--reproducible", "--json", CELL, cwd=cwd,
-                         env=env)  # fmt: skip
+                         env=_env(project, **lab.tls_env))  # fmt: skip
     again = json.loads(offline.stdout)["results"][0]
     assert (again["status"], again["image_id"]) == ("built", local_id), output(offline)
