@@ -106,6 +106,24 @@ def test_golden(runtime):
     )
 
 
+PULLED = "registry.example:5000/team/tf@sha256:" + "ab" * 32
+
+
+@pytest.mark.parametrize("runtime", ["apptainer", "pyxis", "podman"])
+def test_golden_pulled_by_the_runtime(runtime):
+    """--from-registry: these runtimes get the image by digest, not the SquashFS."""
+    got = batch_script(replace(JOB, runtime=runtime, pull=PULLED))
+    path = GOLDEN / f"{runtime}-pulled.sh"
+    if os.environ.get("GPUENV_UPDATE_GOLDEN") == "1":
+        path.write_text(got, encoding="utf-8")
+    assert got == path.read_text(encoding="utf-8"), f"differs from {path}"
+    assert IMAGES not in got  # neither the SquashFS nor the ENV files beside it
+    want = {"apptainer": f"docker://{PULLED}",
+            "pyxis": "--container-image=registry.example:5000#team/tf@sha256:",
+            "podman": f"--entrypoint= {PULLED}"}[runtime]  # fmt: skip
+    assert want in got
+
+
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_script_is_valid_bash(runtime, tmp_path):
     script = tmp_path / "job.sh"

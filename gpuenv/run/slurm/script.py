@@ -113,6 +113,19 @@ class JobInputs:
     partition: str | None = None
     time: str | None = None  # parse_time's form
     env: tuple[tuple[str, str], ...] = ()
+    # REGISTRY/REPO@sha256:... for a runtime that pulls the image itself (pyxis, apptainer,
+    # podman under --from-registry, verified by gpuenv first: registry_image.py); "" runs
+    # the SquashFS.
+    pull: str = ""
+
+
+def enroot_uri(ref: str) -> str:
+    """REGISTRY/REPO@sha256:... as enroot names it, REGISTRY#REPO@sha256:... (its docker://
+    URI: https://github.com/NVIDIA/enroot/blob/master/doc/cmd/import.md; the @digest form is
+    parsed by enroot's docker::_parse_uri, src/docker.sh): `#` keeps a registry with a port
+    from being read as a Docker Hub namespace."""
+    host, _, repository = ref.partition("/")
+    return f"{host}#{repository}"
 
 
 def check_path(path: str, what: str) -> str:
@@ -202,18 +215,21 @@ def _charliecloud(job: JobInputs) -> tuple[list[str], str, list[str]]:
 
 
 def _apptainer(job: JobInputs) -> tuple[list[str], str, list[str]]:
-    argv = ["apptainer", "exec", "--env-file", job.image.shell_env_file, "--bind", job.cwd,
-            "--pwd", job.cwd]  # fmt: skip
+    # A docker:// image carries its ENV, which apptainer applies; a SquashFS's is beside it.
+    env = [] if job.pull else ["--env-file", job.image.shell_env_file]
+    argv = ["apptainer", "exec", *env, "--bind", job.cwd, "--pwd", job.cwd]
     if job.gpus_per_node:
         argv.append("--nv")  # the host's driver libraries and nvidia-smi, bound in
-    return [], _task("", '"$@"'), [*argv, job.image.squashfs]
+    image = f"docker://{job.pull}" if job.pull else job.image.squashfs
+    return [], _task("", '"$@"'), [*argv, image]
 
 
 def _pyxis(job: JobInputs) -> tuple[list[str], str, list[str]]:
     # enroot reads the ENV from /etc/environment and the entrypoint from /etc/rc inside
     # the SquashFS (image.py writes both). The task's wrapper runs inside the container,
     # so the jobs directory is mounted too (the first failure's code is written there).
-    srun = [f"--container-image={job.image.squashfs}",
+    image = enroot_uri(job.pull) if job.pull else job.image.squashfs
+    srun = [f"--container-image={image}",
             f"--container-mounts={job.cwd},{job.jobs_dir}",
             f"--container-workdir={job.cwd}"]  # fmt: skip
     return srun, _task("", '"$@"'), []
@@ -223,15 +239,19 @@ def _podman(job: JobInputs) -> tuple[list[str], str, list[str]]:
     # podman runs a root filesystem directory (--rootfs: the first argument is that
     # directory; :O puts a writable overlay on top): the SquashFS is mounted per task with
     # squashfuse, as podman-hpc does. The options go before it, in the wrapper itself.
+    env = [] if job.pull else ["--env-file", job.image.env_file]  # a pulled image has its ENV
     opts = ["--userns=keep-id", "--security-opt=label=disable", "--network=host",
-            "--ipc=host", "--env-file", job.image.env_file, "-v", f"{job.cwd}:{job.cwd}",
-            "-w", job.cwd]  # fmt: skip
+            "--ipc=host", *env, "-v", f"{job.cwd}:{job.cwd}", "-w", job.cwd]  # fmt: skip
     # What Slurm and gpuenv set for the task, passed into the container by name.
     for name in ("SLURM_*", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT",
                  *(k for k, _ in job.env)):  # fmt: skip
         opts += ["--env", name]
     if job.gpus_per_node:
         opts += ["--device", "nvidia.com/gpu=all"]  # CDI; Slurm's cgroup limits which
+    if job.pull:
+        # The command runs as itself, as under the other runtimes: no image ENTRYPOINT first.
+        run = " ".join(shlex.quote(o) for o in [*opts, "--entrypoint=", job.pull])
+        return [], _task("", f'podman run --rm {run} "$@"'), []
     task = _task(
         'm=$(mktemp -d "${TMPDIR:-/tmp}/gpuenv-podman.XXXXXX") || exit 125\n'
         f'squashfuse {shlex.quote(job.image.squashfs)} "$m" || exit 125\n',
@@ -318,6 +338,7 @@ __all__ = [
     "check_env",
     "check_partition",
     "check_path",
+    "enroot_uri",
     "failure_path",
     "job_name",
     "output_path",
