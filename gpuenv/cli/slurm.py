@@ -62,6 +62,27 @@ def run_cmd(
             metavar="[USER@]HOST[:PORT]",
         ),
     ] = None,
+    from_registry: Annotated[
+        str | None,
+        typer.Option(
+            "--from-registry",
+            help="A published image, by digest, run without a Docker engine: verified with "
+            "--key, then a SquashFS made from its layers (charliecloud) or pulled by the "
+            "runtime (pyxis, apptainer, podman)",
+            show_default=False,
+            metavar="REGISTRY/REPO@sha256:DIGEST",
+        ),
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(
+            "--key",
+            help="The publisher's public key its attestations must verify with "
+            "[default: $GPUENV_VERIFY_KEY]",
+            show_default=False,
+            metavar="PUB.pem",
+        ),
+    ] = None,
     detach: Annotated[bool, typer.Option("--detach", help="Print the job ID and return")] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the batch script, submit nothing")
@@ -71,6 +92,7 @@ def run_cmd(
     """Run a script or command in a cell's image as a Slurm batch job on every node, the
     working directory bound there; follow its output to its exit code (Ctrl-C cancels it)."""
     from gpuenv.run.slurm import login as over_ssh
+    from gpuenv.run.slurm import published
     from gpuenv.run.slurm import run as slurm
     from gpuenv.run.slurm.ssh import login_for
 
@@ -81,9 +103,15 @@ def run_cmd(
             runtime=runtime or slurm.DEFAULT_RUNTIME,
             shared=shared, detach=detach, dry_run=dry_run, file=file, login=login,
         )  # fmt: skip
-        # Slurm's commands on this machine, or on a login node over ssh (--login).
-        there = login_for(opts.login)
-        code = over_ssh.submit(opts, there) if there else slurm.submit(opts)
+        if from_registry is not None:
+            # Here, on the login node: no engine, the image verified and taken by digest.
+            code = published.submit(opts, from_registry, key)
+        elif key is not None:
+            raise slurm.SlurmError("--key verifies a --from-registry image; give both")
+        else:
+            # Slurm's commands on this machine, or on a login node over ssh (--login).
+            there = login_for(opts.login)
+            code = over_ssh.submit(opts, there) if there else slurm.submit(opts)
     raise typer.Exit(code)
 
 

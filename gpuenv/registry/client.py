@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 from gpuenv.matrix.errors import GpuenvError
@@ -174,6 +175,30 @@ class Repository:
         """A blob, checked against its digest; None when missing or it does not match."""
         found = self.get(f"/blobs/{digest}", "*/*", limit)
         return found[0] if found and sha256(found[0]) == digest else None
+
+    def blob_to(self, digest: str, size: int, path: Path) -> str | None:
+        """Stream a blob into a new file at `path` (0600, not there before), hashing it on
+        the way: why it is not the blob asked for (missing, longer or shorter than `size`,
+        another digest), else None. A blob of any size crosses without being held."""
+        with self.request("GET", f"/blobs/{digest}") as resp:
+            if resp.status_code == 404:
+                return "the registry has no such blob"
+            if resp.status_code != 200:
+                raise self.failure(f"/blobs/{digest}", resp)
+            hasher, written = hashlib.sha256(), 0
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                while chunk := resp.raw.read(1 << 20, decode_content=True):
+                    written += len(chunk)
+                    if written > size:
+                        return f"it is longer than the {size} bytes the manifest gives"
+                    hasher.update(chunk)
+                    out.write(chunk)
+        if written != size:
+            return f"it is {written} bytes, not the {size} the manifest gives"
+        if f"sha256:{hasher.hexdigest()}" != digest:
+            return f"its bytes hash to sha256:{hasher.hexdigest()[:12]}, not {digest[:19]}"
+        return None
 
     def config(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """The image config an image manifest names, checked against its digest."""

@@ -16,8 +16,10 @@ sha256 of each is recorded in the cache on the login node (RECORD), not beside t
 
 Inside the SquashFS, as `enroot import` writes them: /etc/environment (the ENV) and /etc/rc
 (the working directory, entrypoint and command). The filesystem comes from the engine as
-`docker export` gives it (gpuenv/engine/client.py) and streams into tar2sqfs (squashfs-tools-ng)
-without touching the disk; /.dockerenv and /dev's entries are left out, as enroot does.
+`docker export` gives it (gpuenv/engine/client.py), or, where there is no engine, from a
+registry's layers flattened (registry_image.py, keyed by manifest digest instead of image
+ID), and streams into tar2sqfs (squashfs-tools-ng); /.dockerenv and /dev's entries are left
+out, as enroot does.
 Deterministic: every timestamp is 0 (tar2sqfs -k) and the files added carry none, so one
 image ID gives the same bytes. Written under a temporary name and renamed into place, the
 SquashFS last: its presence means the rest is there.
@@ -32,7 +34,8 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -159,9 +162,30 @@ def ensure(engine: Engine, ref: str, info: ImageInfo, shared: Shared,
            say: Callable[[str], None], cwd: str = "/") -> ImageFiles:  # fmt: skip
     """The image's files on shared storage, written if they are not there yet, or not as
     this user wrote them (with the working directory's top directory among the mount
-    points)."""
+    points): the engine's `docker export` of it, once per image ID."""
+
+    def exported(sink: IO[bytes], extra: dict[str, bytes], roots: set[str]) -> None:
+        with engine.exported_filesystem(ref) as stream:
+            rewrite(stream, sink, extra, roots)
+
+    return ensure_from(lambda: nullcontext(exported), info.id, ref, info, shared, say, cwd)
+
+
+# Writes the image's root filesystem as one tar to the sink, through rewrite_members (the
+# engine's export, or layers flattened from a registry: registry_image.py).
+Filesystem = Callable[[IO[bytes], dict[str, bytes], set[str]], None]
+# What gives a Filesystem once the image must be written (a registry's layers fetched and
+# checked first, so that a blob that lies leaves nothing written), and cleans up after.
+Prepare = Callable[[], AbstractContextManager[Filesystem]]
+
+
+def ensure_from(prepare: Prepare, key: str, ref: str, info: ImageInfo, shared: Shared,
+                say: Callable[[str], None], cwd: str = "/") -> ImageFiles:  # fmt: skip
+    """The image's files on shared storage under `key` (an image ID, or a manifest digest),
+    written from what `prepare` gives if they are not there yet or not as this user wrote
+    them."""
     shared.make()
-    files = shared.files(info.id)
+    files = shared.files(key)
     if os.path.lexists(files.squashfs):
         if _as_written(files):
             say(f"reusing {files.squashfs}")
@@ -174,9 +198,11 @@ def ensure(engine: Engine, ref: str, info: ImageInfo, shared: Shared,
             "tar2sqfs not found: gpuenv writes the image for the cluster as a SquashFS with it "
             "(Debian/Ubuntu: apt install squashfs-tools-ng)"
         )
-    say(f"writing {ref} to {files.squashfs} (once per image ID)")
+    once = "image ID" if key == info.id else "manifest digest"
+    say(f"writing {ref} to {files.squashfs} (once per {once})")
     try:
-        _write(engine, ref, info, shared.images, files, tool, cwd)
+        with prepare() as filesystem:
+            _write(filesystem, info, shared.images, files, tool, cwd)
     except OSError as exc:
         raise SlurmError(
             f"--shared {shared.root}: cannot write {exc.filename or shared.images} "
@@ -186,7 +212,7 @@ def ensure(engine: Engine, ref: str, info: ImageInfo, shared: Shared,
     return files
 
 
-def _write(engine: Engine, ref: str, info: ImageInfo, images: Path, files: ImageFiles,
+def _write(filesystem: Filesystem, info: ImageInfo, images: Path, files: ImageFiles,
            tool: str, cwd: str) -> None:  # fmt: skip
     env = environment_lines(info)
     private.write_file(images, Path(files.env_file).name,
@@ -209,8 +235,7 @@ def _write(engine: Engine, ref: str, info: ImageInfo, images: Path, files: Image
             try:
                 assert proc.stdin is not None
                 try:
-                    with engine.exported_filesystem(ref) as stream:
-                        rewrite(stream, proc.stdin, extra, roots)
+                    filesystem(proc.stdin, extra, roots)
                     proc.stdin.close()
                 except BrokenPipeError:
                     pass  # tar2sqfs gave up: its own message says why
@@ -250,21 +275,29 @@ def _remember(files: ImageFiles) -> None:
 
 def rewrite(chunks: Iterator[bytes], sink: IO[bytes], extra: dict[str, bytes],
             roots: set[str] | frozenset[str] = frozenset()) -> None:  # fmt: skip
-    """Copy the exported filesystem's tar to `sink`, without /.dockerenv and /dev's
-    entries (the runtimes mount /dev), with `extra` files replacing or added and the top
-    directories `roots` added where the image has no such entry."""
+    """Copy the exported filesystem's tar to `sink` (rewrite_members)."""
     reader = io.BufferedReader(Chunks(chunks), 1 << 20)
-    with (
-        tarfile.open(fileobj=reader, mode="r|") as source,
-        tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as out,
-    ):
+    with tarfile.open(fileobj=reader, mode="r|") as source:
+        members = ((m, source.extractfile(m) if m.isreg() else None) for m in source)
+        rewrite_members(members, sink, extra, roots)
+
+
+Member = tuple[tarfile.TarInfo, IO[bytes] | None]  # an entry and, for a file, its bytes
+
+
+def rewrite_members(members: Iterable[Member], sink: IO[bytes], extra: dict[str, bytes],
+                    roots: set[str] | frozenset[str] = frozenset()) -> None:  # fmt: skip
+    """Write the root filesystem's entries to `sink` as one tar, without /.dockerenv and
+    /dev's entries (the runtimes mount /dev), with `extra` files replacing or added and the
+    top directories `roots` added where the image has no such entry."""
+    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as out:
         seen: set[str] = set()
-        for member in source:
+        for member, body in members:
             name = member.name.removeprefix("./").rstrip("/")
             seen.add(name)
             if name == ".dockerenv" or name.startswith("dev/") or name in extra:
                 continue
-            out.addfile(member, source.extractfile(member) if member.isreg() else None)
+            out.addfile(member, body if member.isreg() else None)
         for name, data in sorted(extra.items()):
             info = tarfile.TarInfo(name)
             info.size, info.mtime = len(data), 0
@@ -276,5 +309,6 @@ def rewrite(chunks: Iterator[bytes], sink: IO[bytes], extra: dict[str, bytes],
             out.addfile(info)
 
 
-__all__ = ["MOUNT_ROOTS", "SHARED_ENV", "Shared", "ensure", "environment_lines", "rc_script",
-           "rewrite", "root_entries", "shared_dir", "top_directory"]  # fmt: skip
+__all__ = ["MOUNT_ROOTS", "SHARED_ENV", "Filesystem", "Member", "Prepare", "Shared", "ensure",
+           "ensure_from", "environment_lines", "rc_script", "rewrite", "rewrite_members",
+           "root_entries", "shared_dir", "top_directory"]  # fmt: skip
