@@ -106,103 +106,148 @@ def parts(cell: Cell, resolution: CellLock) -> dict[str, str]:
     return out
 
 
+@dataclass(frozen=True)
+class Supply:
+    """Where one cell's parts come from: the fetcher and the wheelhouse key of its indexes,
+    the machine its wheels are for, uv's executable, what builds a source package into a
+    wheel (on the engine: gpuenv/building/sdists.py), and whether the engine's host fetches
+    the primary index's wheels (`near`), with uv's wheel and the upstream offering it.
+    `uv` and `near` may still be on their way (the download, the probe)."""
+
+    fetcher: Fetcher
+    key: str
+    target: WheelTarget
+    uv: Path | Future[Path]
+    wheel: Callable[[Requirement, IndexFile], tuple[IndexFile, Path]] | None = None
+    near: Near | Future[Near] | None = None
+    primary: str = ""
+    uv_offered: tuple[IndexFile, str] | None = None
+
+
+@dataclass(frozen=True)
+class _Wheels:
+    """One part's wheels: its resolution as the install step reads it (a source package's
+    or a URL's entry naming the wheel sent instead), the wheel taken per name, those sent
+    (name -> file name, stored path), and the index the engine's host fetches the rest from."""
+
+    text: str
+    chosen: dict[str, IndexFile]
+    stored: dict[str, tuple[str, Path]]
+    index: str | None
+
+
 @contextlib.contextmanager
 def assembled(
-    root: Path,
-    ctx: BuildContext,
-    resolution: CellLock,
-    fetcher: Fetcher,
-    key: str,
-    uv: Path | Future[Path],
-    target: WheelTarget,
-    near: Near | Future[Near] | None = None,
-    primary: str = "",
-    builder: Callable[[Requirement, IndexFile], tuple[IndexFile, Path]] | None = None,
-    uv_offered: tuple[IndexFile, str] | None = None,
+    root: Path, ctx: BuildContext, resolution: CellLock, supply: Supply
 ) -> Iterator[Path]:
-    """The cell's build context as a directory under `root`, held (a lock per cell) while
-    the build reads it: the rendered files, then each part's requirements, wheels and uv.
-    With `near` deciding that the engine's host fetches the primary index's wheels, those
-    are named in the part's index.txt (one hash each) instead of sent, and so is uv when
-    `uv_offered` (its wheel, and the upstream offering it) is on that index: the part then
-    holds the script that fetches it by that wheel's hash (near.uv_script). A requirement the
-    lock holds as an sdist is sent as the wheel `builder` gives for it (built on the
-    engine: gpuenv/building/sdists.py), under that wheel's hash. `uv` and `near` may still
-    be on their way (the download, the probe): they are waited for once the first part's
-    wheels are picked."""
-    root.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # contexts/: no one else's
-    root.mkdir(exist_ok=True, mode=0o700)
-    here = root / ctx.cell.name
-    with (root / f".{ctx.cell.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another gpuenv building this cell waits here
-        shutil.rmtree(here, ignore_errors=True)
-        here.mkdir(mode=0o700)
+    """The cell's build context as a directory under `root`, held while the build reads it:
+    the rendered files, then for each part its wheels picked, the source packages among
+    them built into wheels, those the engine's host fetches named, the rest sent, split
+    into layers and written. `uv` and `near` are waited for once the first part's wheels
+    are picked."""
+    with _emptied(root, ctx.cell.name) as here:
         ctx.write(root)
         for part, text in parts(ctx.cell, resolution).items():
-            picked = fetcher.picks(key, text, target.python, target.machine, target.glibc)
-            decided = None if near is None else _ready(near)
-            index = decided.index if decided is not None else None
-            installer = _uv_for(uv, decided, uv_offered, primary)
-            built = _built(picked, builder)
-            for name, (wheel, _) in built.items():
-                text = sdists.with_wheel(text, name, wheel.filename, wheel.sha256)
-            for r, w, _ in picked:
-                if r.url and r.name not in built:  # a wheel named by its URL
-                    text = sdists.with_wheel(text, r.name, w.filename, w.sha256)
-            chosen = {r.name: built[r.name][0] if r.name in built else w for r, w, _ in picked}
-            fetched = {r.name for r, _, up in picked if decided is not None
-                       and r.name not in built and not r.url
-                       and decided.fetches(up, primary)}  # fmt: skip
-            sent = [(r, w) for r, w, _ in picked if r.name not in fetched | set(built)]
-            stored = {r.name: f for (r, _), f in zip(sent, fetcher.fetch_all(key, sent),
-                                                      strict=True)}  # fmt: skip
-            stored.update({name: (w.filename, path) for name, (w, path) in built.items()})
+            picked = supply.fetcher.picks(supply.key, text, supply.target.python,
+                                          supply.target.machine, supply.target.glibc)  # fmt: skip
+            near = None if supply.near is None else _ready(supply.near)
+            uv = _uv_for(supply, near)
+            wheels = _sent(text, picked, _from_sources(picked, supply.wheel), near, supply)
+            for name, piece in _layers(part, ctx.cell, wheels, supply):
+                _write_part(here / name, piece, wheels, uv())
             if part == layers.FRAMEWORK and ctx.cell.pip:
-                known = read_record(REQUIRES_RECORD)
-                requires = _RequiresDist(chosen, stored, fetcher, key, known)
-                roots = framework_requirements(ctx.cell)
-                split = layers.split(text, roots, requires, target.python, target.machine)
-                if requires.read:
-                    update_record(REQUIRES_RECORD, requires.read)
-                for name, piece in ((layers.FRAMEWORK, split.framework),
-                                    (layers.PACKAGES, split.packages)):  # fmt: skip
-                    _write_part(here / name, piece, chosen, stored, installer(), index)
                 (here / layers.PACKAGES / layers.COMPILE).write_text(layers.COMPILE_SCRIPT)
-            else:
-                _write_part(here / part, text, chosen, stored, installer(), index)
         yield here
 
 
-def _uv_for(
-    uv: Path | Future[Path], decided: Near | None, offered: tuple[IndexFile, str] | None,
-    primary: str,
-) -> Callable[[], Path | str]:  # fmt: skip
-    """What a part holds of uv: the script fetching its wheel near the engine (its text),
-    where the engine's host fetches from the index offering it, else its executable (waited
-    for only then)."""
-    if decided is not None and decided.index is not None and offered is not None:
-        wheel, upstream = offered
-        if decided.fetches(upstream, primary):
-            from gpuenv.building.near import uv_script
-
-            text = uv_script(decided.index, wheel.filename, wheel.sha256, UV_VERSION)
-            return lambda: text
-    return lambda: _ready(uv)
+@contextlib.contextmanager
+def _emptied(root: Path, name: str) -> Iterator[Path]:
+    """The cell's directory under `root`, emptied, and held (a lock per cell): another
+    gpuenv building this cell waits."""
+    root.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # contexts/: no one else's
+    root.mkdir(exist_ok=True, mode=0o700)
+    here = root / name
+    with (root / f".{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        shutil.rmtree(here, ignore_errors=True)
+        here.mkdir(mode=0o700)
+        yield here
 
 
-def _built(
+def _from_sources(
     picked: list[tuple[Requirement, IndexFile, str]],
-    builder: Callable[[Requirement, IndexFile], tuple[IndexFile, Path]] | None,
+    wheel: Callable[[Requirement, IndexFile], tuple[IndexFile, Path]] | None,
 ) -> dict[str, tuple[IndexFile, Path]]:
-    """The wheels built from the sdists among a part's picks, by name."""
+    """The wheels built from the source packages among a part's picks, by name."""
     out = {}
     for req, file, _ in picked:
         if sdists.is_source(file.filename):
-            if builder is None:
+            if wheel is None:
                 raise GpuenvError(f"{req.name}=={req.version}: the lock holds its sdist "
                                   f"({file.filename}), and nothing here builds one")  # fmt: skip
-            out[req.name] = builder(req, file)
+            out[req.name] = wheel(req, file)
     return out
+
+
+def _sent(
+    text: str, picked: list[tuple[Requirement, IndexFile, str]],
+    built: dict[str, tuple[IndexFile, Path]], near: Near | None, supply: Supply,
+) -> _Wheels:  # fmt: skip
+    """What of a part is sent: every wheel but those the engine's host fetches (the primary
+    index's, when `near` says it fetches), fetched into the wheelhouse, and the wheels
+    built from source packages; the resolution names each built or URL-named wheel."""
+    for name, (wheel, _) in built.items():
+        text = sdists.with_wheel(text, name, wheel.filename, wheel.sha256)
+    for r, w, _ in picked:
+        if r.url and r.name not in built:  # a wheel named by its URL
+            text = sdists.with_wheel(text, r.name, w.filename, w.sha256)
+    chosen = {r.name: built[r.name][0] if r.name in built else w for r, w, _ in picked}
+    fetched = _fetched_near(picked, built, near, supply.primary)
+    sent = [(r, w) for r, w, _ in picked if r.name not in fetched | set(built)]
+    stored = {r.name: f for (r, _), f in zip(sent, supply.fetcher.fetch_all(supply.key, sent),
+                                              strict=True)}  # fmt: skip
+    stored.update({name: (w.filename, path) for name, (w, path) in built.items()})
+    return _Wheels(text, chosen, stored, near.index if near is not None else None)
+
+
+def _fetched_near(
+    picked: list[tuple[Requirement, IndexFile, str]], built: dict[str, tuple[IndexFile, Path]],
+    near: Near | None, primary: str,
+) -> set[str]:  # fmt: skip
+    """The wheels the engine's host fetches, by name: the primary index's, where `near`
+    says it fetches them; never one built from source or named by its URL."""
+    if near is None:
+        return set()
+    return {r.name for r, _, up in picked
+            if r.name not in built and not r.url and near.fetches(up, primary)}  # fmt: skip
+
+
+def _layers(part: str, cell: Cell, wheels: _Wheels, supply: Supply) -> list[tuple[str, str]]:
+    """A part's resolution by install step: the environment's split in two when the cell
+    has packages of its own (gpuenv/building/layers.py), else the part whole."""
+    if part != layers.FRAMEWORK or not cell.pip:
+        return [(part, wheels.text)]
+    known = read_record(REQUIRES_RECORD)
+    requires = _RequiresDist(wheels.chosen, wheels.stored, supply.fetcher, supply.key, known)
+    split = layers.split(wheels.text, framework_requirements(cell), requires,
+                         supply.target.python, supply.target.machine)  # fmt: skip
+    if requires.read:
+        update_record(REQUIRES_RECORD, requires.read)
+    return [(layers.FRAMEWORK, split.framework), (layers.PACKAGES, split.packages)]
+
+
+def _uv_for(supply: Supply, near: Near | None) -> Callable[[], Path | str]:
+    """What a part holds of uv: the script fetching its wheel near the engine (its text),
+    where the engine's host fetches from the index offering it, else its executable (waited
+    for only then)."""
+    if near is not None and near.index is not None and supply.uv_offered is not None:
+        wheel, upstream = supply.uv_offered
+        if near.fetches(upstream, supply.primary):
+            from gpuenv.building.near import uv_script
+
+            text = uv_script(near.index, wheel.filename, wheel.sha256, UV_VERSION)
+            return lambda: text
+    return lambda: _ready(supply.uv)
 
 
 def _ready(value: T | Future[T]) -> T:
@@ -246,21 +291,21 @@ def _requirement(name: str, wheel: IndexFile) -> Requirement:
     return Requirement(name, "", frozenset({wheel.sha256}))
 
 
-def _write_part(
-    directory: Path, text: str, chosen: dict[str, IndexFile],
-    stored: dict[str, tuple[str, Path]], uv: Path | str, index: str | None,
-) -> None:  # fmt: skip
-    """A part: what was sent (requirements.txt, the resolution's lines of those wheels, and
-    the wheels), what the engine's host fetches (index.txt: the index, then each of its
-    requirements with the one hash of the wheel the client-side path would send), the CA's
-    empty mount point, and uv: its executable (a path), or the script fetching it near the
-    engine (its text), with bin/, where the step runs it from."""
+def _write_part(directory: Path, text: str, wheels: _Wheels, uv: Path | str) -> None:
+    """One install step's part, `text` its resolution: what was sent (requirements.txt,
+    the resolution's lines of those wheels, and the wheels), what the engine's host fetches
+    (index.txt: the index, then each of its requirements with the one hash of the wheel the
+    client-side path would send), the CA's empty mount point, and uv: its executable (a
+    path), or the script fetching it near the engine (its text), with bin/, where the step
+    runs it from."""
     directory.mkdir(mode=0o700)
+    stored, index = wheels.stored, wheels.index
     sent = "".join(block for name, block in layers.blocks(text) if name in stored)
     (directory / SENT).write_text(sent, encoding="utf-8")
     fetched = [r for r in locked_requirements(text) if r.name not in stored]
     lines = [f"--index-url {index}"] if index is not None and fetched else ["--no-index"]
-    lines += [f"{r.name}=={r.version} --hash=sha256:{chosen[r.name].sha256}" for r in fetched]
+    lines += [f"{r.name}=={r.version} --hash=sha256:{wheels.chosen[r.name].sha256}"
+              for r in fetched]  # fmt: skip
     (directory / FETCHED).write_text("\n".join(lines) + "\n", encoding="utf-8")
     (directory / CA_FILE).write_bytes(b"")
     (directory / UV_BIN).mkdir(mode=0o755)
@@ -361,6 +406,7 @@ class Sender:
 
         self._near: Future[Near] = ThreadPoolExecutor(1).submit(decide)
         self._resolved: dict[str, str] = {}  # requirements, Python, indexes -> resolution
+        self._builders: dict[str, tuple[sdists.WheelBuilder, sdists.Sandbox]] = {}
         self._lock = threading.Lock()
 
     def stop(self) -> None:
@@ -385,7 +431,7 @@ class Sender:
             indexes,
             platform,
             cell.constraints,
-            sources=self.sources(cell),
+            sources=metadata_of(*self._builder(cell), None),
             trees=locks.tree_hashes(cell),
         )
         locks.check_hashes(cell, env)
@@ -419,23 +465,15 @@ class Sender:
                 )  # fmt: skip
             return self._resolved[memo]
 
-    def builder(self, cell: Cell) -> sdists.WheelBuilder:
-        """What builds the cell's sdists into wheels (on the engine, in its base)."""
-        from gpuenv.store import wheelhouse
-
-        settings = self.project.settings
-        key = wheelhouse.index_key(settings.indexes(cell))
-        return wheel_builder(self.engine, self.fetcher, key, *settings.resolving(cell),
-                             self.say)  # fmt: skip
-
-    def sources(self, cell: Cell, exclude_newer: str | None = None) -> locks.Sources:
-        """The metadata of the sdists a resolution of the cell takes (sdists.py)."""
-        builder, sandbox = self.builder(cell), sandbox_of(cell, self.architecture)
-
-        def metadata(name: str, requirements: list[str]) -> sdists.Metadata:
-            return builder.metadata(name, requirements, sandbox, exclude_newer)
-
-        return metadata
+    def _builder(self, cell: Cell) -> tuple[sdists.WheelBuilder, sdists.Sandbox]:
+        """The one builder of the cell's sdists, for its resolution and its context alike."""
+        with self._lock:
+            if cell.name not in self._builders:
+                self._builders[cell.name] = wheel_builder(
+                    self.engine, self.fetcher, self.project.settings, cell, self.architecture,
+                    self.say,
+                )  # fmt: skip
+            return self._builders[cell.name]
 
     def _platform_for(self, cell: Cell) -> str | None:
         """The platform to build for when it is not the engine's own (an arm64 cell on an
@@ -461,7 +499,7 @@ class Sender:
         # neither wait for each other nor undo each other's incremental transfers.
         project = hashlib.sha256(str(self.project.path.resolve()).encode()).hexdigest()[:16]
         root = contexts_root(self.store.root) / project
-        builder, sandbox = self.builder(p.cell), sandbox_of(p.cell, self.architecture)
+        builder, sandbox = self._builder(p.cell)
 
         def wheel(req: Requirement, sdist: IndexFile) -> tuple[IndexFile, Path]:
             return builder.wheel(req, sdist, sandbox)
@@ -470,8 +508,8 @@ class Sender:
         # copy on this disk, of the file uv_soon is fetching here anyway.
         offered = (None if self.engine.is_local
                    else self.fetcher.uv_offered(key, UV_VERSION, target.machine))  # fmt: skip
-        return assembled(root, p.context, self.resolution(p), self.fetcher, key, uv, target,
-                         self._near, self.primary, wheel, offered)  # fmt: skip
+        supply = Supply(self.fetcher, key, target, uv, wheel, self._near, self.primary, offered)
+        return assembled(root, p.context, self.resolution(p), supply)
 
     @property
     def near(self) -> Near:
@@ -500,12 +538,17 @@ def sandbox_of(cell: Cell, engine_arch: str) -> sdists.Sandbox:
 
 
 def wheel_builder(
-    engine: Engine, fetcher: Fetcher, key: str, index_url: str | None,
-    extra_index_urls: tuple[str, ...], say: Callable[[str], None],
-) -> sdists.WheelBuilder:  # fmt: skip
-    """A WheelBuilder whose build requirements resolve against the build's indexes (as
-    wheels: `uv pip compile --no-build`) and whose uv is the one the install steps run."""
+    engine: Engine, fetcher: Fetcher, settings: Settings, cell: Cell, engine_arch: str,
+    say: Callable[[str], None],
+) -> tuple[sdists.WheelBuilder, sdists.Sandbox]:  # fmt: skip
+    """What builds the cell's sdists into wheels, and where (sandbox_of): a WheelBuilder
+    whose build requirements resolve against the cell's indexes (as wheels: `uv pip compile
+    --no-build`) and whose uv is the one the install steps run."""
     from gpuenv.building import lock as locks
+    from gpuenv.store import wheelhouse
+
+    key = wheelhouse.index_key(settings.indexes(cell))
+    index_url, extra_index_urls = settings.resolving(cell)
 
     def resolve(requirements: list[str], python: str, platform: str) -> str:
         return locks.compile_requirements(
@@ -516,7 +559,19 @@ def wheel_builder(
     def uv(machine: str) -> Path:
         return fetcher.uv_file(key, UV_VERSION, machine)
 
-    return sdists.WheelBuilder(engine, fetcher, key, resolve, uv, say)
+    builder = sdists.WheelBuilder(engine, fetcher, key, resolve, uv, say)
+    return builder, sandbox_of(cell, engine_arch)
+
+
+def metadata_of(
+    builder: sdists.WheelBuilder, sandbox: sdists.Sandbox, exclude_newer: str | None
+) -> locks.Sources:
+    """The metadata of the sdists a resolution takes, read (or built) by `builder`."""
+
+    def metadata(name: str, requirements: list[str]) -> sdists.Metadata:
+        return builder.metadata(name, requirements, sandbox, exclude_newer)
+
+    return metadata
 
 
 def sources_for(
@@ -535,18 +590,14 @@ def sources_for(
         matrix_name=matrix.name if matrix else None,
     )  # fmt: skip
     architecture = engine.architecture()
+    builders: dict[str, tuple[sdists.WheelBuilder, sdists.Sandbox]] = {}  # one per cell
 
     def for_cell(cell: Cell, exclude_newer: str) -> locks.Sources:
-        urls = settings.indexes(cell)
-        key = wheelhouse.index_key(urls)
-        store.save_index(key, urls)
-        builder = wheel_builder(engine, fetcher, key, *settings.resolving(cell), say)
-        sandbox = sandbox_of(cell, architecture)
-
-        def metadata(name: str, requirements: list[str]) -> sdists.Metadata:
-            return builder.metadata(name, requirements, sandbox, exclude_newer)
-
-        return metadata
+        if cell.name not in builders:
+            urls = settings.indexes(cell)
+            store.save_index(wheelhouse.index_key(urls), urls)
+            builders[cell.name] = wheel_builder(engine, fetcher, settings, cell, architecture, say)
+        return metadata_of(*builders[cell.name], exclude_newer)
 
     return for_cell
 

@@ -158,8 +158,8 @@ def test_the_context_holds_the_rendered_files_and_each_parts_wheels_and_uv(cells
     stale = root / cell.name / "python-env" / "old-0.1-py3-none-any.whl"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"from an earlier build")
-    with sendable.assembled(root, ctx, RESOLUTION, fetcher, "0123456789abcdef", uv,
-                            target) as here:  # type: ignore[arg-type]  # fmt: skip
+    supply = sendable.Supply(fetcher, "0123456789abcdef", target, uv)  # type: ignore[arg-type]
+    with sendable.assembled(root, ctx, RESOLUTION, supply) as here:
         assert here == root / cell.name
         files = sorted(str(p.relative_to(here)) for p in here.rglob("*") if p.is_file())
         assert files == sorted([
@@ -206,9 +206,10 @@ def test_near_the_engine_public_wheels_are_named_and_private_ones_sent(cells, tm
         ("six-1.17.0-py2.py3-none-any.whl", stored["six"]),
     ]})  # fmt: skip
     near = Near(index, None, "probe: HTTP 200")
-    with sendable.assembled(tmp_path / "c", render(cell, key_of(cell)), MIXED_RESOLUTION, fetcher,
-                            "0" * 16, stored["uv"], sendable.target_of(cell, "x86_64"),
-                            near, PYPI) as here:  # type: ignore[arg-type]  # fmt: skip
+    supply = sendable.Supply(fetcher, "0" * 16, sendable.target_of(cell, "x86_64"),  # type: ignore[arg-type]
+                             stored["uv"], near=near, primary=PYPI)  # fmt: skip
+    with sendable.assembled(tmp_path / "c", render(cell, key_of(cell)), MIXED_RESOLUTION,
+                            supply) as here:  # fmt: skip
         part = here / "python-env"
         # Only the private wheel crosses; the public ones are named with the one hash of
         # the wheel the client-side path would have sent (numpy's first, not its second).
@@ -254,8 +255,9 @@ def test_uv_and_the_probes_verdict_are_awaited_only_once_the_wheels_are_picked(c
     fetcher = Picking({RESOLUTION.python_env: [("six-1.17.0-py2.py3-none-any.whl", six)]})
     near = Arriving("probe", Near(PYPI, None, "probe: HTTP 200"))
     ctx, target = render(cell, key_of(cell)), sendable.target_of(cell, "x86_64")
-    with sendable.assembled(tmp_path / "c", ctx, RESOLUTION, fetcher, "0" * 16,
-                            Arriving("uv", uv), target, near, PYPI) as here:  # type: ignore[arg-type]  # fmt: skip
+    supply = sendable.Supply(fetcher, "0" * 16, target, Arriving("uv", uv), near=near,  # type: ignore[arg-type]
+                             primary=PYPI)  # fmt: skip
+    with sendable.assembled(tmp_path / "c", ctx, RESOLUTION, supply) as here:
         assert (here / "python-env" / "uv").samefile(uv)
         assert (here / "python-env" / "index.txt").read_text().startswith(f"--index-url {PYPI}")
     assert events[0] == "picks" and {"uv", "probe"} <= set(events), events
@@ -271,8 +273,8 @@ def test_a_wheel_that_cannot_be_had_stops_the_assembly(cells, tmp_path):
     target = sendable.target_of(cell, "x86_64")
     with pytest.raises(GpuenvError, match=r"six==1\.17\.0"):
         ctx = render(cell, key_of(cell))
-        with sendable.assembled(tmp_path / "c", ctx, RESOLUTION, Failing(), "0" * 16,
-                                uv, target):  # type: ignore[arg-type]  # fmt: skip
+        supply = sendable.Supply(Failing(), "0" * 16, target, uv)  # type: ignore[arg-type]
+        with sendable.assembled(tmp_path / "c", ctx, RESOLUTION, supply):
             pytest.fail("a context without its wheels was handed to the build")
 
 
@@ -330,9 +332,10 @@ def test_near_the_engine_uv_is_fetched_there_by_its_wheels_hash(cells, tmp_path,
     fetcher = StandInFetcher({RESOLUTION.python_env: [("six-1.17.0-py2.py3-none-any.whl", six)]})
     offered = (IndexFile(UV_WHEEL, "https://files.example/" + UV_WHEEL, "9" * 64), PYPI)
     ctx, target = render(cell, key_of(cell)), sendable.target_of(cell, "x86_64")
-    with sendable.assembled(tmp_path / "c", ctx, RESOLUTION, fetcher, "0" * 16, _never("uv"),
-                            target, Near(index, None, "probe: HTTP 200"), PYPI,
-                            None, offered) as here:  # type: ignore[arg-type]  # fmt: skip
+    supply = sendable.Supply(fetcher, "0" * 16, target, _never("uv"),  # type: ignore[arg-type]
+                             near=Near(index, None, "probe: HTTP 200"), primary=PYPI,
+                             uv_offered=offered)  # fmt: skip
+    with sendable.assembled(tmp_path / "c", ctx, RESOLUTION, supply) as here:
         part = here / "python-env"
         assert not (part / "uv").exists() and (part / "bin").is_dir()
         script = (part / "uv.py").read_text()
@@ -357,7 +360,8 @@ def test_uv_is_sent_where_the_engines_host_does_not_fetch_it(cells, tmp_path, ca
         case, (wheel, PYPI)
     )
     ctx, target = render(cell, key_of(cell)), sendable.target_of(cell, "x86_64")
-    with sendable.assembled(tmp_path / "c", ctx, RESOLUTION, fetcher, "0" * 16, uv, target,
-                            near, PYPI, None, offered) as here:  # type: ignore[arg-type]  # fmt: skip
+    supply = sendable.Supply(fetcher, "0" * 16, target, uv, near=near, primary=PYPI,  # type: ignore[arg-type]
+                             uv_offered=offered)  # fmt: skip
+    with sendable.assembled(tmp_path / "c", ctx, RESOLUTION, supply) as here:
         assert (here / "python-env" / "uv").samefile(uv)
         assert not (here / "python-env" / "uv.py").exists()
