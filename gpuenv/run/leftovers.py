@@ -3,15 +3,19 @@
 - On the engine: the working-directory volumes a remote engine keeps (run/sync.py: one per
   client host, user and path, labelled with that owner);
 - on a Slurm cluster's shared directory (run/slurm/image.py, `gpuenv-<uid>/`): the jobs'
-  output and failure files, and the images' SquashFS files.
+  output and failure files, and the images' SquashFS files; read here on a login node
+  (`--shared`), or over ssh from anywhere (`--login`, run/slurm/cluster_files.py), which
+  also finds `slurm run --login`'s job directories (`work/`, each the copy of a client's
+  directory, whose `host:path` was recorded beside it).
 
 Only the user's own are ever listed for removal: a volume whose label names another user or
 another client host is counted and left alone, and the shared directory's part is the
 user's own `gpuenv-<uid>/`, checked as `slurm run` checks it. What is stale, and so removed
 by default: a volume whose directory is gone from this host (its copy can never be used
 again); a job's files once Slurm says the job ended (or has forgotten it); a SquashFS whose
-image the engine no longer has, once no job of the user's is pending or running (gpuenv
-cannot tell which image a queued job mounts). `--all` removes every one of the user's that
+image the engine no longer has, and a job directory whose directory is gone from this host,
+once no job of the user's is pending or running (gpuenv cannot tell which image a queued job
+mounts, nor in which directory it runs). `--all` removes every one of the user's that
 nothing can be using; `--dry-run` removes nothing.
 """
 
@@ -30,6 +34,7 @@ from gpuenv.engine.client import EngineError, VolumeInfo
 
 if TYPE_CHECKING:
     from gpuenv.engine.client import Engine
+    from gpuenv.run.slurm.cluster_files import ClusterDir, ClusterFiles
     from gpuenv.run.slurm.image import Shared
 
 
@@ -42,6 +47,7 @@ class Leftover:
     why: str  # its state, in words
     stale: bool  # removed without --all
     in_use: bool = False  # never removed, --all or not
+    there: str | None = None  # on a cluster over ssh: the path under gpuenv-<uid>/
 
     def removable(self, everything: bool) -> bool:
         return not self.in_use and (self.stale or everything)
@@ -84,12 +90,22 @@ def shared_files(
     """The job files under `jobs` and the SquashFS files under `images` (the user's own
     directories). `job_ended` answers for a job ID from Slurm, None where Slurm cannot be
     asked: then the job's files stay, and so do the SquashFS files (it may be running)."""
-    found: list[Leftover] = []
-    for path in _files(jobs):
-        match = JOB_FILE.fullmatch(path.name)
-        if match is None:
-            continue
-        job = match.group(1)
+    job_files = [(str(p), _size(p)) for p in _files(jobs) if JOB_FILE.fullmatch(p.name)]
+    squashfs = [
+        (str(p), sum(_size(q) for q in (p, p.with_suffix(".env"), p.with_suffix(".sh.env"))))
+        for p in _files(images)
+        if p.suffix == ".sqfs"
+    ]
+    found = _job_files(job_files, job_ended)
+    return found + _images(squashfs, any(f.in_use for f in found), engine_has)
+
+
+def _job_files(
+    files: list[tuple[str, int]], job_ended: Callable[[str], bool | None]
+) -> list[Leftover]:
+    found = []
+    for path, size in files:
+        job = _job_id(path)
         ended = job_ended(job)
         if ended is None:
             why, stale, busy = "Slurm cannot be asked whether the job ended", False, True
@@ -97,21 +113,66 @@ def shared_files(
             why, stale, busy = "the job ended", True, False
         else:
             why, stale, busy = "the job is pending or running", False, True
-        found.append(Leftover("job file", str(path), _size(path), f"job {job}", why, stale, busy))
-    busy_jobs = any(f.in_use for f in found)
-    for path in _files(images):
-        if path.suffix != ".sqfs":
-            continue
-        image_id = f"sha256:{path.stem}"
-        size = sum(_size(p) for p in (path, path.with_suffix(".env"), path.with_suffix(".sh.env")))
+        found.append(Leftover("job file", path, size, f"job {job}", why, stale, busy))
+    return found
+
+
+def _job_id(path: str) -> str:
+    match = JOB_FILE.fullmatch(path.rsplit("/", 1)[-1])
+    return match.group(1) if match else ""
+
+
+def _images(
+    files: list[tuple[str, int]], busy_jobs: bool, engine_has: Callable[[str], bool]
+) -> list[Leftover]:
+    found = []
+    for path, size in files:
+        image_id = f"sha256:{path.rsplit('/', 1)[-1].removesuffix('.sqfs')}"
         if busy_jobs:
             why, stale, busy = "a job of yours may still mount it", False, True
         elif engine_has(image_id):
             why, stale, busy = "the engine has the image: the next run uses it", False, False
         else:
             why, stale, busy = "the engine no longer has the image", True, False
-        found.append(Leftover("SquashFS", str(path), size, image_id, why, stale, busy))
+        found.append(Leftover("SquashFS", path, size, image_id, why, stale, busy))
     return found
+
+
+def cluster_leftovers(
+    files: ClusterFiles,
+    who: str,
+    engine_has: Callable[[str], bool],
+    here: str,
+    exists: Callable[[str], bool],
+) -> list[Leftover]:
+    """What the listing over ssh found (cluster_files.py), judged as on a login node; a job
+    directory is stale when it copies a directory of this host (`here`) that is gone, once
+    no job of the user's is pending or running. Named `who:path`."""
+
+    def named(rel: str) -> str:
+        return f"{who}:{files.own}/{rel}"
+
+    found = _job_files(files.jobs, files.job_ended)
+    busy_jobs = files.queue is None or bool(files.queue)
+    found += _images(files.images, busy_jobs, engine_has)
+    for path, size, record in files.work:
+        host, colon, mirrored = record.partition(":")
+        if busy_jobs:
+            why, stale = "a job of yours may still run in it", False
+        elif not colon:
+            why, stale = "made before gpuenv recorded the directory it copies", False
+        elif host != here:
+            why, stale = f"a copy of {host}'s directory: whether it is gone is known there", False
+        elif exists(mirrored):
+            why, stale = "the directory is here: the next run sends only what changed", False
+        else:
+            why, stale = "the directory is gone", True
+        found.append(Leftover("job directory", path, size, record or "an unknown directory",
+                              why, stale, busy_jobs))  # fmt: skip
+    return [
+        Leftover(f.kind, named(f.name), f.size, f.mirrors, f.why, f.stale, f.in_use, f.name)
+        for f in found
+    ]
 
 
 def remove_files(leftover: Leftover) -> None:
@@ -149,18 +210,34 @@ def _size(path: Path) -> int:
         return 0
 
 
-def prune(engine: Engine, shared: Shared | None, *, everything: bool, dry_run: bool) -> list[str]:
+def prune(
+    engine: Engine, shared: Shared | ClusterDir | None, *, everything: bool, dry_run: bool
+) -> list[str]:
     """List the user's leftovers on `engine` and, with `shared`, on the cluster's shared
-    directory; remove the stale ones (`everything`: all that nothing can be using) unless
-    `dry_run`. The lines to print, the summary last."""
+    directory (here, or over ssh: a ClusterDir); remove the stale ones (`everything`: all
+    that nothing can be using) unless `dry_run`. The lines to print, the summary last."""
+    from gpuenv.run.slurm import cluster_files
+    from gpuenv.run.slurm.image import Shared
     from gpuenv.run.sync import VOLUME_LABEL
 
     found, others = own_volumes(engine.volumes(VOLUME_LABEL), VOLUME_LABEL, os.getuid(),
                                 os.path.isdir)  # fmt: skip
-    if shared is not None and shared.own.exists():
+
+    def engine_has(image_id: str) -> bool:
+        return engine.image(image_id) is not None
+
+    if isinstance(shared, Shared) and shared.own.exists():
         shared.make()  # the user's own gpuenv-<uid>/, checked as slurm run checks it
-        found += shared_files(shared.jobs, shared.images, _job_ended(),
-                              lambda image_id: engine.image(image_id) is not None)  # fmt: skip
+        found += shared_files(shared.jobs, shared.images, _job_ended(), engine_has)
+    elif isinstance(shared, cluster_files.ClusterDir):
+        there = cluster_files.listing(shared)
+        found += cluster_leftovers(there, shared.login.who, engine_has, socket.gethostname(),
+                                   os.path.isdir)  # fmt: skip
+    removed_there: set[str] = set()
+    if isinstance(shared, cluster_files.ClusterDir) and not dry_run:
+        removed_there = cluster_files.remove(
+            shared, [f.there for f in found if f.there and f.removable(everything)]
+        )
     lines, gone, freed = [], 0, 0
     for leftover in found:
         remove = leftover.removable(everything)
@@ -168,6 +245,9 @@ def prune(engine: Engine, shared: Shared | None, *, everything: bool, dry_run: b
             try:
                 if leftover.kind == "volume":
                     engine.remove_volume(leftover.name)
+                elif leftover.there is not None:
+                    if leftover.there not in removed_there:
+                        raise OSError("it could not be removed there")
                 else:
                     remove_files(leftover)
             except (EngineError, OSError) as exc:

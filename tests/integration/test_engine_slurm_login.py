@@ -5,7 +5,10 @@ client's directory, cache and HOME hidden from it, proved before use).
 
 The client has no Slurm configuration (no SLURM_CONF): every Slurm command runs on the
 login node. The image is support/slurm_cluster.py's probe (the base plus one file, no
-build); the job is a shell script, so the test needs no framework cell.
+build); the job is a shell script, so the test needs no framework cell. gpuenv runs as a
+client host of the module's own (a UTS namespace): the job directories it records, and
+the engine volumes `gpuenv prune` counts as the user's, are the test's, never the
+machine's user's.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from support.slurm_cluster import MARKER, SlurmCluster, marked_pids, probe_image
 pytestmark = pytest.mark.engine
 
 PROBE_IMAGE = f"{test_repository('slurm')}:login-probe"
+CLIENT_HOST = f"gpuenv-test-{uuid.uuid4().hex[:8]}"
+# gpuenv, as CLIENT_HOST; the same process (exec), so a signal sent to it reaches gpuenv.
+CLIENT = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', CLIENT_HOST, *GPUENV]
 TRAIN = """\
 set -e
 echo "epoch 1 on $SLURMD_NODENAME in $(cat /gpuenv-probe)"
@@ -74,7 +80,7 @@ def gpuenv_env(node: LoginNode, cache: Path, tag: str) -> dict[str, str]:
 
 
 def login_argv(node: LoginNode, shared: Path, image: str, *command: str) -> list[str]:
-    return [*GPUENV, "slurm", "run", "--login", node.login, "--shared", str(shared), "-i", image,
+    return [*CLIENT, "slurm", "run", "--login", node.login, "--shared", str(shared), "-i", image,
             "-e", MARKER, "-e", "GPUENV_SLURM_TEST", "--", *command]  # fmt: skip
 
 
@@ -104,7 +110,8 @@ def test_a_job_from_the_client_reads_its_data_and_its_files_come_back(
     line = crossed(proc.stderr)
     assert ": sent 2 files (300.2 kB), brought back 2 files (600.0 kB)" in line, line
     # On the cluster: the same bytes in the job directory; the secret never got there.
-    (workdir,) = (shared / f"gpuenv-{os.getuid()}" / "work").iterdir()
+    work = shared / f"gpuenv-{os.getuid()}" / "work"
+    (workdir,) = [p for p in work.iterdir() if p.is_dir()]  # and its record, .from
     assert (workdir / "model.ckpt").read_bytes() == data + data
     assert not (workdir / ".env").exists()
 
@@ -121,11 +128,18 @@ def test_a_job_from_the_client_reads_its_data_and_its_files_come_back(
     assert digest == hashlib.sha256(data + data).hexdigest()
 
 
-def test_ctrl_c_cancels_the_job_and_brings_back_what_it_wrote(cluster, probe_image, client, node):
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["ctrl-c", "sigterm"])  # fmt: skip
+def test_a_signal_cancels_the_job_and_brings_back_what_it_wrote(
+    cluster, probe_image, client, node, sig, code
+):
+    """Ctrl-C (SIGINT) or SIGTERM: scancel over ssh, no task left, what the job wrote back,
+    the exit code a local run gives."""
     _, shared = cluster
     project, cache = client
     tag = uuid.uuid4().hex
-    script = "echo partial > partial.ckpt; echo started; sleep 300"
+    name = f"partial-{sig.name}.ckpt"
+    script = f"echo partial > {name}; echo started; sleep 300"
     argv = login_argv(node, shared, probe_image, "sh", "-c", script)
     proc = subprocess.Popen(argv, cwd=project, env=gpuenv_env(node, cache, tag),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
@@ -137,14 +151,59 @@ def test_ctrl_c_cancels_the_job_and_brings_back_what_it_wrote(cluster, probe_ima
             seen += proc.stdout.readline()
         assert b"started" in seen, seen
         assert marked_pids(f"GPUENV_SLURM_TEST={tag}"), "the task carries the test's marker"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert b"cancelled job" in err
     assert marked_pids(f"GPUENV_SLURM_TEST={tag}") == []
-    assert (project / "partial.ckpt").read_text() == "partial\n"
+    assert (project / name).read_text() == "partial\n"
     assert b"brought back 1 file (8 B)" in err, err
+
+
+def test_prune_over_ssh_removes_the_job_directory_once_its_directory_is_gone(
+    cluster, probe_image, client, node
+):
+    """`gpuenv prune --login` (issue 46, item 4) on what the tests above left: the job
+    directory (it copies the project, recorded beside it as CLIENT_HOST:path) is kept while
+    the project is here and removed once it is gone; the ended jobs' files go; the
+    SquashFS stays (the engine has the image). A login ssh refuses is one line."""
+    _, shared = cluster
+    project, cache = client
+    own = shared / f"gpuenv-{os.getuid()}"
+    (workdir,) = [p for p in (own / "work").iterdir() if p.is_dir()]
+    assert (own / "work" / f"{workdir.name}.from").read_text() == f"{CLIENT_HOST}:{project}\n"
+    jobs = sorted(p.name for p in (own / "jobs").iterdir())
+    (image,) = (own / "images").glob("*.sqfs")
+    env = gpuenv_env(node, cache, "prune")
+    argv = [*CLIENT, "prune", "--login", node.login, "--shared", str(shared)]
+    where = f"{node.login}:{own}"
+
+    refused = subprocess.run([*CLIENT, "prune", "--login", f"nobody@{node.login}", "--shared",
+                              str(shared)], env=env, capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+    assert refused.returncode != 0, output(refused)
+    assert refused.stderr.count("error:") == 1 and "refused the login" in refused.stderr
+
+    dry = subprocess.run([*argv, "--dry-run"], env=env, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert dry.returncode == 0, output(dry)
+    assert f"job directory {where}/work/{workdir.name} " in dry.stdout, output(dry)
+    assert f"{CLIENT_HOST}:{project}: the directory is here" in dry.stdout, output(dry)
+    assert f"gpuenv prune: would remove {len(jobs)} of {len(jobs) + 2} " in dry.stdout
+
+    moved = project.with_name("project-moved")
+    project.rename(moved)
+    try:
+        pruned = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        moved.rename(project)
+    assert pruned.returncode == 0, output(pruned)
+    assert f"{CLIENT_HOST}:{project}: the directory is gone; removed" in pruned.stdout
+    assert f"SquashFS {where}/images/{image.name} " in pruned.stdout, output(pruned)
+    assert f"gpuenv prune: removed {len(jobs) + 1} of {len(jobs) + 2} " in pruned.stdout
+    assert not workdir.exists() and not (own / "work" / f"{workdir.name}.from").exists()
+    assert list((own / "jobs").iterdir()) == [] and image.exists()

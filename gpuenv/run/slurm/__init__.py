@@ -12,6 +12,8 @@
   sent once per image ID, the job submitted and followed over ssh.
 - `jobdir.py`: the working directory's copy in a job directory on the shared directory,
   sent by content digest; what the job wrote brought back through run/sync.py's unpacking.
+- `cluster_files.py`: what gpuenv keeps in the user's directory there, listed and removed
+  over ssh for `gpuenv prune --login` (run/leftovers.py judges it).
 
 Slurm is reached through its commands on this machine (a login node), or on a login node
 over ssh (`jobs.Slurm.over`: the same commands, each one ssh call).

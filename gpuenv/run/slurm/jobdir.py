@@ -110,6 +110,13 @@ def job_key(cwd: Path) -> str:
     return hashlib.sha256(owner.encode()).hexdigest()[:16]
 
 
+def mirrors(cwd: Path) -> str:
+    """What the job directory copies, as `gpuenv prune` reads it: `host:path`; empty for a
+    path a one-line record cannot hold."""
+    text = f"{socket.gethostname()}:{cwd}"
+    return "" if "\n" in text or "\r" in text else text
+
+
 def job_directory(own: str, cwd: Path) -> str:
     """DIR/gpuenv-<uid>/work/<job_key>."""
     return f"{own}/work/{job_key(cwd)}"
@@ -254,5 +261,5 @@ def brought_back(job: JobDir, ended: bool) -> None:
     job.report()
 
 
-__all__ = ["JobDir", "Listing", "brought_back", "changed", "job_directory", "job_key",
+__all__ = ["JobDir", "Listing", "brought_back", "changed", "job_directory", "job_key", "mirrors",
            "parse_listing", "parse_sha256sum", "plan"]  # fmt: skip

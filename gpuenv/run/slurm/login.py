@@ -6,9 +6,10 @@ cache (image.py, the same bytes as on a login node). Across, over the user's ssh
 image's three files into `DIR/gpuenv-<uid>/images/` (DIR is --shared, a path on the
 cluster) unless `sha256sum` there already gives the digests taken here (each sent to a
 temporary name, checked there, then renamed, the SquashFS last); the working directory into
-its job directory (jobdir.py, only what changed); the batch script to `sbatch`; then
-`scontrol`, the job's output (`tail -c +N`) and, on Ctrl-C/SIGTERM, `scancel`. After the
-job, what it wrote comes back (jobdir.py) and one line says what crossed.
+its job directory (jobdir.py, only what changed; this host's `host:path` recorded beside it,
+for `gpuenv prune`); the batch script to `sbatch`; then `scontrol`, the job's output
+(`tail -c +N`) and, on Ctrl-C/SIGTERM, `scancel`. After the job, what it wrote comes back
+(jobdir.py) and one line says what crossed.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from gpuenv.store import private
 if TYPE_CHECKING:
     from gpuenv.run.slurm.run import SlurmOptions
 
-# argv: DIR, the image's hex ID, the job directory's key. gpuenv's own directories made
-# there (0700, the user's, no symlink), then `uid N` and sha256sum's lines for the image's
-# files that are there.
+# argv: DIR, the image's hex ID, the job directory's key, the client's `host:path` it
+# mirrors. gpuenv's own directories made there (0700, the user's, no symlink), the record
+# beside the job directory (for `gpuenv prune`, cluster_files.py), then `uid N` and
+# sha256sum's lines for the image's files that are there.
 _PREPARE = """umask 077
 d=$1
 [ -d "$d" ] || { echo "no such directory" >&2; exit 3; }
@@ -43,6 +45,7 @@ for p in "$own" "$own/images" "$own/jobs" "$own/work" "$own/work/$3"; do
   fi
   mkdir -p "$p" && chmod 700 "$p" || exit 5
 done
+if [ -n "$4" ]; then printf '%s\n' "$4" > "$own/work/$3.from" || exit 5; fi
 echo "uid $u"
 cd "$own/images" || exit 5
 for f in "$2.env" "$2.sh.env" "$2.sqfs"; do
@@ -97,9 +100,11 @@ def shared_there(option: str | None) -> str:
     return check_path(text.rstrip("/") or "/", where)
 
 
-def prepare(login: Login, shared: str, image_hex: str, key: str) -> Prepared:
-    proc = ssh.run(login, ["sh", "-c", _PREPARE, "gpuenv-prepare", shared, image_hex, key],
-                   "preparing the shared directory", check=False)  # fmt: skip
+def prepare(login: Login, shared: str, image_hex: str, key: str, mirrors: str) -> Prepared:
+    """`mirrors`: the client's `host:path` (jobdir.mirrors), recorded beside the job
+    directory; empty records nothing."""
+    proc = ssh.run(login, ["sh", "-c", _PREPARE, "gpuenv-prepare", shared, image_hex, key,
+                           mirrors], "preparing the shared directory", check=False)  # fmt: skip
     if proc.returncode in _MESSAGES:
         raise SlurmError(f"--shared {shared} on {login.host}: {_MESSAGES[proc.returncode]}")
     if proc.returncode != 0:
@@ -169,7 +174,8 @@ def submit(opts: SlurmOptions, login: Login) -> int:
         if info is None:
             raise SlurmError(f"image {chosen.image} not found in the engine")
         image_hex = info.id.removeprefix("sha256:")
-        prepared = prepare(login, shared, image_hex, jobdir.job_key(opts.cwd))
+        prepared = prepare(login, shared, image_hex, jobdir.job_key(opts.cwd),
+                           jobdir.mirrors(opts.cwd))  # fmt: skip
         there = image.Shared(Path(shared), prepared.uid)
         cwd = jobdir.job_directory(str(there.own), opts.cwd)
         what = chosen.cell.name if chosen.cell else chosen.image

@@ -1,9 +1,10 @@
-"""A login node reached over ssh (`gpuenv slurm run --login [USER@]HOST[:PORT]`, or
-$GPUENV_SLURM_LOGIN): the user's own `ssh` (first on PATH, so their config, keys, agent and
-known hosts apply), run as the `ssh://` engine runs it (gpuenv/engine/transport.py): no
-TTY (`-T`), never a prompt (`-o BatchMode=yes`), a bounded connect, and `--` before the
-host. What runs there is one argv, quoted here (`shlex.join`) into the one string ssh hands
-to the login shell, which must read POSIX quoting (sh, bash, zsh, ksh; not csh).
+"""A login node reached over ssh (`gpuenv slurm run --login [USER@]HOST[:PORT]`, `gpuenv
+prune --login`, or $GPUENV_SLURM_LOGIN): the user's own `ssh` (first on PATH, so their
+config, keys, agent and known hosts apply), run as the `ssh://` engine runs it
+(gpuenv/engine/transport.py): no TTY (`-T`), never a prompt (`-o BatchMode=yes`), a bounded
+connect, and `--` before the host. What runs there is one argv, quoted here (`shlex.join`)
+into the one string ssh hands to the login shell, which must read POSIX quoting (sh, bash,
+zsh, ksh; not csh).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class Login:
         else:
             fix = (f"ssh to {self.who} failed ({said or 'exit 255'}); check that "
                    f"`ssh {self.who}` logs in")  # fmt: skip
-        return SlurmError(f"slurm run --login: {fix}")
+        return SlurmError(f"--login {self.who}: {fix}")
 
 
 def login_for(option: str | None) -> Login | None:
@@ -118,7 +119,7 @@ def run(
             ) from None
         except FileNotFoundError:
             raise SlurmError(
-                "slurm run --login needs the ssh client, and there is no `ssh` on PATH; install "
+                "--login needs the ssh client, and there is no `ssh` on PATH; install "
                 "OpenSSH's client (Debian, Ubuntu: openssh-client)"
             ) from None
         # A connection dropped before the login (an sshd throttling unauthenticated
