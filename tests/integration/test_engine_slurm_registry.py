@@ -131,11 +131,15 @@ def lab() -> Iterator[SlurmCluster]:
 
 
 def slurm_run(lab: SlurmCluster, tmp: Path, ref: str, key: Path,
-              *command: str) -> subprocess.CompletedProcess[str]:  # fmt: skip
+              *args: str) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """gpuenv slurm run --from-registry REF --key KEY ... ARGS (options, then -- and the
+    command where ARGS hold none)."""
     (tmp / "work").mkdir(exist_ok=True)
     (tmp / "shared").mkdir(exist_ok=True)
+    options = list(args[: args.index("--dry-run") + 1]) if "--dry-run" in args else []
+    command = args[len(options) :]
     argv = [*GPUENV, "slurm", "run", "--from-registry", ref, "--key", str(key),
-            "--shared", str(tmp / "shared"), "--time", "5", "--", *command]  # fmt: skip
+            "--shared", str(tmp / "shared"), "--time", "5", *options, "--", *command]  # fmt: skip
     env = lab.env(DOCKER_HOST=NO_ENGINE, TMPDIR=str(tmp), XDG_CACHE_HOME=str(tmp / "cache"))
     return subprocess.run(argv, capture_output=True, text=True, timeout=300,
                           cwd=tmp / "work", env=env)  # fmt: skip
@@ -192,3 +196,21 @@ def test_a_tampered_layer_is_refused_with_nothing_written(lab, published, tmp_pa
     assert written(tmp_path) == []
     own = tmp_path / "shared" / f"gpuenv-{os.getuid()}"
     assert not [p for p in own.iterdir() if p.name.startswith(".layers-")]
+
+
+def test_the_runtimes_that_pull_get_the_reference_once_verified(lab, published, tmp_path):
+    """pyxis, apptainer, podman: the script names the image by digest (sbatch --test-only
+    accepts it) and nothing is written; an unsigned image never reaches a script."""
+    for runtime, want in (("pyxis", "#"), ("apptainer", "docker://"), ("podman", "run --rm")):
+        proc = slurm_run(lab, tmp_path, published.signed, published.key, "--runtime", runtime,
+                         "--dry-run", "true")  # fmt: skip
+        assert proc.returncode == 0, output(proc)
+        host, rest = published.signed.split("/", 1)
+        ref = f"{host}#{rest}" if runtime == "pyxis" else published.signed
+        assert ref in proc.stdout and want in proc.stdout, output(proc)
+        assert "sbatch --test-only: " in proc.stderr, output(proc)
+        assert "not available" not in proc.stderr, output(proc)
+    line = one_error_line(slurm_run(lab, tmp_path, published.unsigned, published.key,
+                                    "--runtime", "pyxis", "--dry-run", "true"))  # fmt: skip
+    assert "no attestations" in line, line
+    assert written(tmp_path) == []
