@@ -52,16 +52,6 @@ def sibling_cpu(cell: Cell, cells: list[Cell]) -> Cell | None:
     return None
 
 
-def prepare_bases(engine: Engine, cells: list[Cell], say: Reporter) -> None:
-    """Make the bases the cells need (a missing Debian base is bootstrapped)."""
-    from gpuenv.building import base as bases
-
-    needed = {c.base.image: c.base for c in cells}
-    found = {image: engine.image(image) for image in needed}
-    for image, base in needed.items():
-        bases.ensure(engine, base, found[image], say.info)
-
-
 def plan_and_build(
     engine: Engine,
     project: Project,
@@ -92,8 +82,13 @@ def plan_and_build(
     note = lock_note(project.lock) if project.lock else None
     if note:
         reporter.info(note)
-    if not offline:
-        prepare_bases(engine, cells, reporter)
+    if not offline:  # the bases the cells need (a missing Debian base is bootstrapped)
+        from gpuenv.building import base as bases
+
+        needed = {c.base.image: c.base for c in cells}
+        found = {image: engine.image(image) for image in needed}
+        for image, base in needed.items():
+            bases.ensure(engine, base, found[image], reporter.info)
     plan = plans.make_plan(
         engine, project, cells, no_cache=no_cache, pull_from=pull_from, vet=vet,
         prepared=prepared,

@@ -143,9 +143,11 @@ def _slash(url: str) -> str:
     return url if url.endswith("/") else url + "/"
 
 
-def near_index(primary: str) -> str:
-    """The index the engine's host would fetch from: $GPUENV_NEAR_INDEX, else the primary.
-    It goes to the engine, so it may carry no credentials."""
+def near_index(primary: str, credentials: Credentials) -> str | None:
+    """The index the engine's host would fetch from: $GPUENV_NEAR_INDEX, else the primary,
+    unless that needs credentials (None). It goes to the engine, so it may carry none."""
+    if not os.environ.get(INDEX_ENV) and credentials.for_url(primary) is not None:
+        return None
     url = os.environ.get(INDEX_ENV, "").strip() or primary
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -199,9 +201,9 @@ def decide(
         return Near(None, None, f"{MODE_ENV}=client: every wheel is sent from here")
     if engine.is_podman:
         return Near(None, None, "podman's builder: every wheel is sent from here")
-    if credentials.for_url(primary) is not None and not os.environ.get(INDEX_ENV):
+    index = near_index(primary, credentials)
+    if index is None:
         return Near(None, None, f"{primary} needs credentials, which never leave this machine")
-    index = near_index(primary)
     pem, ca = trust(engine, ca_bundle)
     if chosen == "engine":
         return Near(index, ca, f"{MODE_ENV}=engine: the engine's host fetches from {index}")

@@ -196,8 +196,7 @@ def _why_rebuild(existing: ImageInfo, inputs: dict[str, str]) -> tuple[list[str]
         return ["spec hash differs (the image records no inputs: built by an older gpuenv)"], "base"
     if "framework" not in recorded:  # built before layers were split by change frequency
         return [REASONS["template"]], "base"
-    recipe = _recipe_reason(existing)
-    changed, blamed = [recipe] if recipe else [], []
+    changed, blamed = [], []
     for k in INPUTS:
         if k == "context" or recorded.get(k, "" if k == "requirements" else None) == inputs[k]:
             continue
@@ -206,6 +205,8 @@ def _why_rebuild(existing: ImageInfo, inputs: dict[str, str]) -> tuple[list[str]
             changed.append(_requirements_reason(str(recorded.get(k) or ""), inputs[k]))
         else:
             changed.append(REASONS[k])
+    recipe = _recipe_reason(existing)  # said first
+    changed = [recipe, *changed] if recipe else changed
     if not blamed:
         return [*changed, REASONS["context"]], "base"
     if "lock" in blamed and {"packages", "requirements"} & set(blamed):
