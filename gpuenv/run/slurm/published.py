@@ -19,9 +19,11 @@ PULLING = ("pyxis", "apptainer", "podman")
 
 
 def submit(opts: SlurmOptions, ref: str, key: str | None) -> int:
+    from gpuenv.registry.fetch import pinned
     from gpuenv.run import options
     from gpuenv.run.slurm import image, registry_image
 
+    pinned(ref, registry_image.OPTION)  # a tag is refused before anything is asked
     if opts.image or opts.file:
         raise SlurmError(f"{registry_image.OPTION} names the image: give it without -i/-f")
     if opts.login:
