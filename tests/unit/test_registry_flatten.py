@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import http.server
 import io
+import json
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -18,8 +19,8 @@ import pytest
 
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.registry import flatten
-from gpuenv.registry.client import Repository
-from gpuenv.registry.fetch import Image, Layer, fetch_layers, pinned
+from gpuenv.registry.client import OCI_INDEX, OCI_MANIFEST, RegistryUnreadable, Repository
+from gpuenv.registry.fetch import Image, Layer, fetch_layers, pinned, resolve
 
 Entry = tuple[str, "bytes | str | None"]  # a file's bytes, None for a directory, "->X" a link
 
@@ -166,6 +167,8 @@ def blobs() -> Iterator[tuple[str, dict[str, bytes]]]:
             body = served.get(self.path.rsplit("/", 1)[-1])
             self.send_response(200 if body is not None else 404)
             self.send_header("Content-Length", str(len(body or b"")))
+            if body is not None and b'"mediaType"' in body[:200]:
+                self.send_header("Content-Type", json.loads(body)["mediaType"])
             self.end_headers()
             self.wfile.write(body or b"")
 
@@ -215,3 +218,45 @@ def test_a_blob_longer_than_its_manifest_says_is_cut_off(blobs, tmp_path):
     repo = Repository(f"{host}/team/x@{image.digest}", credentials=False)
     with pytest.raises(GpuenvError, match="longer than the 100 bytes"):
         fetch_layers(repo, image, tmp_path)
+
+
+# --------------------------------------------------------------------------- an index
+
+
+def publish(served: dict[str, bytes], doc: dict[str, object]) -> str:
+    data = json.dumps(doc).encode()
+    served[digest_of(data)] = data
+    return digest_of(data)
+
+
+def image_manifest(served: dict[str, bytes], arch: str) -> str:
+    config = json.dumps({"architecture": arch, "config": {"Env": [f"ARCH={arch}"]}}).encode()
+    served[digest_of(config)] = config
+    return publish(served, {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                            "config": {"digest": digest_of(config), "size": len(config)},
+                            "layers": [{"digest": "sha256:" + "0" * 64, "size": 3}]})  # fmt: skip
+
+
+def test_an_index_gives_this_platforms_manifest(blobs):
+    host, served = blobs
+    amd, arm = image_manifest(served, "amd64"), image_manifest(served, "arm64")
+    index = publish(served, {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
+        {"digest": arm, "platform": {"os": "linux", "architecture": "arm64"}},
+        {"digest": amd, "platform": {"os": "linux", "architecture": "amd64"}},
+    ]})  # fmt: skip
+    repo = Repository(f"{host}/team/x@{index}", credentials=False)
+    image = resolve(repo, "arm64")
+    assert (image.digest, image.settings()["Env"]) == (arm, ["ARCH=arm64"])
+    assert image.ref == f"{host}/team/x@{arm}"
+    with pytest.raises(GpuenvError, match=r"no linux/s390x image \(it has linux/arm64, "):
+        resolve(repo, "s390x")
+
+
+def test_a_manifest_whose_bytes_are_not_its_digest_is_refused(blobs):
+    host, served = blobs
+    digest = image_manifest(served, "amd64")
+    before = served[digest]
+    served[digest] = before.replace(b'"size": 3', b'"size": 4')  # one byte changed
+    assert served[digest] != before
+    with pytest.raises(RegistryUnreadable, match="does not match its digest"):
+        resolve(Repository(f"{host}/team/x@{digest}", credentials=False))
