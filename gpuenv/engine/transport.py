@@ -28,29 +28,21 @@ from typing import Any
 from gpuenv.engine.values import EngineError
 from gpuenv.matrix.errors import GpuenvError
 
+# What the SDK, requests and the socket say when no engine answers at the address.
+_UNREACHABLE = ("No such file", "Connection refused", "Connection aborted",
+                "Failed to establish", "timed out", "FileNotFoundError", "Connection broken",
+                "RemoteDisconnected")  # fmt: skip
+
 
 def engine_error(exc: Exception) -> EngineError:
     text = str(exc)
-    status = getattr(exc, "status_code", None)
     host = named_address()  # as the user named it (DOCKER_HOST, the context, the socket)
     if "Permission denied" in text or "PermissionError" in text:
         message = (
             f"permission denied on the Docker socket ({host}); add your user to the docker "
             "group (sudo usermod -aG docker $USER, then log in again) or run as root"
         )
-    elif any(
-        s in text
-        for s in (
-            "No such file",
-            "Connection refused",
-            "Connection aborted",
-            "Failed to establish",
-            "timed out",
-            "FileNotFoundError",
-            "Connection broken",
-            "RemoteDisconnected",
-        )
-    ):
+    elif any(s in text for s in _UNREACHABLE):
         message = (
             f"cannot reach the Docker Engine at {host}: is dockerd running? "
             "(on Debian: sudo scripts/engine.sh starts one)"
@@ -64,7 +56,7 @@ def engine_error(exc: Exception) -> EngineError:
         message = "the engine's disk is full; free space (docker image prune) and retry"
     else:
         message = f"Docker Engine error: {(text.splitlines() or [''])[0][:300]}"
-    return EngineError(message, detail=text, status=status)
+    return EngineError(message, detail=text, status=_status(exc))
 
 
 def _sdk_error(exc: BaseException, name: str = "DockerException") -> bool:
@@ -174,8 +166,8 @@ def _endpoint() -> tuple[str | None, Any]:
 
 def _address(api: Any) -> str:
     """Where the SDK's client `api` is: ssh://USER@HOST as named, else its base URL."""
-    ssh = getattr(api, "_custom_adapter", None)
-    return ssh.address if isinstance(ssh, _SshAddress) else str(api.base_url)
+    ssh = getattr(api, "_custom_adapter", None)  # the ssh transport's Adapter knows it
+    return str(getattr(ssh, "address", None) or api.base_url)
 
 
 def _ping(api: Any, timeout: float) -> bool:
@@ -361,12 +353,6 @@ class _SshTarget:
                            detail=stderr)  # fmt: skip
 
 
-class _SshAddress:
-    """What the ssh transport is known by (Engine.url)."""
-
-    address = ""
-
-
 def _ssh_client(target: _SshTarget) -> Any:
     """An SDK client whose every connection is one `ssh ... docker system dial-stdio`, its
     stdin and stdout one end of a socket pair and the connection's socket the other end: to
@@ -417,8 +403,8 @@ def _ssh_client(target: _SshTarget) -> Any:
             timeout: Any = self.timeout  # the SDK's own pool passes it so
             return Connection(self.base_url, self.socket_path, timeout)
 
-    class Adapter(UnixHTTPAdapter, _SshAddress):
-        address = target.address
+    class Adapter(UnixHTTPAdapter):
+        address = target.address  # what the engine is known by (Engine.url)
 
         def get_connection(self, url: Any, proxies: Any = None) -> Pool:
             with self.pools.lock:
