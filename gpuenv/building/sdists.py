@@ -39,6 +39,7 @@ import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from email.message import Message
 from email.parser import HeaderParser
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -162,11 +163,7 @@ def static_metadata(pkg_info: str) -> Metadata | None:
         return None
     if not headers.get("Name") or not headers.get("Version"):
         return None
-    return Metadata(
-        normalize(str(headers["Name"])), str(headers["Version"]),
-        tuple(str(r) for r in headers.get_all("Requires-Dist") or []),
-        str(headers.get("Requires-Python") or ""),
-    )  # fmt: skip
+    return _metadata(headers)
 
 
 def wheel_metadata(path: Path) -> Metadata:
@@ -174,7 +171,11 @@ def wheel_metadata(path: Path) -> Metadata:
     with zipfile.ZipFile(path) as zf:
         name = next(n for n in zf.namelist()
                     if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))  # fmt: skip
-        headers = HeaderParser().parsestr(zf.read(name).decode("utf-8", "replace"))
+        return _metadata(HeaderParser().parsestr(zf.read(name).decode("utf-8", "replace")))
+
+
+def _metadata(headers: Message) -> Metadata:
+    """A resolver's part of core metadata headers (an sdist's PKG-INFO, a wheel's METADATA)."""
     return Metadata(
         normalize(str(headers["Name"])), str(headers["Version"]),
         tuple(str(r) for r in headers.get_all("Requires-Dist") or []),
@@ -370,7 +371,7 @@ class WheelBuilder:
         source_path = self.source_path(req, sdist)
         source = read_source(source_path, sdist.filename)
         started = time.monotonic()
-        version = req.version if req.url else req.version or _name_version(sdist.filename)[1]
+        version = req.version if req.url else req.version or _sdist_version(sdist.filename)
         filename, data = self._build(req.name, version, sdist, source_path, source, sandbox)
         import hashlib
 
@@ -486,11 +487,10 @@ class WheelBuilder:
                               f"with: {exc}") from None  # fmt: skip
 
 
-def _name_version(sdist_filename: str) -> tuple[str, str]:
+def _sdist_version(sdist_filename: str) -> str:
     from packaging.utils import parse_sdist_filename
 
-    name, version = parse_sdist_filename(sdist_filename)
-    return str(name), str(version)
+    return str(parse_sdist_filename(sdist_filename)[1])
 
 
 def _tree_files(path: Path) -> dict[str, bytes]:

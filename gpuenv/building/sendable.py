@@ -46,7 +46,7 @@ from gpuenv.engine.client import BuildInput
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.project.lockfile import framework_requirements
 from gpuenv.store.cache import read_record, update_record, write_record
-from gpuenv.store.wheelhouse import locked_requirements
+from gpuenv.store.wheelhouse import Requirement, locked_requirements
 
 if TYPE_CHECKING:
     from gpuenv.building import lock as locks
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from gpuenv.project.snapshot import Settings
     from gpuenv.store.credentials import Credentials
     from gpuenv.store.fetch import Fetcher
-    from gpuenv.store.wheelhouse import IndexFile, Requirement, Store
+    from gpuenv.store.wheelhouse import IndexFile, Store
 
 T = TypeVar("T")
 # Requires-Dist of the wheels the store holds, by sha256 (a gpuenv cache record).
@@ -279,16 +279,11 @@ class _RequiresDist:
         else:
             path = self.fetcher.file(self.key, name, wheel.sha256, wheel.filename + ".metadata")
             if path is None:
-                path = self.fetcher.fetch_all(self.key, [(_requirement(name, wheel), wheel)])[0][1]
+                wanted = Requirement(name, "", frozenset({wheel.sha256}))
+                path = self.fetcher.fetch_all(self.key, [(wanted, wheel)])[0][1]
         assert path is not None
         self.read[wheel.sha256] = self.known[wheel.sha256] = layers.requires_dist(path)
         return self.read[wheel.sha256]
-
-
-def _requirement(name: str, wheel: IndexFile) -> Requirement:
-    from gpuenv.store.wheelhouse import Requirement
-
-    return Requirement(name, "", frozenset({wheel.sha256}))
 
 
 def _write_part(directory: Path, text: str, wheels: _Wheels, uv: Path | str) -> None:
@@ -425,15 +420,9 @@ class Sender:
         cell = p.cell
         indexes = self.project.settings.resolving(cell)
         platform = lockfile.platform_of(cell)
-        env = self._resolve(
-            lockfile.env_requirements(cell),
-            cell.python,
-            indexes,
-            platform,
-            cell.constraints,
-            sources=metadata_of(*self._builder(cell), None),
-            trees=locks.tree_hashes(cell),
-        )
+        env = self._resolve(lockfile.env_requirements(cell), cell.python, indexes, platform,
+                            cell.constraints, sources=metadata_of(*self._builder(cell), None),
+                            trees=locks.tree_hashes(cell))  # fmt: skip
         locks.check_hashes(cell, env)
         cuda = ""
         if cell.is_gpu and not cell.cuda_with_framework:
@@ -441,15 +430,10 @@ class Sender:
         return lockfile.CellLock(lockfile.inputs_digest(cell, None), env, cuda, cell.left_out)
 
     def _resolve(
-        self,
-        requirements: list[str],
-        python: str,
-        indexes: tuple[str | None, tuple[str, ...]],
-        platform: str,
-        constraints: tuple[str, ...] = (),
-        sources: locks.Sources | None = None,
+        self, requirements: list[str], python: str, indexes: tuple[str | None, tuple[str, ...]],
+        platform: str, constraints: tuple[str, ...] = (), sources: locks.Sources | None = None,
         trees: dict[str, str] | None = None,
-    ) -> str:
+    ) -> str:  # fmt: skip
         from gpuenv.building import lock as locks
 
         memo = json.dumps([python, requirements, indexes, platform, constraints, trees])
@@ -475,20 +459,21 @@ class Sender:
                 )  # fmt: skip
             return self._builders[cell.name]
 
-    def _platform_for(self, cell: Cell) -> str | None:
-        """The platform to build for when it is not the engine's own (an arm64 cell on an
-        x86_64 engine: its steps run under QEMU); None builds as every cell always has."""
-
-        return None if MACHINES.get(self.architecture) == cell.machine else cell.platform
-
     @contextlib.contextmanager
     def context(self, p: CellPlan, labels: dict[str, str]) -> Iterator[BuildInput]:
         """What the cell's build hands the engine, as one value: its context directory,
-        assembled (while the context manager is open), the image's `labels`, the build's
-        network, platform and secrets."""
+        assembled (while the context manager is open), the image's `labels`; the network
+        host when a step reaches an index (the engine's host fetching wheels: near.py, or
+        apt reaching Debian's archive), else none; the platform when it is not the engine's
+        own (an arm64 cell on an x86_64 engine: its steps run under QEMU); the CA bundle as
+        the install steps' secret `ca` when the engine's host fetches and is this machine."""
+        cell = p.cell
         with self._directory(p) as directory:
-            yield BuildInput(directory, labels, self._network(p.cell),
-                             self._platform_for(p.cell), self._secrets())  # fmt: skip
+            near = self._near.result()  # decided by now: the context waited for it
+            network = "host" if cell.apt or near.index is not None else "none"
+            platform = None if MACHINES.get(self.architecture) == cell.machine else cell.platform
+            secrets = {"ca": near.ca} if near.index is not None and near.ca else {}
+            yield BuildInput(directory, labels, network, platform, secrets)
 
     def _directory(self, p: CellPlan) -> AbstractContextManager[Path]:
         """The cell's context directory, assembled (a context manager)."""
@@ -510,21 +495,6 @@ class Sender:
                    else self.fetcher.uv_offered(key, UV_VERSION, target.machine))  # fmt: skip
         supply = Supply(self.fetcher, key, target, uv, wheel, self._near, self.primary, offered)
         return assembled(root, p.context, self.resolution(p), supply)
-
-    @property
-    def near(self) -> Near:
-        """Where the public wheels come from (gpuenv/building/near.py); its error, if any."""
-        return self._near.result()
-
-    def _network(self, cell: Cell) -> str:
-        """The build's network: host when a step reaches an index (the engine's host
-        fetching wheels, or apt reaching Debian's archive), else none."""
-        return "host" if cell.apt or self.near.index is not None else "none"
-
-    def _secrets(self) -> dict[str, Path]:
-        """The CA bundle as the install steps' secret `ca`, only when the engine's host
-        fetches and the engine is this machine's (gpuenv/building/near.py)."""
-        return {"ca": self.near.ca} if self.near.index is not None and self.near.ca else {}
 
 
 def sandbox_of(cell: Cell, engine_arch: str) -> sdists.Sandbox:
