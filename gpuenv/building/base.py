@@ -60,7 +60,7 @@ def mirror(variable: str, default: str) -> str:
 def mmdebstrap_command(suite: str, arch: str = "amd64") -> list[str]:
     mirror_url = mirror("GPUENV_DEBIAN_MIRROR", MIRROR)
     security = mirror("GPUENV_DEBIAN_SECURITY_MIRROR", SECURITY_MIRROR)
-    command = [
+    return [
         "mmdebstrap",
         "--variant=minbase",
         "--format=tar",
@@ -82,7 +82,6 @@ def mmdebstrap_command(suite: str, arch: str = "amd64") -> list[str]:
         f"deb {mirror_url} {suite}-updates main",
         f"deb {security} {suite}-security main",
     ]
-    return command
 
 
 def ensure(

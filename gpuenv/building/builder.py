@@ -83,12 +83,9 @@ def plan_and_build(
     if note:
         reporter.info(note)
     if not offline:  # the bases the cells need (a missing Debian base is bootstrapped)
-        from gpuenv.building import base as bases
+        from gpuenv.building.base import ensure_all
 
-        needed = {c.base.image: c.base for c in cells}
-        found = {image: engine.image(image) for image in needed}
-        for image, base in needed.items():
-            bases.ensure(engine, base, found[image], reporter.info)
+        ensure_all(engine, cells, None, reporter.info)
     plan = plans.make_plan(
         engine, project, cells, no_cache=no_cache, pull_from=pull_from, vet=vet,
         prepared=prepared,
