@@ -149,7 +149,7 @@ def _login_conf(cluster: SlurmCluster, root: Path, ctld_addr: str) -> Path:
     d = root / "slurm"
     d.mkdir()
     text = cluster.conf.read_text()
-    text = re.sub(r"^SlurmctldHost=(\S+?)\(127\.0\.0\.1\)$", rf"SlurmctldHost=\1({ctld_addr})",
+    text = re.sub(r"^SlurmctldHost=(\S+?)\([^)]*\)$", rf"SlurmctldHost=\1({ctld_addr})",
                   text, flags=re.MULTILINE)  # fmt: skip
     (d / "slurm.conf").write_text(text)
     for name in ("gres.conf", "plugstack.conf"):
