@@ -44,9 +44,9 @@ from gpuenv.building.render import (
 )
 from gpuenv.engine.client import BuildInput
 from gpuenv.matrix.errors import GpuenvError
-from gpuenv.project.lockfile import framework_requirements
+from gpuenv.project.lockfile import framework_requirements, platform_of
 from gpuenv.store.cache import read_record, update_record, write_record
-from gpuenv.store.wheelhouse import Requirement, locked_requirements
+from gpuenv.store.wheelhouse import Requirement, index_key, locked_requirements
 
 if TYPE_CHECKING:
     from gpuenv.building import lock as locks
@@ -499,8 +499,6 @@ class Sender:
 
 def sandbox_of(cell: Cell, engine_arch: str) -> sdists.Sandbox:
     """Where the cell's sdists are built: its base, for its Python and machine."""
-    from gpuenv.project.lockfile import platform_of
-
     target = target_of(cell, engine_arch)
     other = MACHINES.get(engine_arch) != cell.machine
     return sdists.Sandbox(cell.base.image, cell.python, target.machine, target.glibc,
@@ -515,9 +513,8 @@ def wheel_builder(
     whose build requirements resolve against the cell's indexes (as wheels: `uv pip compile
     --no-build`) and whose uv is the one the install steps run."""
     from gpuenv.building import lock as locks
-    from gpuenv.store import wheelhouse
 
-    key = wheelhouse.index_key(settings.indexes(cell))
+    key = index_key(settings.indexes(cell))
     index_url, extra_index_urls = settings.resolving(cell)
 
     def resolve(requirements: list[str], python: str, platform: str) -> str:
