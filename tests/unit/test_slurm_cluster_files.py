@@ -9,7 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cli_runner import CliRunner
 
+from gpuenv.cli import app
 from gpuenv.run.leftovers import cluster_leftovers
 from gpuenv.run.slurm import cluster_files
 from gpuenv.run.slurm.cluster_files import ClusterFiles, parse_listing
@@ -132,3 +134,22 @@ def test_job_directories_are_stale_when_this_hosts_directory_is_gone_and_nothing
         assert work["work/d"].mirrors == "an unknown directory"
         everything = {f.there for f in found if f.removable(True)}
         assert {"work/b", "work/c", "work/d"} <= everything
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--login", "login1"], "error: prune --login reads the cluster's shared directory: "
+                                "give it, --shared DIR or $GPUENV_SLURM_SHARED"),
+        (["--login", "-oProxyCommand=x", "--shared", "/scratch"], "error: --login "),
+        (["--login", "login1", "--shared", "scratch"], "must be absolute"),
+    ],
+)  # fmt: skip
+def test_prune_login_is_refused_in_one_line_before_anything_is_reached(monkeypatch, args, message):
+    monkeypatch.delenv("GPUENV_SLURM_SHARED", raising=False)
+    monkeypatch.delenv("GPUENV_SLURM_LOGIN", raising=False)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")  # never reached
+    result = CliRunner().invoke(app, ["prune", *args])
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.output
