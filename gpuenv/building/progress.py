@@ -5,8 +5,11 @@ from __future__ import annotations
 import re
 import sys
 import threading
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from gpuenv.building.activity import Activity
 from gpuenv.building.results import CellResult, Reporter
 from gpuenv.matrix.cell import Cell
 
@@ -16,17 +19,29 @@ if TYPE_CHECKING:
 # Rich is imported only for a terminal (live status lines); a build whose output goes to a
 # log or a pipe prints plain lines and never imports it.
 
+# Without a terminal, a cell's progress reports (fetching wheels: 2 of 6, ...) are printed at
+# most this often (seconds); a phase's last word (fetched 6 wheels, 127.0 MiB in 4.4 s) is
+# printed when it comes. A CI log gets the facts without a line per event.
+PROGRESS_EVERY = 5.0
+
 
 class ConsoleReporter(Reporter):
-    """Per-cell status lines. On a TTY they update in place (rich Live); elsewhere each
-    Dockerfile step is printed once, so CI logs stay readable."""
+    """Per-cell status lines, in words and numbers (gpuenv/building/activity.py): on a TTY
+    one line per cell updates in place (rich Live); elsewhere each Dockerfile step is
+    printed once and what happens inside it one line per fact, PROGRESS_EVERY at most for
+    progress, so CI logs stay readable. `clock` and `terminal`: tests give their own."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, clock: Callable[[], float] = time.monotonic, terminal: bool | None = None
+    ) -> None:
         self.console: Any = None
         self.lock = threading.Lock()
         self.current: dict[str, str] = {}
+        self.activity: dict[str, Activity] = {}
+        self.printed: dict[str, float] = {}  # cell -> when its last progress line was
+        self.clock = clock
         self.live: Any = None
-        if sys.stderr.isatty():
+        if sys.stderr.isatty() if terminal is None else terminal:
             from rich.console import Console
             from rich.live import Live
 
@@ -56,6 +71,7 @@ class ConsoleReporter(Reporter):
     def started(self, cell: Cell) -> None:
         with self.lock:
             self.current[cell.name] = "starting"
+            self.activity[cell.name] = Activity()
             if self.live:
                 self.live.update(self._render())
             else:
@@ -66,16 +82,25 @@ class ConsoleReporter(Reporter):
         if not line:
             return
         with self.lock:
-            self.current[cell.name] = line
+            fact = self.activity.setdefault(cell.name, Activity())(line)
             if self.live:
-                self.live.update(self._render())
+                if fact:  # BuildKit's hashes and timings say nothing to the user
+                    self.current[cell.name] = fact.live
+                    self.live.update(self._render())
             elif line.startswith("Step ") or re.match(r"#\d+ \[[^\]]*\d+/\d+\]", line):
                 # A step starting: the classic builder's "Step 2/5 :", BuildKit's "#6 [2/5] RUN".
                 self._print(f"    {cell.name}: {line[:160]}")
+            elif fact and (
+                fact.ended
+                or self.clock() - self.printed.get(cell.name, -PROGRESS_EVERY) >= PROGRESS_EVERY
+            ):
+                self.printed[cell.name] = self.clock()
+                self._print(f"    {cell.name}: {fact.text}")
 
     def finished(self, result: CellResult) -> None:
         with self.lock:
             self.current.pop(result.cell.name, None)
+            self.activity.pop(result.cell.name, None)
             if self.live:
                 self.live.update(self._render())
             if result.status == "failed":
