@@ -218,6 +218,7 @@ def prune(
     that nothing can be using) unless `dry_run`. The lines to print, the summary last."""
     from gpuenv.run.slurm import cluster_files
     from gpuenv.run.slurm.image import Shared
+    from gpuenv.run.slurm.login import cache_copies
     from gpuenv.run.sync import VOLUME_LABEL
 
     found, others = own_volumes(engine.volumes(VOLUME_LABEL), VOLUME_LABEL, os.getuid(),
@@ -233,6 +234,11 @@ def prune(
         there = cluster_files.listing(shared)
         found += cluster_leftovers(there, shared.login.who, engine_has, socket.gethostname(),
                                    os.path.isdir)  # fmt: skip
+        # The SquashFS copies written here before they were sent: no job mounts them.
+        copies = cache_copies()
+        if copies is not None and copies.own.exists():
+            copies.make()
+            found += shared_files(copies.jobs, copies.images, lambda job: True, engine_has)
     removed_there: set[str] = set()
     if isinstance(shared, cluster_files.ClusterDir) and not dry_run:
         removed_there = cluster_files.remove(

@@ -170,7 +170,8 @@ def test_prune_over_ssh_removes_the_job_directory_once_its_directory_is_gone(
     """`gpuenv prune --login` (issue 46, item 4) on what the tests above left: the job
     directory (it copies the project, recorded beside it as CLIENT_HOST:path) is kept while
     the project is here and removed once it is gone; the ended jobs' files go; the
-    SquashFS stays (the engine has the image). A login ssh refuses is one line."""
+    SquashFS stays (the engine has the image), there and in the client's cache, where one
+    of an image the engine no longer has goes. A login ssh refuses is one line."""
     _, shared = cluster
     project, cache = client
     own = shared / f"gpuenv-{os.getuid()}"
@@ -178,6 +179,11 @@ def test_prune_over_ssh_removes_the_job_directory_once_its_directory_is_gone(
     assert (own / "work" / f"{workdir.name}.from").read_text() == f"{CLIENT_HOST}:{project}\n"
     jobs = sorted(p.name for p in (own / "jobs").iterdir())
     (image,) = (own / "images").glob("*.sqfs")
+    copies = cache / "gpuenv" / "slurm-login" / f"gpuenv-{os.getuid()}" / "images"
+    assert (copies / image.name).exists(), "the copy written here before it was sent"
+    gone = copies / ("0" * 64)
+    for suffix in (".sqfs", ".env", ".sh.env"):
+        gone.with_suffix(suffix).write_text("an image the engine no longer has\n")
     env = gpuenv_env(node, cache, "prune")
     argv = [*CLIENT, "prune", "--login", node.login, "--shared", str(shared)]
     where = f"{node.login}:{own}"
@@ -193,7 +199,7 @@ def test_prune_over_ssh_removes_the_job_directory_once_its_directory_is_gone(
     assert dry.returncode == 0, output(dry)
     assert f"job directory {where}/work/{workdir.name} " in dry.stdout, output(dry)
     assert f"{CLIENT_HOST}:{project}: the directory is here" in dry.stdout, output(dry)
-    assert f"gpuenv prune: would remove {len(jobs)} of {len(jobs) + 2} " in dry.stdout
+    assert f"gpuenv prune: would remove {len(jobs) + 1} of {len(jobs) + 4} " in dry.stdout
 
     moved = project.with_name("project-moved")
     project.rename(moved)
@@ -204,6 +210,9 @@ def test_prune_over_ssh_removes_the_job_directory_once_its_directory_is_gone(
     assert pruned.returncode == 0, output(pruned)
     assert f"{CLIENT_HOST}:{project}: the directory is gone; removed" in pruned.stdout
     assert f"SquashFS {where}/images/{image.name} " in pruned.stdout, output(pruned)
-    assert f"gpuenv prune: removed {len(jobs) + 1} of {len(jobs) + 2} " in pruned.stdout
+    assert f"gpuenv prune: removed {len(jobs) + 2} of {len(jobs) + 4} " in pruned.stdout
     assert not workdir.exists() and not (own / "work" / f"{workdir.name}.from").exists()
     assert list((own / "jobs").iterdir()) == [] and image.exists()
+    assert sorted(p.name for p in copies.iterdir()) == sorted(
+        p.name for p in (own / "images").iterdir()
+    ), "the cache keeps the probe's copy and loses the one of an image gone"

@@ -28,6 +28,7 @@ from gpuenv.run.slurm.ssh import Login
 from gpuenv.store import private
 
 if TYPE_CHECKING:
+    from gpuenv.run.slurm.image import Shared
     from gpuenv.run.slurm.run import SlurmOptions
 
 # argv: DIR, the image's hex ID, the job directory's key, the client's `host:path` it
@@ -158,7 +159,6 @@ def submit(opts: SlurmOptions, login: Login) -> int:
     from gpuenv.run.slurm.jobs import Slurm
     from gpuenv.run.slurm.run import _check_mount_point, attach, check
     from gpuenv.run.slurm.script import JobInputs, batch_script, job_name, output_path
-    from gpuenv.store.cache import cache_dir
 
     time_limit, partition = check(opts)
     argv = options.command_for(opts.command, opts.cwd)
@@ -192,12 +192,11 @@ def submit(opts: SlurmOptions, login: Login) -> int:
             sys.stdout.flush()
             say(f"sbatch --test-only on {login.host}: {verdict}")
             return 0
-        home = cache_dir()
-        if home is None:
+        local = cache_copies()
+        if local is None:
             raise SlurmError("slurm run --login writes the image here first, and there is no "
                              "cache directory (set HOME or XDG_CACHE_HOME)")  # fmt: skip
-        home.mkdir(parents=True, exist_ok=True)
-        local = image.Shared(home / "slurm-login")
+        local.root.parent.mkdir(parents=True, exist_ok=True)
         local.root.mkdir(mode=0o700, exist_ok=True)
         files = image.ensure(eng, chosen.image, info, local, say, cwd)
     finally:
@@ -225,6 +224,16 @@ def submit(opts: SlurmOptions, login: Login) -> int:
     return code
 
 
+def cache_copies() -> Shared | None:
+    """Where the SquashFS is written here before it is sent: the cache's `slurm-login/`
+    (None without a cache directory). `gpuenv prune --login` lists it too."""
+    from gpuenv.run.slurm.image import Shared
+    from gpuenv.store.cache import cache_dir
+
+    home = cache_dir()
+    return Shared(home / "slurm-login") if home is not None else None
+
+
 class RemoteOutput:
     """The job's output file there, read from an offset (`tail -c +N`) for follow()."""
 
@@ -246,5 +255,5 @@ def detached_note(where: str) -> None:
           "follows the job", file=sys.stderr)  # fmt: skip
 
 
-__all__ = ["Prepared", "RemoteOutput", "parse_prepared", "prepare", "shared_there", "submit",
-           "to_send", "upload"]  # fmt: skip
+__all__ = ["Prepared", "RemoteOutput", "cache_copies", "parse_prepared", "prepare",
+           "shared_there", "submit", "to_send", "upload"]  # fmt: skip
