@@ -6,7 +6,9 @@
   output and failure files, and the images' SquashFS files; read here on a login node
   (`--shared`), or over ssh from anywhere (`--login`, run/slurm/cluster_files.py), which
   also finds `slurm run --login`'s job directories (`work/`, each the copy of a client's
-  directory, whose `host:path` was recorded beside it).
+  directory, whose `host:path` was recorded beside it), and then also the SquashFS copies
+  `slurm run --login` wrote in this machine's cache before sending them (no job mounts
+  those: stale once the engine no longer has their image).
 
 Only the user's own are ever listed for removal: a volume whose label names another user or
 another client host is counted and left alone, and the shared directory's part is the
