@@ -22,3 +22,14 @@ def _command(app: typer.Typer) -> click.Command:
 class CliRunner(click.testing.CliRunner):
     def invoke(self, app: Any, args: Any = None, **kwargs: Any) -> click.testing.Result:  # type: ignore[override]
         return super().invoke(_command(app), args, **kwargs)
+
+
+def invoke_as_entry_point(args: list[str], **kwargs: Any) -> click.testing.Result:
+    """`python -m gpuenv ARGS`, in this process: argv normalised as gpuenv.cli.main does (the
+    old spellings forwarded to their verbs, -it), then the app. A fresh interpreter per call
+    cost 0.5-2 s of imports each (the kubernetes client alone 1.9 s); the tests of the
+    entry point itself (test_cli_coercion, test_matrix_errors) still start one."""
+    from gpuenv.cli import app
+    from gpuenv.cli.argv import normalise_argv
+
+    return CliRunner().invoke(app, normalise_argv(list(args)), **kwargs)

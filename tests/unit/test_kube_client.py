@@ -3,14 +3,17 @@ Also the code layer's context and the verb's refusals. No cluster and no engine 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from cli_runner import invoke_as_entry_point
 from kubernetes.client import ApiException
 
 from gpuenv.matrix.errors import GpuenvError
@@ -185,14 +188,13 @@ def test_a_dockerignore_exception_takes_a_path_back_into_the_layer(tmp_path):
 
 
 def gpuenv(args, cwd: Path, **env):
-    import os
-
-    repo = Path(__file__).resolve().parents[2]
-    full = {**os.environ, "PYTHONPATH": str(repo), "KUBECONFIG": str(cwd / "none"), **env}
-    if "GPUENV_REGISTRY" not in env:
-        full.pop("GPUENV_REGISTRY", None)
-    return subprocess.run([sys.executable, "-m", "gpuenv", *args], cwd=cwd, env=full,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    """`gpuenv ARGS` run from ``cwd`` as the entry point runs it, in this process (a fresh
+    interpreter importing the kubernetes client cost 1-2 s a call): (exit code, stderr)."""
+    full = {"KUBECONFIG": str(cwd / "none"), "GPUENV_REGISTRY": None, **env}
+    with contextlib.chdir(cwd):
+        result = invoke_as_entry_point(args, env=full)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
+    return SimpleNamespace(returncode=result.exit_code, stderr=result.stderr)
 
 
 @pytest.mark.parametrize("flags, line", [
