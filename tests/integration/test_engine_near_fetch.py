@@ -108,6 +108,13 @@ def test_on_this_machine_the_engines_host_fetches_and_the_image_is_the_same(proj
     assert fetched[0] == "--index-url https://pypi.org/simple/" and len(fetched) > 5
     assert all(line.count("--hash=sha256:") == 1 for line in fetched[1:])
     assert near["image_id"] == sent["image_id"]
+    # What a user reads while it waits, without a terminal (gpuenv/building/activity.py):
+    # the fetch and the install in words and numbers, from uv's own lines in the step.
+    fetched_line = r"\(python-env\): fetched \d+ wheels, [\d.]+ MiB in \S+, [\d.]+ MiB/s"
+    assert re.search(fetched_line, near["output"]), near["output"]
+    assert re.search(r"\(python-env\): installed \d+ packages in ", near["output"])
+    assert re.search(r"\(python-env\): unpacked \d+ wheels in ", sent["output"]), sent["output"]
+    assert re.search(r"sent the build context: [\d.]+ [kMG]?B in ", near["output"])
 
 
 def _tx(lab: AnotherHost) -> int:
