@@ -14,8 +14,9 @@ tests/unit/recorded/build-jax-cpu-near.log):
 - `Installed 6 packages in 75ms`, `Bytecode compiled 2141 files in 11.39s`.
 
 And BuildKit's own: `transferring context: 38.44MB 0.6s` of `[internal] load build context`
-(what crosses towards the engine; repeated while it lasts, `done` at the end), `exporting
-layers`. A line of the classic builder's or podman's form (no `#N` prefix) is read the same.
+(what crosses towards the engine; repeated about every 5 s while it lasts, `done` at the
+end: tests/unit/recorded/build-context-1.5GB.log), `exporting layers`, `sending tarball`.
+A line of the classic builder's or podman's form (no `#N` prefix) is read the same.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ _INSTALLED = re.compile(r"Installed (\d+) packages? in (.+)$")
 _COMPILED = re.compile(r"Bytecode compiled (\d+) files? in (.+)$")
 _UV_NEAR = re.compile(r"gpuenv: (uv fetched near the engine: .*)$")
 _EXPORT_DONE = re.compile(r"exporting layers (\d+(?:\.\d+)?)s done$")
+_TARBALL_DONE = re.compile(r"sending tarball (\d+(?:\.\d+)?)s done$")
 
 # BuildKit sizes its transfers in decimal units (go-units' HumanSize); uv in binary ones.
 _DECIMAL = {"B": 1, "kB": 10**3, "MB": 10**6, "GB": 10**9}
@@ -189,8 +191,10 @@ class Activity:
             return Fact("exporting the layers")
         if rest.startswith("writing image "):
             return Fact("writing the image")
+        if m := _TARBALL_DONE.match(rest):
+            return Fact(f"sent the image in {float(m.group(1)):.1f} s", True)
         if rest.startswith("sending tarball"):
-            return Fact("sending the image to the engine's store")
+            return Fact("sending the image")
         return None
 
 
