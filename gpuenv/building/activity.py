@@ -95,6 +95,7 @@ class Activity:
         self.steps: dict[str, str] = {}  # vertex -> "step 2/4 (python-env)"
         self.context: str | None = None  # the vertex that loads the build context
         self.wheels: dict[str, _Wheels] = {}
+        self.compiling: set[str] = set()  # install steps whose uv compiles after installing
 
     def __call__(self, line: str) -> Fact | None:
         line = line.strip()
@@ -122,6 +123,8 @@ class Activity:
         part = re.search(r"--mount=type=bind,source=([^,\s]+)", args)
         if INSTALL_MARK in args and part:
             self.steps[vertex] = f"{label} ({part.group(1)})"
+            if "--compile-bytecode" in args:  # the step's whole command is its name
+                self.compiling.add(vertex)
             return Fact(f"{self.steps[vertex]}: installing")
         self.steps[vertex] = label
         return Fact(f"{label}: {instruction} {args.strip()}"[:80])
@@ -164,7 +167,8 @@ class Activity:
             return Fact(fetched, True, "installing")
         if m := _INSTALLED.match(rest):
             installed = f"{step}: installed {m.group(1)} packages in {m.group(2)}"
-            return Fact(installed, True, "finishing the step")
+            then = "compiling bytecode" if vertex in self.compiling else "finishing the step"
+            return Fact(installed, True, then)
         if m := _COMPILED.match(rest):
             compiled = f"{step}: compiled {m.group(1)} files' bytecode in {m.group(2)}"
             return Fact(compiled, True, "finishing the step")

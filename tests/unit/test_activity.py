@@ -119,3 +119,5 @@ def test_a_terminal_line_says_the_latest_fact_never_a_hash():
         "step 2/4 (python-env): compiled 2141 files' bytecode in 11.39s; finishing the step"
         in shown
     )
+    # The python-env step's command asks uv to compile, so that is what comes after.
+    assert "step 2/4 (python-env): installed 6 packages in 75ms; compiling bytecode" in shown
