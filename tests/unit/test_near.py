@@ -182,7 +182,8 @@ def test_the_probe_asks_for_the_index_root_s_head(tmp_path, head, get, code, ask
             self.answer(get)
 
     server = HTTPServer(("127.0.0.1", 0), Index)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # Polled every 10 ms: shutdown() waits out one poll, 0.5 s by default.
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
     try:
         import certifi
 
@@ -216,7 +217,7 @@ def _serve_index(root: Path, wheel: bytes, name: str):
     )
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/simple"
 
 

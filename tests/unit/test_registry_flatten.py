@@ -176,7 +176,8 @@ def blobs() -> Iterator[tuple[str, dict[str, bytes]]]:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # Polled every 10 ms: shutdown() waits out one poll, 0.5 s by default.
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
         yield f"127.0.0.1:{server.server_address[1]}", served

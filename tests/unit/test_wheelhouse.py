@@ -976,7 +976,8 @@ def local_index(handler: type, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # Polled every 10 ms: shutdown() waits out one poll, 0.5 s by default.
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_port}"
     finally:
