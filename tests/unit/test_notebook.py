@@ -119,14 +119,32 @@ def listening(port: int, user: int | None = None) -> Iterator[list[str]]:
         heard.append(process.communicate(timeout=10)[0])
 
 
+class _NeverRunning(threading.Event):
+    """A server log that never says it listens, without the real waiting: each of
+    _announce's waits for it times out at once, and the third stops the announcing as the
+    server's end would (a 3 s window before, for the same six timed-out waits' worth)."""
+
+    def __init__(self, done: threading.Event) -> None:
+        super().__init__()
+        self.done, self.waits = done, 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        if self.waits == 3:
+            self.done.set()
+        return False
+
+
 def announce(port: int, running: bool, seconds: float = 3.0) -> None:
     """notebook._announce on this machine's engine, for `seconds` (the server's log says it
-    listens when `running`)."""
+    listens when `running`; when not, until it has waited for that three times)."""
     engine = types.SimpleNamespace(is_local=True, url="unix:///var/run/docker.sock")
     log = notebook.ServerLog("s3cret-token", io.BytesIO())
+    done = threading.Event()
     if running:
         log.write(b"[I ServerApp] Jupyter Server 2.21 is running at:\n")
-    done = threading.Event()
+    else:
+        log.running = never = _NeverRunning(done)
     where = notebook.placement(set(), host_network=True, port=port)
     args = (engine, f"http://127.0.0.1:{port}", "s3cret-token", where, log, done, "c")
     thread = threading.Thread(target=notebook._announce, args=args, daemon=True)
@@ -135,6 +153,7 @@ def announce(port: int, running: bool, seconds: float = 3.0) -> None:
     done.set()
     thread.join(5)
     assert not thread.is_alive()
+    assert running or never.waits == 3  # it waited, and went no further
 
 
 def test_nothing_is_sent_before_the_servers_own_log_says_it_listens(capsys):
