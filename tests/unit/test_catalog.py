@@ -6,6 +6,7 @@ Requires-Dist of the recorded METADATA), range-read METADATA, and the CLI."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import http.server
@@ -14,8 +15,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_runner import invoke_as_entry_point
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from rendering import key_of
@@ -123,15 +123,23 @@ class LoopbackIndex(Index):
         return super()._open(url, headers)
 
 
-@pytest.fixture
-def server() -> Iterator[_Server]:
+@contextlib.contextmanager
+def _serving() -> Iterator[_Server]:
     srv = _Server()
     # Poll every 10 ms: shutdown() waits out one poll, 0.5 s by default, per test.
     thread = threading.Thread(target=srv.serve_forever, args=(0.01,), daemon=True)
     thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[_Server]:
+    with _serving() as srv:
+        yield srv
 
 
 def _shipped(name: str) -> dict:
@@ -142,27 +150,41 @@ def _today() -> datetime.date:
     return datetime.date.fromisoformat(_shipped("torch.yaml")["refreshed"])
 
 
-@pytest.fixture
-def data_dir(tmp_path) -> Path:
-    """A copy of the shipped generated files: the "previous" state a refresh compares with."""
-    target = tmp_path / "data"
+def _copy_of_the_shipped_data(target: Path) -> Path:
     target.mkdir()
     for name in refresh.GENERATED:
         shutil.copy(DATA / name, target / name)
     return target
 
 
+@pytest.fixture
+def data_dir(tmp_path) -> Path:
+    """A copy of the shipped generated files: the "previous" state a refresh compares with."""
+    return _copy_of_the_shipped_data(tmp_path / "data")
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> tuple[refresh.Refresh, list[str]]:
+    """One refresh of a copy of the shipped data from the recorded index, and the paths the
+    index was asked for: a refresh parses every data file and page (about 0.8 s), and the
+    tests that read this one change nothing of it."""
+    data = _copy_of_the_shipped_data(tmp_path_factory.mktemp("recorded") / "data")
+    with _serving() as srv:
+        result = refresh.refresh(LoopbackIndex(srv), today=_today(), data=data)
+    return result, srv.requests
+
+
 # ---------------------------------------------------------------------- refresh
 
 
-def test_the_recorded_index_regenerates_the_shipped_data_exactly(server, data_dir):
-    result = refresh.refresh(LoopbackIndex(server), today=_today(), data=data_dir)
+def test_the_recorded_index_regenerates_the_shipped_data_exactly(recorded):
+    result, requests = recorded
     assert result.changes == []
     for name in refresh.GENERATED:
         assert refresh.dump(result.documents[name]) == (DATA / name).read_text("utf-8"), name
     # METADATA came from the .metadata files (PEP 658), never a wheel.
-    assert any(p.endswith(".whl.metadata") for p in server.requests)
-    assert not [p for p in server.requests if p.endswith(".whl")]
+    assert any(p.endswith(".whl.metadata") for p in requests)
+    assert not [p for p in requests if p.endswith(".whl")]
 
 
 def test_a_new_release_appears_and_nothing_else_changes(server, data_dir):
@@ -195,8 +217,8 @@ def test_a_yanked_release_disappears_and_nothing_else_changes(server, data_dir):
         assert refresh.dump(result.documents[name]) == (DATA / name).read_text(), name
 
 
-def test_refresh_is_deterministic(server, data_dir):
-    one = refresh.refresh(LoopbackIndex(server), today=_today(), data=data_dir)
+def test_refresh_is_deterministic(recorded, server, data_dir):
+    one = recorded[0]  # another refresh, from another server, of another copy
     two = refresh.refresh(LoopbackIndex(server), today=_today(), data=data_dir)
     assert {n: refresh.dump(d) for n, d in one.documents.items()} == {
         n: refresh.dump(d) for n, d in two.documents.items()
@@ -387,11 +409,21 @@ class _Result:
 
 
 @pytest.fixture
-def cli(monkeypatch):
+def cli():
+    """`gpuenv ARGS` as a new process runs it, in this one (a new interpreter cost some
+    0.5 s of imports a call): the catalog in use chosen afresh, before and after; the exit
+    code, and stdout followed by stderr."""
+
     def run(*args: str) -> _Result:
-        proc = subprocess.run([sys.executable, "-m", "gpuenv", *args], capture_output=True,
-                              text=True, env=dict(os.environ), timeout=120)  # fmt: skip
-        return _Result(proc.returncode, proc.stdout + proc.stderr)
+        freshness.current.cache_clear()
+        compat.catalog.cache_clear()
+        try:
+            result = invoke_as_entry_point(list(args))
+        finally:
+            freshness.current.cache_clear()
+            compat.catalog.cache_clear()
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
+        return _Result(result.exit_code, result.stdout + result.stderr)
 
     return run
 
