@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 # most this often (seconds); a phase's last word (fetched 6 wheels, 127.0 MiB in 4.4 s) is
 # printed when it comes. A CI log gets the facts without a line per event.
 PROGRESS_EVERY = 5.0
+# On a terminal, a cell's line that has not changed for this long (seconds) says for how long:
+# uv reports a wheel when it is done, and one CUDA wheel can take minutes on a laptop's link.
+WAITED_SHOWN = 3.0
 
 
 class ConsoleReporter(Reporter):
@@ -37,6 +40,7 @@ class ConsoleReporter(Reporter):
         self.console: Any = None
         self.lock = threading.Lock()
         self.current: dict[str, str] = {}
+        self.since: dict[str, float] = {}  # cell -> when its live line last changed
         self.activity: dict[str, Activity] = {}
         self.printed: dict[str, float] = {}  # cell -> when its last progress line was
         self.clock = clock
@@ -46,7 +50,9 @@ class ConsoleReporter(Reporter):
             from rich.live import Live
 
             self.console = Console(stderr=True, highlight=False, soft_wrap=True)
-            self.live = Live(self._render(), console=self.console, transient=True)
+            # get_renderable: redrawn 4 times a second, so a line that waits on one long
+            # download still counts its seconds.
+            self.live = Live(console=self.console, transient=True, get_renderable=self._render)
             self.live.start()
 
     def _print(self, text: str, markup: str | None = None) -> None:
@@ -61,8 +67,11 @@ class ConsoleReporter(Reporter):
         from rich.text import Text
 
         table = Table.grid(padding=(0, 1))
-        for name, line in self.current.items():
-            table.add_row(Text(f"⠿ {name}", style="bold"), Text(line[:100], style="dim"))
+        now = self.clock()
+        for name, line in list(self.current.items()):  # a copy: the builds' threads write it
+            waited = now - self.since.get(name, now)
+            line = f"{line} ({waited:.0f} s)" if waited >= WAITED_SHOWN else line
+            table.add_row(Text(f"⠿ {name}", style="bold"), Text(line[:110], style="dim"))
         return table
 
     def info(self, message: str) -> None:
@@ -71,6 +80,7 @@ class ConsoleReporter(Reporter):
     def started(self, cell: Cell) -> None:
         with self.lock:
             self.current[cell.name] = "starting"
+            self.since[cell.name] = self.clock()
             self.activity[cell.name] = Activity()
             if self.live:
                 self.live.update(self._render())
@@ -86,6 +96,7 @@ class ConsoleReporter(Reporter):
             if self.live:
                 if fact:  # BuildKit's hashes and timings say nothing to the user
                     self.current[cell.name] = fact.live
+                    self.since[cell.name] = self.clock()
                     self.live.update(self._render())
             elif line.startswith("Step ") or re.match(r"#\d+ \[[^\]]*\d+/\d+\]", line):
                 # A step starting: the classic builder's "Step 2/5 :", BuildKit's "#6 [2/5] RUN".
@@ -101,6 +112,7 @@ class ConsoleReporter(Reporter):
         with self.lock:
             self.current.pop(result.cell.name, None)
             self.activity.pop(result.cell.name, None)
+            self.since.pop(result.cell.name, None)
             if self.live:
                 self.live.update(self._render())
             if result.status == "failed":

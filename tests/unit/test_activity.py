@@ -121,3 +121,27 @@ def test_a_terminal_line_says_the_latest_fact_never_a_hash():
     )
     # The python-env step's command asks uv to compile, so that is what comes after.
     assert "step 2/4 (python-env): installed 6 packages in 75ms; compiling bytecode" in shown
+
+
+def test_a_terminal_line_that_waits_counts_its_seconds():
+    """uv says nothing while one wheel downloads: the line says how long it has waited."""
+    import io
+
+    from rich.console import Console
+
+    now = [0.0]
+    reporter = progress.ConsoleReporter(clock=lambda: now[0], terminal=False)
+    reporter.live = SimpleNamespace(update=lambda _table: None)  # rich's Live, not started
+    reporter.started(CELL)
+    for line in LINES[: LINES.index("#6 0.753 Downloading scipy (33.7MiB)") + 1]:
+        reporter.log(CELL, line)
+
+    def shown() -> str:
+        out = io.StringIO()
+        Console(file=out, width=200).print(reporter._render())
+        return out.getvalue().strip()
+
+    fetching = "step 2/4 (python-env): fetching wheels: 0 of 6, 0 B of 127.0 MiB"
+    assert shown() == f"⠿ jax {fetching}"
+    now[0] += 42.4
+    assert shown() == f"⠿ jax {fetching} (42 s)"
