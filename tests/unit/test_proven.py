@@ -11,6 +11,7 @@ A path that is not a test module (`tests/unit/recorded/`) need only exist.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -74,9 +75,15 @@ def _split(reference: str) -> Reference:
     return path, names, param
 
 
+@functools.cache
+def _module(path: Path) -> ast.Module:
+    """A test module's syntax tree, parsed once: the table names some modules 20 times."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def _defines(path: Path, names: list[str]) -> bool:
     """Whether the module defines names[0] (a function or class), and each next name in it."""
-    body = ast.parse(path.read_text(encoding="utf-8")).body
+    body = _module(path).body
     kinds = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
     for name in names:
         found = next((n for n in body if isinstance(n, kinds) and n.name == name), None)
