@@ -7,7 +7,9 @@ Requires-Dist of the recorded METADATA), range-read METADATA, and the CLI."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
+import functools
 import hashlib
 import http.server
 import io
@@ -142,8 +144,15 @@ def server() -> Iterator[_Server]:
         yield srv
 
 
-def _shipped(name: str) -> dict:
+@functools.cache
+def _parsed(name: str) -> dict:
     return yaml.safe_load((DATA / name).read_text("utf-8"))
+
+
+def _shipped(name: str) -> dict:
+    """A shipped data file's content, the tests' own to change: parsed once per module (the
+    user's-copy tests read every file some 30 times), copied each time."""
+    return copy.deepcopy(_parsed(name))
 
 
 def _today() -> datetime.date:
@@ -485,8 +494,14 @@ def _later(days: int = 1) -> str:
     return (_today() + datetime.timedelta(days=days)).isoformat()
 
 
+@functools.cache
+def _packaged() -> freshness.Documents:
+    return freshness.packaged()
+
+
 def _choose(cached: object, unreadable: str | None = None) -> freshness.Choice:
-    return freshness.choose(freshness.packaged(), cached, unreadable, "/c/catalog.json",
+    """freshness.choose, with the package's documents read once per module (copied)."""
+    return freshness.choose(copy.deepcopy(_packaged()), cached, unreadable, "/c/catalog.json",
                             compat.check_documents)  # fmt: skip
 
 
