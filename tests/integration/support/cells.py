@@ -72,6 +72,7 @@ TEST_REPOSITORIES = frozenset(
         "near",  # test_engine_near_fetch.py: the locked JAX cell fetched near the engine
         "other-user",  # test_engine_other_user.py: a second local user
         "slurm",  # test_engine_slurm.py: the base plus a probe file and ENV
+        "slurm-jax",  # test_engine_slurm_multinode.py: the locked JAX CPU cell on two nodes
         "attest",  # test_engine_attest.py: the locked JAX cell pushed with attestations
         "arm64",  # test_engine_arm64.py: the JAX CPU cell for amd64 and arm64, its arm64 base
         "basepull",  # test_engine_base_pull.py: a copy of the base, pushed and pulled back
