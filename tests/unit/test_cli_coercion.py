@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from gpuenv.cli import app
+from gpuenv.cli.verbs import click_app  # every verb, built into Click once, as main() runs it
 
 
 def _invoke(argv: list[str], capsys) -> tuple[int, str, str]:
-    code = app(argv, prog_name="gpuenv", standalone_mode=False)
+    code = click_app()(argv, prog_name="gpuenv", standalone_mode=False)
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuenv.cli import app
+from gpuenv.cli.verbs import click_app  # every verb, built into Click once, as main() runs it
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def project_with_only_train_py(tmp_path, monkeypatch):
     ],
 )
 def test_the_error_names_gpuenv_init(project_with_only_train_py, capsys, argv, code):
-    assert app(argv, prog_name="gpuenv", standalone_mode=False) == code
+    assert click_app()(argv, prog_name="gpuenv", standalone_mode=False) == code
     out, err = capsys.readouterr()
     assert out == ""
     assert err == (
@@ -46,7 +46,7 @@ def test_a_matrix_named_elsewhere_gets_that_directorys_init(tmp_path, capsys, mo
     where = tmp_path / "my project"
     where.mkdir()
     monkeypatch.setenv("GPUENV_MATRIX", str(where / "matrix.yaml"))
-    assert app(["matrix"], prog_name="gpuenv", standalone_mode=False) == 1
+    assert click_app()(["matrix"], prog_name="gpuenv", standalone_mode=False) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: {where}/matrix.yaml: no such file; write one for the "
                           f"project there with `gpuenv init '{where}'` (")  # fmt: skip
@@ -54,7 +54,9 @@ def test_a_matrix_named_elsewhere_gets_that_directorys_init(tmp_path, capsys, mo
 
 def test_another_name_is_checked_and_init_writes_matrix_yaml(tmp_path, capsys):
     missing = tmp_path / "none.yaml"
-    assert app(["matrix", "-f", str(missing)], prog_name="gpuenv", standalone_mode=False) == 1
+    assert (
+        click_app()(["matrix", "-f", str(missing)], prog_name="gpuenv", standalone_mode=False) == 1
+    )
     assert capsys.readouterr().err == (
         f"error: {missing}: no such file; pass -f/--file or set GPUENV_MATRIX to a matrix that "
         f"exists, or write one with `gpuenv init {tmp_path}` (it writes "

@@ -21,7 +21,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from gpuenv.cli import app
+from gpuenv.cli.verbs import click_app  # every verb, built into Click once, as main() runs it
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.run import devcontainer, jupyter, notebook
 
@@ -277,7 +277,7 @@ def test_devcontainer_never_overwrites(tmp_path, capsys, monkeypatch):
     path.parent.mkdir()
     path.write_text("{}\n")
     with pytest.raises(SystemExit) as exited:
-        app(["devcontainer", "-f", str(tmp_path / "matrix.yaml")], standalone_mode=True)
+        click_app()(["devcontainer", "-f", str(tmp_path / "matrix.yaml")], standalone_mode=True)
     assert exited.value.code == 1
     assert path.read_text() == "{}\n"
     err = capsys.readouterr().err
@@ -290,7 +290,7 @@ def test_devcontainer_never_overwrites(tmp_path, capsys, monkeypatch):
 def test_an_image_is_not_a_cell(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exited:
-        app(["notebook", "gpuenv/tensorflow:x"], standalone_mode=True)
+        click_app()(["notebook", "gpuenv/tensorflow:x"], standalone_mode=True)
     assert exited.value.code == 125
     err = capsys.readouterr().err
     assert err.startswith("error: gpuenv/tensorflow:x: gpuenv notebook takes a cell name"), err
@@ -304,7 +304,7 @@ def test_a_pattern_that_is_not_one_cell_is_one_line_before_the_engine(
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent.sock")  # never reached
     matrix = str(Path(__file__).parents[2] / "matrix.yaml")
     with pytest.raises(SystemExit) as exited:
-        app([verb, "-f", matrix, "tf*"], standalone_mode=True)
+        click_app()([verb, "-f", matrix, "tf*"], standalone_mode=True)
     assert exited.value.code == code
     err = capsys.readouterr().err
     assert err.startswith("error: CELL 'tf*' matches ") and err.endswith("; pick one\n"), err

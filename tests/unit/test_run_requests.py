@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from gpuenv.cli import app
+from gpuenv.cli.verbs import click_app  # every verb, built into Click once, as main() runs it
 from gpuenv.run import sync
 from gpuenv.store import cache
 
@@ -38,7 +38,7 @@ def test_a_local_run_asks_the_engine_eight_things(engine_on_fake_api, tmp_path, 
     routes.seen.clear()
 
     argv = ["run", "-i", IMAGE, "--network", "none", "--", "python", "-c", "pass"]
-    code = app(argv, prog_name="gpuenv", standalone_mode=False)
+    code = click_app()(argv, prog_name="gpuenv", standalone_mode=False)
 
     assert code == 3  # the container's (the output is engine_api's, read or not: not pinned)
     assert routes.seen == [
