@@ -97,7 +97,8 @@ def test_two_nodes_two_gpus_each_in_the_image(lab, probe_image, shared, work):
     assert proc.returncode == 0, output(proc)
     cwd = work / "work"
     lines = sorted(proc.stdout.splitlines())
-    tail = "master=n1 secret=none given=yes"
+    # The rendezvous is the first node's NodeAddr (the lab's nodes are network namespaces).
+    tail = f"master={lab.net.node_addr('n1')} secret=none given=yes"
     assert lines == [
         f"n1 gpus=0,1 env=from-the-image file=inside_the_image cwd={cwd} {tail}",
         f"n2 gpus=0,1 env=from-the-image file=inside_the_image cwd={cwd} {tail}",
