@@ -139,6 +139,7 @@ def test_directives():
         "#SBATCH --job-name=gpuenv-tf2.21-py3.11-cuda12.5-gpu",
         "#SBATCH --nodes=2",
         "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --no-requeue",
         "#SBATCH --gpus-per-node=4",
         "#SBATCH --time=0-02:00:00",
         "#SBATCH --partition=gpu",
@@ -151,11 +152,35 @@ def test_directives():
     assert not any(k in bare for k in ("--gpus-per-node", "--time", "--partition"))
 
 
+# `scontrol show node -o n17` as Slurm 22.05 prints it (the Slurm lab, trimmed), with the
+# node's NodeAddr and its name apart.
+NODE_LINE = (
+    "NodeName=n17 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=2 CPUTot=2 Gres=gpu:4 "
+    "NodeAddr=10.233.34.11 NodeHostName=n17 Port=47651 Version=22.05.8 RealMemory=2000"
+)
+
+
+@pytest.mark.parametrize(("node_line", "want"), [(NODE_LINE, "10.233.34.11"), ("", "n17")])
+def test_the_rendezvous_is_the_first_nodes_address(tmp_path, node_line, want):
+    """MASTER_ADDR is the first node's NodeAddr (a node's name need not resolve on the
+    others: the lab's do not), or its name where scontrol says nothing of it."""
+    text = batch_script(JOB)
+    head = text[text.index("gpuenv_first=") : text.index("export WANDB_MODE")]
+    fake = tmp_path / "scontrol"
+    fake.write_text(
+        '#!/bin/sh\ncase "$2" in\n hostnames) printf "n17\\nn18\\n" ;;\n'
+        f" node) [ \"$4\" = n17 ] && printf '%s\\n' '{node_line}' ;;\nesac\n"
+    )
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "n[17-18]",
+           "SLURM_JOB_ID": "10042"}  # fmt: skip
+    proc = subprocess.run(["sh", "-c", head + 'echo "$MASTER_ADDR:$MASTER_PORT"'], env=env,
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    assert proc.stdout == f"{want}:20042\n", proc.stderr
+
+
 def test_environment_for_multi_node_training():
     text = batch_script(JOB)
-    assert (
-        'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"' in text
-    )
     assert 'export MASTER_PORT="$((20000 + SLURM_JOB_ID % 10000))"' in text
     assert "export WANDB_MODE=offline" in text
     assert "export NOTE='it'\"'\"'s quoted'" in text

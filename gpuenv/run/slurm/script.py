@@ -280,6 +280,10 @@ def batch_script(job: JobInputs) -> str:
         f"#SBATCH --job-name={job.name}",
         f"#SBATCH --nodes={job.nodes}",
         "#SBATCH --ntasks-per-node=1",
+        # A node that fails ends the run (NODE_FAIL, the node named) rather than putting
+        # the job back in the queue to start again later (JobRequeue's default) while
+        # gpuenv waits on it.
+        "#SBATCH --no-requeue",
     ]
     if job.gpus_per_node:
         head.append(f"#SBATCH --gpus-per-node={job.gpus_per_node}")
@@ -294,9 +298,14 @@ def batch_script(job: JobInputs) -> str:
         f"# gpuenv slurm run: {job.what} ({job.image_id}), runtime {job.runtime}",
         "",
         'export USER="${USER:-$(id -un)}"  # ch-run and enroot refuse to start without it',
-        "# torch.distributed's rendezvous: the allocation's first node (JAX's",
-        "# jax.distributed.initialize() and TF's SlurmClusterResolver read SLURM_* themselves).",
-        'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        "# The rendezvous (torch.distributed's; give it to jax.distributed.initialize() as",
+        "# coordinator_address): the allocation's first node at the address Slurm reaches it",
+        "# by (NodeAddr), which is its name unless slurm.conf says otherwise and the name",
+        "# alone need not resolve on the nodes.",
+        'gpuenv_first="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        'gpuenv_addr="$(scontrol show node -o "$gpuenv_first" | '
+        "sed -n 's/.* NodeAddr=\\([^ ]*\\).*/\\1/p')\"",
+        'export MASTER_ADDR="${gpuenv_addr:-$gpuenv_first}"',
         f'export MASTER_PORT="$(({MASTER_PORT_BASE} + SLURM_JOB_ID % 10000))"',
     ]
     if job.runtime == "pyxis" and job.gpus_per_node:

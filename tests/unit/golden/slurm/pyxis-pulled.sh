@@ -2,6 +2,7 @@
 #SBATCH --job-name=gpuenv-tf2.21-py3.11-cuda12.5-gpu
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
+#SBATCH --no-requeue
 #SBATCH --gpus-per-node=4
 #SBATCH --time=0-02:00:00
 #SBATCH --partition=gpu
@@ -11,9 +12,13 @@
 # gpuenv slurm run: tf2.21-py3.11-cuda12.5-gpu (sha256:ab12), runtime pyxis
 
 export USER="${USER:-$(id -un)}"  # ch-run and enroot refuse to start without it
-# torch.distributed's rendezvous: the allocation's first node (JAX's
-# jax.distributed.initialize() and TF's SlurmClusterResolver read SLURM_* themselves).
-export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+# The rendezvous (torch.distributed's; give it to jax.distributed.initialize() as
+# coordinator_address): the allocation's first node at the address Slurm reaches it
+# by (NodeAddr), which is its name unless slurm.conf says otherwise and the name
+# alone need not resolve on the nodes.
+gpuenv_first="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+gpuenv_addr="$(scontrol show node -o "$gpuenv_first" | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p')"
+export MASTER_ADDR="${gpuenv_addr:-$gpuenv_first}"
 export MASTER_PORT="$((20000 + SLURM_JOB_ID % 10000))"
 export NVIDIA_VISIBLE_DEVICES=all
 export WANDB_MODE=offline
