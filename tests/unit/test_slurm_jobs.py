@@ -11,7 +11,15 @@ import pytest
 
 from gpuenv.run.slurm import SlurmError
 from gpuenv.run.slurm import run as slurm_run
-from gpuenv.run.slurm.jobs import Job, Slurm, job_from, parse_show_job, parse_submitted, refusal
+from gpuenv.run.slurm.jobs import (
+    Job,
+    Slurm,
+    job_from,
+    lost_nodes,
+    parse_show_job,
+    parse_submitted,
+    refusal,
+)
 
 RECORDED = Path(__file__).parent / "recorded" / "slurm"
 
@@ -68,6 +76,19 @@ def test_exit_codes_of_ended_jobs():
     with pytest.raises(SlurmError, match="job 19 was cancelled") as exc:
         slurm_run.exit_code(job("scontrol-show-job-cancelled.txt"))
     assert exc.value.exit_code == 125
+
+
+def test_the_lost_node_is_named():
+    """A node whose slurmd died (the lab's, recorded): named with Slurm's reason; the
+    other, idle, is not."""
+    assert lost_nodes(recorded("scontrol-show-node-n2-down.txt")) == ["n2 (Not responding)"]
+    lost = Job("4", "NODE_FAIL", nodes="n[1-2]")
+    with pytest.raises(SlurmError) as exc:
+        slurm_run.exit_code(lost, ["n2 (Not responding)"])
+    assert exc.value.message == "job 4 failed: Slurm lost node n2 (Not responding) of n[1-2]"
+    assert exc.value.exit_code == 125
+    with pytest.raises(SlurmError, match=r"job 4 lost a node \(n\[1-2\]\)"):
+        slurm_run.exit_code(lost)  # Slurm holds no node down (any more): the job's nodes
 
 
 def test_sbatch_refusals_in_one_line():

@@ -216,10 +216,31 @@ class Slurm:
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("JobId=")), "")
         return job_from(parse_show_job(line)) if line else None
 
+    def lost_nodes(self, nodes: str) -> list[str]:
+        """Which of `nodes` (a job's NodeList) Slurm holds down, each with its reason."""
+        proc = self._run("scontrol", "show", "node", "-o", nodes)
+        return lost_nodes(proc.stdout) if proc.returncode == 0 else []
+
     def cancel(self, job_id: str) -> None:
         proc = self._run("scancel", job_id)
         if proc.returncode != 0:
             raise SlurmError(f"scancel {job_id}: {refusal(proc.stderr)}")
+
+
+# Node states (scontrol's State=, '+'-joined flags) in which a node has failed the jobs on it.
+LOST = ("DOWN", "FAIL", "NOT_RESPONDING")
+
+
+def lost_nodes(text: str) -> list[str]:
+    """From `scontrol show node -o` (one line per node): 'NAME (REASON)' for each node
+    that is down or not responding, e.g. ['n2 (Not responding)']."""
+    lost = []
+    for line in text.splitlines():
+        fields = parse_show_job(line)
+        if any(flag in LOST for flag in fields.get("State", "").rstrip("*").split("+")):
+            reason = re.sub(r" \[[^]]*\]$", "", fields.get("Reason", "")).strip()
+            lost.append(f"{fields.get('NodeName', '?')} ({reason or fields['State']})")
+    return lost
 
 
 def remote_argv(name: str, *args: str) -> list[str]:
@@ -229,5 +250,5 @@ def remote_argv(name: str, *args: str) -> list[str]:
     return ["env", *unset, name, *args]
 
 
-__all__ = ["ENDED", "NEVER", "REASONS", "Job", "Slurm", "job_from", "parse_show_job",
-           "parse_submitted", "refusal", "remote_argv"]  # fmt: skip
+__all__ = ["ENDED", "LOST", "NEVER", "REASONS", "Job", "Slurm", "job_from", "lost_nodes",
+           "parse_show_job", "parse_submitted", "refusal", "remote_argv"]  # fmt: skip

@@ -226,7 +226,8 @@ def follow(slurm: Slurm, job_id: str, out_path: Path, out: BinaryIO, *,
         elif job.ended:
             sleep(POLL_SECONDS)  # shared storage may show the last bytes a moment later
             _copy_new(out_path, offset, out)
-            return exit_code(job)
+            lost = slurm.lost_nodes(job.nodes) if job.state == "NODE_FAIL" else []
+            return exit_code(job, lost)
         else:
             line = f"job {job_id} {job.state.lower()} on {job.nodes}"
         if line != said:
@@ -235,8 +236,9 @@ def follow(slurm: Slurm, job_id: str, out_path: Path, out: BinaryIO, *,
         sleep(POLL_SECONDS)
 
 
-def exit_code(job: Job) -> int:
-    """The ended job's exit code, as the batch script (its first failing task) gave it."""
+def exit_code(job: Job, lost: list[str] | None = None) -> int:
+    """The ended job's exit code, as the batch script (its first failing task) gave it;
+    `lost`: the nodes Slurm holds down, named when it failed the job for a node."""
     if job.state in ("COMPLETED", "FAILED"):
         return 128 + job.signal if job.signal else job.exit_code
     if job.state == "TIMEOUT":
@@ -247,7 +249,9 @@ def exit_code(job: Job) -> int:
         return 137
     words = {
         "CANCELLED": "was cancelled (scancel, or an administrator)",
-        "NODE_FAIL": f"lost a node ({job.nodes})",
+        "NODE_FAIL": f"failed: Slurm lost node {', '.join(lost)} of {job.nodes}"
+        if lost
+        else f"lost a node ({job.nodes})",
         "PREEMPTED": "was preempted",
         "BOOT_FAIL": "could not boot its nodes",
         "DEADLINE": "reached its deadline",
