@@ -5,6 +5,7 @@ with doctor's compute-capability verdicts."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 from collections.abc import Iterator
@@ -79,12 +80,17 @@ def _schemas_read_once() -> Iterator[None]:
         yield
 
 
+@functools.cache
+def _printed(name: str) -> dict:
+    """A variant's manifest through YAML, as kubectl or a GitOps tool would read the printed
+    manifest: once per variant, not again for each Kubernetes version (pure-Python YAML)."""
+    return yaml.safe_load(to_yaml(job_manifest(VARIANTS[name], suffix="1a2b")))
+
+
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_every_manifest_is_valid_against_the_kubernetes_openapi_schema(name, version):
-    manifest = job_manifest(VARIANTS[name], suffix="1a2b")
-    # through YAML, as kubectl or a GitOps tool would read the printed manifest
-    doc = yaml.safe_load(to_yaml(manifest))
+    doc = copy.deepcopy(_printed(name))
     assert kubernetes_validate.validate(doc, version, strict=True) == version[:4]
 
 
