@@ -30,8 +30,8 @@ NAME = test_repository("slurm-jax")
 IMAGE = f"{NAME}:{JAX_CPU_CELL}"
 MARKED = ("-e", MARKER, "-e", "GPUENV_SLURM_TEST")
 
-# jax 0.7's CPU backend does cross-process collectives only when told which (the flag's
-# default is none: a psum then fails "cross-process collectives are not implemented").
+# Gloo is jax 0.7's default for CPU collectives across processes (the job without the
+# config line gave the same sums); named so that the test says which collectives ran.
 ALL_REDUCE = """\
 import os
 import jax
