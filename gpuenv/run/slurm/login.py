@@ -157,7 +157,7 @@ def submit(opts: SlurmOptions, login: Login) -> int:
     from gpuenv.run import options, target
     from gpuenv.run.slurm import image, jobdir
     from gpuenv.run.slurm.jobs import Slurm
-    from gpuenv.run.slurm.run import _check_mount_point, attach, check
+    from gpuenv.run.slurm.run import attach, check, check_mount_point
     from gpuenv.run.slurm.script import JobInputs, batch_script, job_name, output_path
 
     time_limit, partition = check(opts)
@@ -202,7 +202,7 @@ def submit(opts: SlurmOptions, login: Login) -> int:
     finally:
         eng.close()
     if opts.runtime == "charliecloud":
-        _check_mount_point(files.squashfs, cwd)
+        check_mount_point(files.squashfs, cwd)
     upload(login, files, inputs.image, prepared)
     copy = jobdir.JobDir(login, opts.cwd, cwd)
     copy.send()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpuenv.run.console import say
 from gpuenv.run.slurm import SlurmError
-from gpuenv.run.slurm.run import SlurmOptions, _check_mount_point, _find_slurm, attach, check
+from gpuenv.run.slurm.run import SlurmOptions, attach, check, check_mount_point, find_slurm
 from gpuenv.run.slurm.script import JobInputs, batch_script, check_path, job_name, output_path
 
 # The runtimes that pull an image by digest themselves; charliecloud runs the SquashFS.
@@ -34,7 +34,7 @@ def submit(opts: SlurmOptions, ref: str, key: str | None) -> int:
     argv = options.command_for(opts.command, opts.cwd)
     env = options.parse_env(opts.env)
     key_path = registry_image.key_path(key)
-    slurm = _find_slurm(required=not opts.dry_run)
+    slurm = find_slurm(required=not opts.dry_run)
     shared = image.shared_dir(opts.shared)
     published = registry_image.verified(ref, key_path)
     pin = published.image.ref
@@ -58,7 +58,7 @@ def submit(opts: SlurmOptions, ref: str, key: str | None) -> int:
         return 0
     if not pulls:
         files = registry_image.ensure(published, shared, say, str(opts.cwd))
-        _check_mount_point(files.squashfs, str(opts.cwd))
+        check_mount_point(files.squashfs, str(opts.cwd))
     assert slurm is not None
     job_id = slurm.submit(script)
     out = output_path(str(shared.jobs), job_id)

@@ -89,7 +89,7 @@ def submit(opts: SlurmOptions) -> int:
     env = options.parse_env(opts.env)
     # Slurm first: no point writing gigabytes to find out there is no cluster. A dry run
     # needs none (it still asks sbatch --test-only when there is one).
-    slurm = _find_slurm(required=not opts.dry_run)
+    slurm = find_slurm(required=not opts.dry_run)
     shared = image.shared_dir(opts.shared)
     project = target.project_for(opts.image, opts.file)
     eng = engine.connect()
@@ -120,7 +120,7 @@ def submit(opts: SlurmOptions) -> int:
     finally:
         eng.close()
     if opts.runtime == "charliecloud":
-        _check_mount_point(files.squashfs, str(opts.cwd))
+        check_mount_point(files.squashfs, str(opts.cwd))
     assert slurm is not None
     job_id = slurm.submit(script)
     out = output_path(str(shared.jobs), job_id)
@@ -132,7 +132,7 @@ def submit(opts: SlurmOptions) -> int:
     return attach(slurm, job_id, Path(out))
 
 
-def _check_mount_point(squashfs: str, cwd: str) -> None:
+def check_mount_point(squashfs: str, cwd: str) -> None:
     """ch-run binds the working directory's top directory, which must be in the image (a
     SquashFS written from another directory may lack it)."""
     from gpuenv.run.slurm.image import root_entries, top_directory
@@ -147,7 +147,7 @@ def _check_mount_point(squashfs: str, cwd: str) -> None:
         )
 
 
-def _find_slurm(required: bool) -> Slurm | None:
+def find_slurm(required: bool) -> Slurm | None:
     try:
         return Slurm.find()
     except SlurmError:
