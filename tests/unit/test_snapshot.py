@@ -204,7 +204,10 @@ def test_dev_zero_as_matrix_or_lock_is_never_read_for_the_key(tmp_path):
 
 
 def _imports_after(code: str, cwd: Path) -> set[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # A cache of this test's own (beside cwd, the same for both calls of a test): in the
+    # user's, another test's write or prune could turn the second call's hit into a miss.
+    cache = cwd.parent / f"{cwd.name}-cache"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": str(cache)}
     probe = (
         "import sys\n"
         f"{code}\n"
