@@ -6,13 +6,17 @@ submitted and followed as run.py does it; no engine is asked anything."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from gpuenv.run.console import say
 from gpuenv.run.slurm import SlurmError
-from gpuenv.run.slurm.run import SlurmOptions, attach, check, check_mount_point, find_slurm
-from gpuenv.run.slurm.script import JobInputs, batch_script, check_path, job_name, output_path
+from gpuenv.run.slurm.run import (
+    SlurmOptions,
+    check,
+    check_mount_point,
+    find_slurm,
+    print_script,
+    submit_and_follow,
+)
+from gpuenv.run.slurm.script import JobInputs, batch_script, check_path, job_name
 
 # The runtimes that pull an image by digest themselves; charliecloud runs the SquashFS.
 PULLING = ("pyxis", "apptainer", "podman")
@@ -51,23 +55,12 @@ def submit(opts: SlurmOptions, ref: str, key: str | None) -> int:
     script = batch_script(inputs)
     verdict = slurm.test_only(script) if slurm is not None else None
     if opts.dry_run:
-        sys.stdout.write(script)
-        sys.stdout.flush()
-        if verdict:
-            say(f"sbatch --test-only: {verdict}")
-        return 0
+        return print_script(script, verdict)
     if not pulls:
         files = registry_image.ensure(published, shared, say, str(opts.cwd))
         check_mount_point(files.squashfs, str(opts.cwd))
     assert slurm is not None
-    job_id = slurm.submit(script)
-    out = output_path(str(shared.jobs), job_id)
-    say(f"submitted batch job {job_id} ({opts.nodes} node(s), runtime {opts.runtime}); "
-        f"output: {out}")  # fmt: skip
-    if opts.detach:
-        print(job_id)
-        return 0
-    return attach(slurm, job_id, Path(out))
+    return submit_and_follow(slurm, script, str(shared.jobs), opts)
 
 
 __all__ = ["PULLING", "submit"]

@@ -111,19 +111,30 @@ def submit(opts: SlurmOptions) -> int:
         # ("Requested node configuration is not available") costs no SquashFS.
         verdict = slurm.test_only(script) if slurm is not None else None
         if opts.dry_run:
-            sys.stdout.write(script)
-            sys.stdout.flush()
-            if verdict:
-                say(f"sbatch --test-only: {verdict}")
-            return 0
+            return print_script(script, verdict)
         files = image.ensure(eng, chosen.image, info, shared, say, str(opts.cwd))
     finally:
         eng.close()
     if opts.runtime == "charliecloud":
         check_mount_point(files.squashfs, str(opts.cwd))
     assert slurm is not None
+    return submit_and_follow(slurm, script, str(shared.jobs), opts)
+
+
+def print_script(script: str, verdict: str | None) -> int:
+    """--dry-run: the batch script on stdout, sbatch --test-only's answer when there was one."""
+    sys.stdout.write(script)
+    sys.stdout.flush()
+    if verdict:
+        say(f"sbatch --test-only: {verdict}")
+    return 0
+
+
+def submit_and_follow(slurm: Slurm, script: str, jobs_dir: str, opts: SlurmOptions) -> int:
+    """Submit the batch script on this machine's Slurm, then follow the job to its end (its
+    exit code), or print its ID and return with --detach."""
     job_id = slurm.submit(script)
-    out = output_path(str(shared.jobs), job_id)
+    out = output_path(jobs_dir, job_id)
     say(f"submitted batch job {job_id} ({opts.nodes} node(s), runtime {opts.runtime}); "
         f"output: {out}")  # fmt: skip
     if opts.detach:
