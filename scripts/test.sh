@@ -41,6 +41,7 @@ if [[ $# -eq 0 ]]; then
         "$distro/venv/bin/python" -m pytest -q -p no:cacheprovider \
             tests/unit/test_untrusted_project.py tests/unit/test_vcs_references.py \
             tests/unit/test_untrusted_workload.py tests/unit/test_treepolicy.py \
+            tests/unit/test_registry_flatten.py \
             || { rm -rf "$distro"; exit 1; }
         rm -rf "$distro"
     fi
