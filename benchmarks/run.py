@@ -7,8 +7,8 @@ Runs, interleaved (each run of a round starts with the next command, so that non
 goes first on a just-warmed engine, and drift in the engine or the machine hits all alike),
 from a scratch working directory (gpuenv mounts the current directory):
 
-    gpuenv run -i IMAGE --network MODE python -c pass
-    docker run --rm --network MODE IMAGE python -c pass
+    gpuenv run -i IMAGE --network MODE python3 -c pass
+    docker run --rm --network MODE IMAGE python3 -c pass
 
 then `gpuenv --help` against a bare `python -c pass` of the same interpreter. Each comparison
 is --rounds rounds of -n runs of each command (3 x 3: a median of 9); every run is printed,
@@ -191,13 +191,16 @@ def main() -> int:
     results = {}
     with tempfile.TemporaryDirectory(prefix="gpuenv-bench-") as cwd:
         os.chmod(cwd, 0o755)
-        cmd = ["python", "-c", "pass"]
+        # python3: a cell's venv has it, and so does an image with only the distribution's
+        # Python (gpuenv-bench/py:1, which has no `python`).
+        cmd = ["python3", "-c", "pass"]
         runs = [Command(f"{name} run", [*head, "run", "-i", args.image, "--network",
                                         args.network, "--", *cmd], env)
                 for name, head, env in heads]  # fmt: skip
         runs.append(Command("docker run --rm", [docker, "run", "--rm", "--network",
                                                 args.network, args.image, *cmd]))  # fmt: skip
-        print(f"run: {args.image}, python -c pass; {plan}; target: gpuenv adds <= {RUN_TARGET_S} s")
+        print(f"run: {args.image}, {' '.join(cmd)}; {plan}; "
+              f"target: gpuenv adds <= {RUN_TARGET_S} s")  # fmt: skip
         measured = rounds(runs, args.runs, args.rounds, args.warmup, cwd)
         results["run"] = report(measured, "docker run --rm", RUN_TARGET_S, absolute=False)
 
