@@ -183,13 +183,6 @@ def parse_nvidia_smi_query(text: str) -> list[GpuInfo]:
     return gpus
 
 
-def parse_nvidia_smi_banner(text: str) -> str | None:
-    """The driver version from plain `nvidia-smi` output ("Driver Version: 535.104.05") or
-    `nvidia-smi -q` ("Driver Version                            : 535.183.01")."""
-    m = re.search(r"Driver Version\s*:\s*([\d.]+)", text)
-    return m.group(1) if m else None
-
-
 # Whatever capabilities were asked: --gpus all gives [[gpu]], --gpus
 # 'capabilities=compute,utility' gives [[compute gpu utility]].
 GPU_UNAVAILABLE = re.compile(

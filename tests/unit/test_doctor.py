@@ -16,7 +16,6 @@ import pytest
 from gpuenv.gpu.gpus import (
     GpuInfo,
     explain_start_error,
-    parse_nvidia_smi_banner,
     parse_nvidia_smi_query,
 )
 from gpuenv.validate import doctor
@@ -42,6 +41,13 @@ CPU_IMAGE = {"io.gpuenv.variant": "cpu", "org.opencontainers.image.title": "x-cp
 
 def recorded(name: str) -> str:
     return (RECORDED / name).read_text(encoding="utf-8")
+
+
+def recorded_driver(name: str) -> str:
+    """The driver version a recorded `nvidia-smi` banner or `nvidia-smi -q` names."""
+    m = re.search(r"Driver Version\s*:\s*([\d.]+)", recorded(name))
+    assert m is not None
+    return m.group(1)
 
 
 def info_from_text(text: str) -> dict:
@@ -137,7 +143,7 @@ def nvidia_runtime_facts() -> Facts:
 def hook_only_facts() -> Facts:
     # NVIDIA/nvidia-container-toolkit#653: toolkit installed, runtimes "io.containerd.runc.v2
     # runc", driver 535.183.01 (nvidia-smi -a from the same issue).
-    driver = parse_nvidia_smi_banner(recorded("nvidia-smi-q-535.txt"))
+    driver = recorded_driver("nvidia-smi-q-535.txt")
     assert driver is not None
     return Facts(
         info=info_from_text(recorded("docker-info-hook-only.txt")),
@@ -288,7 +294,7 @@ def test_evaluate_gpu_image_on_an_engine_without_gpu_support_is_an_error(
 
 
 def driver_535() -> str:
-    driver = parse_nvidia_smi_banner(recorded("nvidia-smi-banner-535-fragment.txt"))
+    driver = recorded_driver("nvidia-smi-banner-535-fragment.txt")
     assert driver == "535.104.05"
     return driver
 
@@ -307,7 +313,7 @@ def test_gpu_image_on_recorded_535_is_a_warning_giving_the_toolkit_minimum() -> 
 
 
 def test_gpu_image_on_recorded_525_105_is_a_warning_above_the_floor() -> None:
-    driver = parse_nvidia_smi_banner(recorded("nvidia-smi-banner-525.txt"))
+    driver = recorded_driver("nvidia-smi-banner-525.txt")
     assert driver == "525.105.17"
     f = image_verdict(GPU_IMAGE, Facts(gpus=gpus_from_driver(driver)), gpu_ok=True)
     assert f.level == "warning"
@@ -322,7 +328,7 @@ def test_gpu_image_on_recorded_470_is_an_error_giving_both_versions() -> None:
 
 
 def test_gpu_image_on_a_current_driver_is_ok() -> None:
-    driver = parse_nvidia_smi_banner(recorded("nvidia-smi-banner-mismatch.txt"))
+    driver = recorded_driver("nvidia-smi-banner-mismatch.txt")
     assert driver == "580.95.05"
     f = image_verdict(GPU_IMAGE, Facts(gpus=gpus_from_driver(driver)), gpu_ok=True)
     assert f.level == "ok"
@@ -346,15 +352,6 @@ def test_gpu_image_with_unknown_cuda_asks_for_a_rebuild() -> None:
 
 
 # ---------------------------------------------------------------------------- nvidia-smi
-
-
-def test_banner_driver_is_the_driver_not_the_smi_version() -> None:
-    # canonical/inference-snaps#89: "NVIDIA-SMI 470.256.02   Driver Version: 580.95.05"
-    assert parse_nvidia_smi_banner(recorded("nvidia-smi-banner-mismatch.txt")) == "580.95.05"
-
-
-def test_banner_parser_reads_nvidia_smi_q() -> None:
-    assert parse_nvidia_smi_banner(recorded("nvidia-smi-q-535.txt")) == "535.183.01"
 
 
 def test_query_parser_rejects_rows_in_another_column_order() -> None:

@@ -18,7 +18,6 @@ from gpuenv.gpu.gpus import (
     explain_start_error,
     judge_driver,
     parse_gpus,
-    parse_nvidia_smi_banner,
     parse_nvidia_smi_query,
 )
 from gpuenv.matrix.errors import GpuenvError
@@ -203,15 +202,6 @@ def test_parse_nvidia_smi_query_mixed_gpus_and_windows_line_ends():
 )
 def test_parse_nvidia_smi_query_finds_no_gpu_in_errors(text):
     assert parse_nvidia_smi_query(text) == []
-
-
-def test_parse_nvidia_smi_banner():
-    banner = (
-        "| NVIDIA-SMI 535.104.05             Driver Version: 535.104.05   "
-        "CUDA Version: 12.2     |\n"
-    )
-    assert parse_nvidia_smi_banner(banner) == "535.104.05"
-    assert parse_nvidia_smi_banner("no banner") is None
 
 
 # --------------------------------------------------------------------------- toolkit errors
