@@ -69,7 +69,6 @@ class Job:
     exit_code: int = 0
     signal: int = 0
     nodes: str = ""
-    std_out: str = ""
 
     @property
     def ended(self) -> bool:
@@ -109,7 +108,6 @@ def job_from(fields: dict[str, str]) -> Job:
         exit_code=int(code) if code.isdigit() else 0,
         signal=int(sig) if sig.isdigit() else 0,
         nodes=fields.get("NodeList", ""),
-        std_out=fields.get("StdOut", ""),
     )
 
 
