@@ -215,7 +215,6 @@ class KernelSet:
     version: str
     sass: tuple[str, ...]
     ptx: tuple[str, ...]
-    build_info: tuple[str, ...]
     source: str
     known_issues: tuple[KnownIssue, ...] = field(default=())
 
@@ -244,7 +243,6 @@ def _rows(doc: dict[str, Any]) -> dict[tuple[str, str], KernelSet]:
             version=str(row["version"]),
             sass=tuple(row["sass"]),
             ptx=tuple(row["ptx"]),
-            build_info=tuple(row["build_info"]),
             source=" ".join(str(row["source"]).split()),
             known_issues=tuple(issues.get(minor, ())),
         )
