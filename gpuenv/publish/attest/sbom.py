@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from packaging.utils import canonicalize_name as normalize  # PEP 503's, as purl's pypi asks
+
 from gpuenv import __version__
 from gpuenv.publish.attest.contents import Contents
 
@@ -37,11 +39,6 @@ class Subject:
     labels: dict[str, str] = field(default_factory=dict)
     base_name: str = ""
     base_id: str = ""
-
-
-def normalize(name: str) -> str:
-    """PEP 503's normalised project name (what purl's pypi type asks for)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def lock_hashes(requirements_texts: list[str]) -> dict[str, list[str]]:
