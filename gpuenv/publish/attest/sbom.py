@@ -12,7 +12,6 @@ Purl: https://github.com/package-url/purl-spec (types pypi and deb).
 from __future__ import annotations
 
 import hashlib
-import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -54,14 +53,12 @@ def lock_hashes(requirements_texts: list[str]) -> dict[str, list[str]]:
 
 def created_at(created: str) -> datetime:
     """The image's `created` as a UTC datetime to the second (engines write nanoseconds,
-    which datetime does not take); the epoch when it cannot be read."""
-    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:\d\d)?$",
-                 created.strip())  # fmt: skip
-    if not m:
+    which fromisoformat reads since Python 3.11); the epoch when it cannot be read."""
+    try:
+        value = datetime.fromisoformat(created.strip())
+    except ValueError:
         return datetime(1970, 1, 1, tzinfo=UTC)
-    zone = m.group(2) or "Z"
-    value = datetime.fromisoformat(m.group(1) + ("+00:00" if zone == "Z" else zone))
-    return value.astimezone(UTC)
+    return value.replace(microsecond=0, tzinfo=value.tzinfo or UTC).astimezone(UTC)
 
 
 def serial(image_id: str) -> uuid.UUID:
