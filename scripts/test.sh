@@ -33,11 +33,27 @@ if [[ $# -eq 0 ]]; then
     # tests of untrusted input (archives, trees, projects) in a throwaway venv of it.
     if [[ -x /usr/bin/python3 && "$(/usr/bin/python3 -V)" != "$(.venv/bin/python -V)" ]]; then
         distro=$(mktemp -d)
-        /usr/bin/python3 -m venv "$distro/venv"
-        "$distro/venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-            --require-hashes -r requirements-dev.txt
-        "$distro/venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-            --no-deps -e .
+        minor='import sys; print(*sys.version_info[:2])'
+        if [[ "$(/usr/bin/python3 -c "$minor")" == "$(.venv/bin/python -c "$minor")" ]]; then
+            # The same minor version: the same ABI, so .venv's locked packages (and gpuenv,
+            # editable) serve it as they are, added after its own standard library by a .pth
+            # (site.addsitedir, so their own .pth files are read too); uv beside the
+            # interpreter, where gpuenv looks for it. What is tested is the distribution's
+            # standard library, not a second copy of the same wheels: pip installing
+            # requirements-dev.txt again took 55 s of CI (issue 47, item 6).
+            "/usr/bin/python3" -m venv --without-pip "$distro/venv"
+            purelib='import sysconfig; print(sysconfig.get_path("purelib"))'
+            printf 'import site; site.addsitedir(%s)\n' \
+                "'$(.venv/bin/python -c "$purelib")'" \
+                >"$("$distro/venv/bin/python" -c "$purelib")/gpuenv-dev.pth"
+            ln -s "$PWD/.venv/bin/uv" "$distro/venv/bin/uv"
+        else
+            /usr/bin/python3 -m venv "$distro/venv"
+            "$distro/venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+                --require-hashes -r requirements-dev.txt
+            "$distro/venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+                --no-deps -e .
+        fi
         "$distro/venv/bin/python" -m pytest -q -p no:cacheprovider \
             tests/unit/test_untrusted_project.py tests/unit/test_vcs_references.py \
             tests/unit/test_untrusted_workload.py tests/unit/test_treepolicy.py \
