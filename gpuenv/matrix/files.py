@@ -11,13 +11,13 @@ some earlier check cannot hang gpuenv either.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO
 
 
-def open_regular(path: Path | str) -> BinaryIO:
+def open_regular(path: Path | str) -> io.BufferedReader:
     """A regular file opened for reading, for what is streamed rather than read whole (an
     image archive). Not a regular file: IsADirectoryError; missing: FileNotFoundError; other
     failures: OSError, as open() raises them."""

@@ -782,13 +782,10 @@ class _Reader:
                 "(they reach the lock as written): rename it"
             )
         try:
-            digest = hashlib.sha256()
             with open_regular(resolved) as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
+                sha = hashlib.file_digest(f, hashlib.sha256).hexdigest()
         except OSError as exc:
             raise bad(f"{written!r} is not a readable regular file: {exc.strerror}") from None
-        sha = digest.hexdigest()
         if hashes and sha not in hashes:
             raise bad(
                 f"{written!r} has sha256 {sha}, none of the line's --hash values; pip would "

@@ -310,11 +310,9 @@ class Store:
                 st = path.stat()
         stamp = [st.st_ino, st.st_size, st.st_ctime_ns]
         if self._stamp(sha) != stamp:
-            digest = hashlib.sha256()
             try:
                 with path.open("rb") as fh:
-                    while chunk := fh.read(1 << 20):
-                        digest.update(chunk)
+                    digest = hashlib.file_digest(fh, hashlib.sha256)
             except OSError:
                 return None
             if digest.hexdigest() != sha:
