@@ -343,16 +343,8 @@ class Store:
             stamps = self._stamps if self._stamps is not None else {}
             stamps[sha] = stamp
             self._stamps = stamps
-            tmp = None
-            try:
-                fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{VERIFIED}.")
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    json.dump(stamps, fh, sort_keys=True)
-                os.replace(tmp, self.root / VERIFIED)
-            except OSError:
-                if tmp is not None:
-                    with contextlib.suppress(OSError):
-                        Path(tmp).unlink()
+            with contextlib.suppress(OSError):
+                _write_atomic(self.root / VERIFIED, json.dumps(stamps, sort_keys=True).encode())
 
     def entries(self) -> dict[str, tuple[int, float]]:
         """sha256 -> (size, last use) of every stored file."""
