@@ -144,8 +144,8 @@ def _one_framework(entry: BaseModel, what: str) -> None:
         )
 
 
-class Exclude(_Strict):
-    """A partial combination; every combination that matches all its keys is removed."""
+class _Keys(_Strict):
+    """The keys of a combination, each optional: what exclude and include entries match."""
 
     tensorflow: Version | None = None
     torch: Version | None = None
@@ -153,6 +153,10 @@ class Exclude(_Strict):
     python: Version | None = None
     variant: Variant | None = None
     arch: Arch | None = None
+
+
+class Exclude(_Keys):
+    """A partial combination; every combination that matches all its keys is removed."""
 
     @model_validator(mode="after")
     def _not_empty(self) -> Exclude:
@@ -165,15 +169,9 @@ class Exclude(_Strict):
         return self
 
 
-class Include(_Strict):
+class Include(_Keys):
     """Extends the combinations it matches, or adds one (GitHub Actions semantics)."""
 
-    tensorflow: Version | None = None
-    torch: Version | None = None
-    jax: Version | None = None
-    python: Version | None = None
-    variant: Variant | None = None
-    arch: Arch | None = None
     cuda: Version | None = Field(None, description="CUDA major.minor for a GPU cell, e.g. 12.8")
     cudnn: Version | None = Field(None, description="cuDNN major.minor for a GPU cell, e.g. 9.3")
     pip: list[PipRequirement] = Field(default_factory=list, description="extra pip packages")
