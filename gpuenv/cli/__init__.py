@@ -2,7 +2,8 @@
 
 Each verb parses its options, calls one domain function, and prints. Heavy modules
 (docker, jinja2, pydantic via the matrix, rich) are imported inside the verbs, so that
-`gpuenv --help` and the parsing of every verb stay fast. The app is gpuenv/cli/verbs.py.
+`gpuenv --help` and the parsing of every verb stay fast. The app is gpuenv/cli/common.py's,
+its verbs listed in gpuenv/cli/verbs.py and loaded when asked for.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 
 def main() -> None:
-    from gpuenv.cli.verbs import click_app, normalise_argv
+    from gpuenv.cli.argv import click_app, normalise_argv
 
     # `-it` (docker's spelling) would parse as `-i t` because -i takes the image.
     argv = normalise_argv(sys.argv[1:])
@@ -26,9 +27,9 @@ def __getattr__(name: str) -> Any:
     """`gpuenv.cli.app` (tests drive the app in-process), loaded on first use so that
     importing the package costs nothing."""
     if name == "app":
-        from gpuenv.cli import verbs
+        from gpuenv.cli.common import app
 
-        return verbs.app
+        return app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -14,8 +14,8 @@ from gpuenv.cli.common import RUN_VERBS, app
 
 @functools.cache
 def click_app() -> Any:
-    """The app as Click parses it, built once (some 25 ms: not once per question, nor again
-    to run the verb: cli.main runs this one)."""
+    """The app as Click parses it, made once: the verbs asked for are built into it as they
+    are asked for (verbs.py), once each, and cli.main runs this one."""
     return typer.main.get_command(app)  # Typer's own Click: matched by shape, not type
 
 
@@ -23,7 +23,8 @@ def _command(path: list[str]) -> Any:
     """The command that `path` (verb, sub-verb) names, as Click parses it; None if none."""
     command = click_app()
     for name in path:
-        command = getattr(command, "commands", {}).get(name)
+        group = getattr(command, "get_command", None)
+        command = group(typer.Context(command), name) if group else None
     return command
 
 
@@ -59,8 +60,8 @@ def forwarded(args: list[str]) -> list[str]:
     """`args` with an old spelling of a cluster run as its own verb: `run --kube -i C x.py`
     is `kube run -i C x.py`, `run --kube --logs JOB` is `kube logs JOB`. Only the options
     before the command are read (the command's own may be anything)."""
-    if args[:1] != ["run"]:
-        return args
+    if args[:1] != ["run"] or not any(_job_option(a)[0] in _FORWARDED for a in args[1:]):
+        return args  # no old spelling (the other front-ends' commands are not even loaded)
     fronts = (["run"], ["kube", "run"], ["kube", "attach"], ["slurm", "run"])
     valued = {"--attach", "--logs"}.union(*(_valued_options(_command(f)) for f in fronts))
     end = _options_end(args, 1, valued)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import errno
 import json
 import sys
@@ -15,6 +16,8 @@ import typer
 from typer.core import TyperGroup
 
 from gpuenv.cli.signals import interrupted_code, interrupted_message, on_sigterm_raise
+from gpuenv.cli.verbs import VERBS
+from gpuenv.cli.verbs import load as load_verb
 from gpuenv.matrix.errors import printable
 
 # `run` and its front-ends for clusters: their usage errors exit 125, as docker run's do.
@@ -22,9 +25,31 @@ RUN_VERBS = ("run", "kube", "slurm")
 
 
 class _Group(TyperGroup):
-    """Click's errors as gpuenv's: one `error:` line, never a box or a traceback.
+    """The verbs, each loaded when it is asked for (verbs.py), and Click's errors as gpuenv's:
+    one `error:` line, never a box or a traceback.
 
     Usage errors exit 2, under RUN_VERBS 125 (as `docker run` does for its own failures)."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(VERBS)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.commands:
+            command = load_verb(cmd_name)
+            if command is None:
+                return None
+            self.commands[cmd_name] = command
+        return self.commands[cmd_name]
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        try:
+            return super().resolve_command(ctx, args)
+        except typer.TyperException as exc:  # no such verb: Typer's suggestion, among them all
+            close = difflib.get_close_matches(args[0], VERBS) if args else []
+            if close and "Did you mean" not in exc.message:
+                names = ", ".join(repr(m) for m in close)
+                exc.message = f"{exc.message.rstrip('.')}. Did you mean {names}?"
+            raise
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         argv = list(kwargs.get("args") or (args[0] if args else None) or sys.argv[1:])
@@ -37,7 +62,7 @@ class _Group(TyperGroup):
                 print(ctx.get_help(), file=sys.stderr)  # no_args_is_help: the help alone
                 code = exc.exit_code
             else:
-                verb = _verb(ctx) or (argv[0] if argv and argv[0] in self.commands else "")
+                verb = _verb(ctx) or (argv[0] if argv and argv[0] in VERBS else "")
                 usage = exc.exit_code == 2  # Click's UsageError; its other errors exit 1
                 code = 125 if usage and argv[:1] and argv[0] in RUN_VERBS else exc.exit_code
                 hint = f" (see gpuenv {verb + ' ' if verb else ''}-h)" if usage else ""

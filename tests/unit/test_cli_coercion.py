@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from gpuenv.cli.verbs import click_app  # every verb, built into Click once, as main() runs it
+from gpuenv.cli.argv import click_app  # the app as Click runs it, as main() does
 
 
 def _invoke(argv: list[str], capsys) -> tuple[int, str, str]:

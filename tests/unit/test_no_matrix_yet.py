@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuenv.cli.verbs import click_app  # every verb, built into Click once, as main() runs it
+from gpuenv.cli.argv import click_app  # the app as Click runs it, as main() does
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from gpuenv.cli.verbs import click_app  # every verb, built into Click once, as main() runs it
+from gpuenv.cli.argv import click_app  # the app as Click runs it, as main() does
 from gpuenv.matrix.errors import GpuenvError
 from gpuenv.run import devcontainer, jupyter, notebook
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from gpuenv.cli.verbs import click_app  # every verb, built into Click once, as main() runs it
+from gpuenv.cli.argv import click_app  # the app as Click runs it, as main() does
 from gpuenv.run import sync
 from gpuenv.store import cache
 

@@ -160,7 +160,7 @@ def gpuenv_calls(workflow_text: str) -> list[list[str]]:
 def parse_as_gpuenv(argv: list[str]) -> list[str]:
     """The verb path gpuenv's own CLI resolves argv to; raises Click's UsageError (a verb or
     option gpuenv does not have, a value it refuses) as a user's shell would see it."""
-    from gpuenv.cli.verbs import click_app, normalise_argv  # as gpuenv's entry point reads argv
+    from gpuenv.cli.argv import click_app, normalise_argv  # as gpuenv's entry point reads argv
 
     command, args, parent, path = click_app(), normalise_argv(argv), None, []
     while True:
