@@ -6,7 +6,8 @@
   (through gpuenv/registry/);
 - `lock` resolves each cell and writes matrix.lock (its format: gpuenv/project/lockfile.py);
   `layers` splits a resolution into install steps; `near` fetches them near the engine;
-  `sendable` assembles what a build sends (the resolution, its wheels, uv, the context);
+  `sendable` gathers what a build sends (the resolution, its wheels, uv) and `context`
+  assembles it into the context directory;
 - `base` bootstraps base images; `reproducible` normalises images for identical IDs;
 - `builder` executes a plan; `results`, `progress`, `terminal` report it.
 """

@@ -48,7 +48,7 @@ def prune_cmd(
 ) -> None:
     """Drop the files no entry of the matrix's lock names and no build used recently, and
     the resolved matrices kept for matrices not used as long."""
-    from gpuenv.building import sendable
+    from gpuenv.building import context
     from gpuenv.building.results import human_size
     from gpuenv.project import snapshot
     from gpuenv.project.project import open_project
@@ -60,8 +60,8 @@ def prune_cmd(
         texts = [e.python_env + "\n" + e.cuda for e in lock.cells.values()] if lock else []
         store = wheelhouse.Store.default()
         files, size = wheelhouse.prune(store, texts, keep_days)
-        contexts = sendable.prune(sendable.contexts_root(store.root))
-        sendable.forget_requires(store)  # a small record: not worth a figure of its own
+        contexts = context.prune(context.contexts_root(store.root))
+        context.forget_requires(store)  # a small record: not worth a figure of its own
         # "noop-": the remembered no-op answers of gpuenv before issue 29, still in caches.
         records, _ = cache.prune_records((snapshot.PREFIX, "noop-"), keep_days)
     print(

@@ -187,8 +187,8 @@ def _build(
 ) -> str:  # fmt: skip
     """The layer's context (Dockerfile + the part: requirements, checked wheels, uv) in
     gpuenv's cache, built without tagging."""
+    from gpuenv.building.context import contexts_root, target_of
     from gpuenv.building.render import UV_VERSION
-    from gpuenv.building.sendable import contexts_root, target_of
     from gpuenv.store import fetch, wheelhouse
 
     store = wheelhouse.Store.default()

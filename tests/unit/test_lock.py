@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from rendering import key_of
 
+from gpuenv.building import context
 from gpuenv.building import lock as locks
-from gpuenv.building import sendable
 from gpuenv.building.plan import spec_hash
 from gpuenv.building.render import render
 from gpuenv.catalog import compat
@@ -249,7 +249,7 @@ def test_cpu_cell_installs_exactly_the_lock(cells):
     (install,) = [r for r in runs(ctx.dockerfile) if "pip install" in r and "/opt/venv" in r]
     # The step installs its mounted part's requirements.txt, which is the lock's entry.
     assert mounted(install) == "python-env" and INSTALL in install
-    assert sendable.parts(cpu, cell_lock(cpu)) == {"python-env": PYTHON_ENV}
+    assert context.parts(cpu, cell_lock(cpu)) == {"python-env": PYTHON_ENV}
     assert "tensorflow==" not in install  # the resolution comes from the file, not the line
 
 
@@ -263,7 +263,7 @@ def test_gpu_cell_installs_the_cuda_wheels_from_the_lock(cells):
     assert len(installs) == 2
     assert [mounted(r) for r in installs] == ["python-env", "cuda"]
     assert all(INSTALL in r for r in installs)
-    assert sendable.parts(gpu, cell_lock(gpu)) == {"python-env": PYTHON_ENV, "cuda": CUDA}
+    assert context.parts(gpu, cell_lock(gpu)) == {"python-env": PYTHON_ENV, "cuda": CUDA}
     assert not any("nvidia-cudnn-cu12==" in r for r in installs)
     # Every COPY source is in the context.
     assert all(any(f.startswith(src) for f in ctx.files) for src, _ in copies(ctx.dockerfile))

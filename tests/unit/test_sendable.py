@@ -1,4 +1,4 @@
-"""What a build sends (gpuenv/building/sendable.py), without an engine: the target its wheels are
+"""What a build sends (gpuenv/building/context.py), without an engine: the target its wheels are
 chosen for, the parts its install steps mount (the same the templates mount), and the
 context directory assembled from a stand-in fetcher."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rendering import key_of
 
-from gpuenv.building import sendable
+from gpuenv.building import context
 from gpuenv.building.render import render
 from gpuenv.catalog import compat
 from gpuenv.matrix import schema as matrix
@@ -45,13 +45,13 @@ def cells(write_matrix) -> dict[str, Cell]:
 
 
 def test_a_debian_base_is_its_suites_glibc(cells):
-    target = sendable.target_of(cells["tf2.21-py3.11-cpu"], "x86_64")
-    assert target == sendable.WheelTarget("3.11", "x86_64", (2, 36))
+    target = context.target_of(cells["tf2.21-py3.11-cpu"], "x86_64")
+    assert target == context.WheelTarget("3.11", "x86_64", (2, 36))
 
 
 def test_an_image_base_is_manylinux_2_28(cells):
-    target = sendable.target_of(cells["tf2.21-py3.12-cpu"], "x86_64")
-    assert target == sendable.WheelTarget("3.12", "x86_64", (2, 28))
+    target = context.target_of(cells["tf2.21-py3.12-cpu"], "x86_64")
+    assert target == context.WheelTarget("3.12", "x86_64", (2, 28))
 
 
 @pytest.mark.parametrize("engine_says", ["x86_64", "amd64", "aarch64", "arm64"])
@@ -63,13 +63,13 @@ def test_the_wheels_are_the_cells_architecture_whatever_the_engine(
     by_name = {c.name: c for c in compat.resolve(matrix.load(write_matrix(text))).cells}
     suffix = "" if arch == "amd64" else "-arm64"
     cell = by_name[f"jax0.7-py3.11-cpu{suffix}"]
-    assert sendable.target_of(cell, engine_says).machine == machine
+    assert context.target_of(cell, engine_says).machine == machine
 
 
 @pytest.mark.parametrize("engine_says", ["s390x", "riscv64", "ppc64le", ""])
 def test_another_architecture_is_an_error_naming_it(cells, engine_says):
     with pytest.raises(GpuenvError) as caught:
-        sendable.target_of(cells["jax0.7-py3.11-cpu"], engine_says)
+        context.target_of(cells["jax0.7-py3.11-cpu"], engine_says)
     assert repr(engine_says) in caught.value.message
     assert "x86_64 and aarch64" in caught.value.message
 
@@ -79,12 +79,12 @@ def test_another_architecture_is_an_error_naming_it(cells, engine_says):
 
 def test_a_cpu_cell_sends_only_its_environment(cells):
     for name in ("tf2.21-py3.11-cpu", "torch2.11-py3.11-cpu", "jax0.7-py3.12-cpu"):
-        assert sendable.parts(cells[name], RESOLUTION) == {"python-env": RESOLUTION.python_env}
+        assert context.parts(cells[name], RESOLUTION) == {"python-env": RESOLUTION.python_env}
 
 
 def test_a_tensorflow_or_jax_gpu_cell_sends_its_cuda_wheels_apart(cells):
     for name in ("tf2.21-py3.11-cuda12.5-gpu", "jax0.7-py3.11-cuda12.9-gpu"):
-        assert sendable.parts(cells[name], RESOLUTION) == {
+        assert context.parts(cells[name], RESOLUTION) == {
             "python-env": RESOLUTION.python_env,
             "cuda": RESOLUTION.cuda,
         }
@@ -93,14 +93,14 @@ def test_a_tensorflow_or_jax_gpu_cell_sends_its_cuda_wheels_apart(cells):
 def test_a_torch_gpu_cell_sends_its_cuda_wheels_with_the_framework(cells):
     cell = cells["torch2.11-py3.11-cuda13.0-gpu"]
     assert cell.cuda_with_framework
-    assert sendable.parts(cell, RESOLUTION) == {"python-env": RESOLUTION.python_env}
+    assert context.parts(cell, RESOLUTION) == {"python-env": RESOLUTION.python_env}
 
 
 def test_the_parts_sent_are_the_parts_the_dockerfile_mounts(cells):
     for cell in cells.values():
         mounts = re.findall(r"^RUN --mount=type=bind,source=([\w-]+),target=/mnt ",
                             render(cell, key_of(cell)).dockerfile, re.M)  # fmt: skip
-        assert mounts == list(sendable.parts(cell, RESOLUTION)), cell.name
+        assert mounts == list(context.parts(cell, RESOLUTION)), cell.name
 
 
 # ---------------------------------------------------------------------------- assembled
@@ -153,13 +153,13 @@ def test_the_context_holds_the_rendered_files_and_each_parts_wheels_and_uv(cells
         RESOLUTION.python_env: [("six-1.17.0-py2.py3-none-any.whl", six)],
         RESOLUTION.cuda: [("nvidia_cudnn_cu12-9.3.0.75-py3-none-manylinux_2_27_x86_64.whl", cudnn)],
     })  # fmt: skip
-    target = sendable.target_of(cell, "amd64")
+    target = context.target_of(cell, "amd64")
     root = tmp_path / "contexts"
     stale = root / cell.name / "python-env" / "old-0.1-py3-none-any.whl"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"from an earlier build")
-    supply = sendable.Supply(fetcher, "0123456789abcdef", target, uv)  # type: ignore[arg-type]
-    with sendable.assembled(root, ctx, RESOLUTION, supply) as here:
+    supply = context.Supply(fetcher, "0123456789abcdef", target, uv)  # type: ignore[arg-type]
+    with context.assembled(root, ctx, RESOLUTION, supply) as here:
         assert here == root / cell.name
         files = sorted(str(p.relative_to(here)) for p in here.rglob("*") if p.is_file())
         assert files == sorted([
@@ -206,9 +206,9 @@ def test_near_the_engine_public_wheels_are_named_and_private_ones_sent(cells, tm
         ("six-1.17.0-py2.py3-none-any.whl", stored["six"]),
     ]})  # fmt: skip
     near = Near(index, None, "probe: HTTP 200")
-    supply = sendable.Supply(fetcher, "0" * 16, sendable.target_of(cell, "x86_64"),  # type: ignore[arg-type]
+    supply = context.Supply(fetcher, "0" * 16, context.target_of(cell, "x86_64"),  # type: ignore[arg-type]
                              stored["uv"], near=near, primary=PYPI)  # fmt: skip
-    with sendable.assembled(tmp_path / "c", render(cell, key_of(cell)), MIXED_RESOLUTION,
+    with context.assembled(tmp_path / "c", render(cell, key_of(cell)), MIXED_RESOLUTION,
                             supply) as here:  # fmt: skip
         part = here / "python-env"
         # Only the private wheel crosses; the public ones are named with the one hash of
@@ -254,10 +254,10 @@ def test_uv_and_the_probes_verdict_are_awaited_only_once_the_wheels_are_picked(c
     uv, six = _stored(tmp_path, "uv", b"uv", 0o755), _stored(tmp_path, "six", b"six")
     fetcher = Picking({RESOLUTION.python_env: [("six-1.17.0-py2.py3-none-any.whl", six)]})
     near = Arriving("probe", Near(PYPI, None, "probe: HTTP 200"))
-    ctx, target = render(cell, key_of(cell)), sendable.target_of(cell, "x86_64")
-    supply = sendable.Supply(fetcher, "0" * 16, target, Arriving("uv", uv), near=near,  # type: ignore[arg-type]
+    ctx, target = render(cell, key_of(cell)), context.target_of(cell, "x86_64")
+    supply = context.Supply(fetcher, "0" * 16, target, Arriving("uv", uv), near=near,  # type: ignore[arg-type]
                              primary=PYPI)  # fmt: skip
-    with sendable.assembled(tmp_path / "c", ctx, RESOLUTION, supply) as here:
+    with context.assembled(tmp_path / "c", ctx, RESOLUTION, supply) as here:
         assert (here / "python-env" / "uv").samefile(uv)
         assert (here / "python-env" / "index.txt").read_text().startswith(f"--index-url {PYPI}")
     assert events[0] == "picks" and {"uv", "probe"} <= set(events), events
@@ -270,11 +270,11 @@ def test_a_wheel_that_cannot_be_had_stops_the_assembly(cells, tmp_path):
 
     cell = cells["tf2.21-py3.11-cpu"]
     uv = _stored(tmp_path, "uv", b"uv", 0o755)
-    target = sendable.target_of(cell, "x86_64")
+    target = context.target_of(cell, "x86_64")
     with pytest.raises(GpuenvError, match=r"six==1\.17\.0"):
         ctx = render(cell, key_of(cell))
-        supply = sendable.Supply(Failing(), "0" * 16, target, uv)  # type: ignore[arg-type]
-        with sendable.assembled(tmp_path / "c", ctx, RESOLUTION, supply):
+        supply = context.Supply(Failing(), "0" * 16, target, uv)  # type: ignore[arg-type]
+        with context.assembled(tmp_path / "c", ctx, RESOLUTION, supply):
             pytest.fail("a context without its wheels was handed to the build")
 
 
@@ -287,11 +287,11 @@ def test_prune_removes_the_context_directories_no_build_holds(tmp_path):
         (root / "m" / f".{cell}.lock").touch()
     with (root / "m" / ".b.lock").open("w") as held:  # a build of b is reading its context
         fcntl.flock(held, fcntl.LOCK_EX)
-        assert sendable.prune(root) == 1
+        assert context.prune(root) == 1
     assert not (root / "m" / "a").exists() and (root / "m" / "b" / "python-env").is_dir()
-    assert sendable.prune(root) == 1 and not (root / "m" / "b").exists()
+    assert context.prune(root) == 1 and not (root / "m" / "b").exists()
     assert (
-        sendable.contexts_root(tmp_path / "cache" / "wheelhouse") == tmp_path / "cache" / "contexts"
+        context.contexts_root(tmp_path / "cache" / "wheelhouse") == tmp_path / "cache" / "contexts"
     )
 
 
@@ -303,10 +303,10 @@ def test_cache_prune_forgets_the_requires_dist_of_wheels_no_longer_stored(tmp_pa
     kept, gone = "a" * 64, "b" * 64
     store.path(kept).parent.mkdir(parents=True)
     store.path(kept).write_bytes(b"wheel")
-    cache.write_record(sendable.REQUIRES_RECORD, {kept: ["numpy"], gone: ["absl-py"]})
-    assert sendable.forget_requires(store) == 1
-    assert cache.read_record(sendable.REQUIRES_RECORD) == {kept: ["numpy"]}
-    assert sendable.forget_requires(store) == 0
+    cache.write_record(context.REQUIRES_RECORD, {kept: ["numpy"], gone: ["absl-py"]})
+    assert context.forget_requires(store) == 1
+    assert cache.read_record(context.REQUIRES_RECORD) == {kept: ["numpy"]}
+    assert context.forget_requires(store) == 0
 
 
 def _never(name: str):
@@ -331,11 +331,11 @@ def test_near_the_engine_uv_is_fetched_there_by_its_wheels_hash(cells, tmp_path,
     six = _stored(tmp_path, "six", b"six")
     fetcher = StandInFetcher({RESOLUTION.python_env: [("six-1.17.0-py2.py3-none-any.whl", six)]})
     offered = (IndexFile(UV_WHEEL, "https://files.example/" + UV_WHEEL, "9" * 64), PYPI)
-    ctx, target = render(cell, key_of(cell)), sendable.target_of(cell, "x86_64")
-    supply = sendable.Supply(fetcher, "0" * 16, target, _never("uv"),  # type: ignore[arg-type]
+    ctx, target = render(cell, key_of(cell)), context.target_of(cell, "x86_64")
+    supply = context.Supply(fetcher, "0" * 16, target, _never("uv"),  # type: ignore[arg-type]
                              near=Near(index, None, "probe: HTTP 200"), primary=PYPI,
                              uv_offered=offered)  # fmt: skip
-    with sendable.assembled(tmp_path / "c", ctx, RESOLUTION, supply) as here:
+    with context.assembled(tmp_path / "c", ctx, RESOLUTION, supply) as here:
         part = here / "python-env"
         assert not (part / "uv").exists() and (part / "bin").is_dir()
         script = (part / "uv.py").read_text()
@@ -359,9 +359,9 @@ def test_uv_is_sent_where_the_engines_host_does_not_fetch_it(cells, tmp_path, ca
     offered = {"uv not offered": None, "uv on another index": (wheel, PRIVATE)}.get(
         case, (wheel, PYPI)
     )
-    ctx, target = render(cell, key_of(cell)), sendable.target_of(cell, "x86_64")
-    supply = sendable.Supply(fetcher, "0" * 16, target, uv, near=near, primary=PYPI,  # type: ignore[arg-type]
+    ctx, target = render(cell, key_of(cell)), context.target_of(cell, "x86_64")
+    supply = context.Supply(fetcher, "0" * 16, target, uv, near=near, primary=PYPI,  # type: ignore[arg-type]
                              uv_offered=offered)  # fmt: skip
-    with sendable.assembled(tmp_path / "c", ctx, RESOLUTION, supply) as here:
+    with context.assembled(tmp_path / "c", ctx, RESOLUTION, supply) as here:
         assert (here / "python-env" / "uv").samefile(uv)
         assert not (here / "python-env" / "uv.py").exists()

@@ -472,7 +472,7 @@ def test_a_malformed_netrc_is_one_error_naming_it(monkeypatch, tmp_path):
 
 # ------------------------------------------------------------------------------ which wheel
 
-BOOKWORM = (2, 36)  # sendable.GLIBC["bookworm"]
+BOOKWORM = (2, 36)  # context.GLIBC["bookworm"]
 
 
 def rank(tags: str, glibc: tuple[int, int] = BOOKWORM) -> int | None:
