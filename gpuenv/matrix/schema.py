@@ -44,7 +44,9 @@ AXES = (*FRAMEWORK_KEYS, "python", "variant", "arch")
 # Everything below ends up in a Dockerfile or on a command line, so each pattern admits
 # only what the value needs, never quotes, whitespace, `;`, `&`, `$`, backslashes or newlines.
 # [0-9], never \d: \d matches any Unicode digit (fullwidth, Arabic-Indic), as int() does.
-_VERSION = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?")
+_VERSION = r"[0-9]+\.[0-9]+(\.[0-9]+)?"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_CELL_PATTERN = r"[A-Za-z0-9_.*?\[\]-]{1,128}"
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9-]+)*(?::[0-9]+)?/)"
 _REPOSITORY = re.compile(rf"{_DOMAIN}?{_COMPONENT}(?:/{_COMPONENT})*")
@@ -52,39 +54,27 @@ _IMAGE_REF = re.compile(
     rf"{_DOMAIN}?{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
     r"(?:@sha256:[a-f0-9]{64})?"
 )
-_SUITE = re.compile(r"[a-z][a-z0-9-]{1,30}")
-_APT = re.compile(r"[a-z0-9][a-z0-9+.-]+(?:=[A-Za-z0-9.+~:-]+)?")
+_SUITE = r"[a-z][a-z0-9-]{1,30}"
+_APT = r"[a-z0-9][a-z0-9+.-]+(?:=[A-Za-z0-9.+~:-]+)?"
 _PIP_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-\[\],<>=!~ ]*")
 
 
-def _version(value: str) -> str:
-    if not _VERSION.fullmatch(value):
-        raise ValueError(f'{value!r} is not a version like "3.11" or "2.21"')
-    return value
+def _matching(pattern: str, what: str) -> AfterValidator:
+    """A value the whole of `pattern` matches, else "<value> is not <what>"."""
+    regex = re.compile(pattern)
 
+    def check(value: str) -> str:
+        if not regex.fullmatch(value):
+            raise ValueError(f"{value!r} is not {what}")
+        return value
 
-def _tag(value: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", value):
-        raise ValueError(f"{value!r} is not an image tag (letters, digits, '_', '.', '-')")
-    return value
-
-
-def _cell_pattern(value: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9_.*?\[\]-]{1,128}", value):
-        raise ValueError(f"{value!r} is not a cell name or glob")
-    return value
+    return AfterValidator(check)
 
 
 def _requirements_path(value: str) -> str:
     from gpuenv.matrix.requirements import check_written_path
 
     return check_written_path(value)
-
-
-def _apt(value: str) -> str:
-    if not _APT.fullmatch(value):
-        raise ValueError(f"{value!r} is not a Debian package name (optionally name=version)")
-    return value
 
 
 def _image(value: str) -> str:
@@ -110,21 +100,17 @@ def _repository(value: str) -> str:
     return value
 
 
-def _suite(value: str) -> str:
-    if not _SUITE.fullmatch(value):
-        raise ValueError(f"{value!r} is not a Debian suite name like bookworm")
-    return value
-
-
-Version = Annotated[StrictStr, AfterValidator(_version)]
-ImageTag = Annotated[StrictStr, AfterValidator(_tag)]
-CellPattern = Annotated[StrictStr, AfterValidator(_cell_pattern)]
+Version = Annotated[StrictStr, _matching(_VERSION, 'a version like "3.11" or "2.21"')]
+ImageTag = Annotated[StrictStr, _matching(_TAG, "an image tag (letters, digits, '_', '.', '-')")]
+CellPattern = Annotated[StrictStr, _matching(_CELL_PATTERN, "a cell name or glob")]
 PipRequirement = Annotated[StrictStr, AfterValidator(pip_requirement)]
 RequirementsPath = Annotated[StrictStr, AfterValidator(_requirements_path)]
-AptPackage = Annotated[StrictStr, AfterValidator(_apt)]
+AptPackage = Annotated[
+    StrictStr, _matching(_APT, "a Debian package name (optionally name=version)")
+]
 ImageRef = Annotated[StrictStr, AfterValidator(_image)]
 Repository = Annotated[StrictStr, AfterValidator(_repository)]
-Suite = Annotated[StrictStr, AfterValidator(_suite)]
+Suite = Annotated[StrictStr, _matching(_SUITE, "a Debian suite name like bookworm")]
 IndexUrl = Annotated[StrictStr, AfterValidator(check_index_url)]
 Variant = Literal["cpu", "gpu"]
 # Architectures as Docker and Kubernetes name them (linux/amd64, kubernetes.io/arch=arm64).
