@@ -56,7 +56,6 @@ _IMAGE_REF = re.compile(
 )
 _SUITE = r"[a-z][a-z0-9-]{1,30}"
 _APT = r"[a-z0-9][a-z0-9+.-]+(?:=[A-Za-z0-9.+~:-]+)?"
-_PIP_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-\[\],<>=!~ ]*")
 
 
 def _matching(pattern: str, what: str) -> AfterValidator:
