@@ -4,10 +4,11 @@
   127.0.0.1:<free port> with its own config: no auth, filesystem storage in a temporary
   directory, deletes enabled. Stopped by its PID at the end; its storage is removed. The
   package is not installed here: scripts/test.sh installs it (CI runs that).
-- ``pushed``: the shipped CPU cell pushed once per session to ``REGISTRY/team`` with the
-  alias ``latest`` (a copy of the shipped matrix that only adds ``aliases``, so the spec hash
-  is the shipped one). Other tests reuse it: the engine then knows the layers' digests, so
-  later pushes of the same layers only check or mount them.
+- ``pushed``: the JAX CPU cell (the smallest framework cell, ~0.4 GB where the shipped
+  TF cell is ~2.3 GB: the push's claims hold for any cell, and compressing and uploading
+  2.3 GB took about two minutes of CI) built into ``REPOSITORY`` and pushed once per module
+  to ``REGISTRY/team`` with the alias ``latest``. Other tests reuse it: the engine then knows
+  the layers' digests, so later pushes of the same layers only check or mount them.
 - ``fake_registry``: a tiny http.server on loopback that answers like a broken registry
   (``"5xx"`` or ``"401"``), started and stopped by the test.
 - ``loopback_refs``: lists the engine's 127.0.0.1:* references. The registries above are
@@ -16,8 +17,8 @@
 
 Every command runs the installed CLI in a subprocess with XDG_CACHE_HOME in a temporary
 directory, so validation records from this machine's real cache never decide a refusal.
-A build there fetches its wheels into that directory's wheelhouse (TensorFlow's once per
-session); a cell whose layers the engine has is still a cache hit.
+A build there fetches its wheels into that directory's wheelhouse (JAX's once per session);
+a cell whose layers the engine has is still a cache hit.
 """
 
 from __future__ import annotations
@@ -42,15 +43,16 @@ from typing import Any
 
 import pytest
 from support import cleanup
-from support.cells import CPU_CELL as CPU_CELL
-from support.cells import CPU_IMAGE as CPU_IMAGE
 from support.cells import EXTRA_PIP as EXTRA_PIP
+from support.cells import JAX_CPU_CELL, jax_cpu_matrix, test_repository
 from support.cells import REPO as REPO
-from support.cells import SHIPPED_MATRIX, test_repository
 from support.cli import Proc, build_json, clean_env, gpuenv_cmd
 from support.engine import docker as docker_cmd
 from support.engine import inspect as inspect
 
+CELL = JAX_CPU_CELL  # the cell test_engine_push.py builds and pushes
+REPOSITORY = test_repository("push")
+IMAGE = f"{REPOSITORY}:{CELL}"
 PUSHPULL = test_repository("pushpull")  # a repository of its own for the pull-before-build test
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
 BUILD_TIMEOUT = 1800
@@ -66,16 +68,14 @@ def free_port() -> int:
     return port
 
 
-def shipped_text(*, name: str | None = None, extra: str = "") -> str:
-    """The shipped matrix's text, with another repository name and extra YAML appended.
-
-    Same bases and packages, so the cells' Dockerfiles (and spec hashes, under the same
-    name) are the shipped ones."""
-    text = SHIPPED_MATRIX.read_text(encoding="utf-8")
-    if name is not None:
-        text = text.replace("name: gpuenv/tensorflow\n", f"name: {name}\n", 1)
-        assert f"name: {name}\n" in text
-    return text + extra
+def cell_matrix(directory: Path, *, name: str = REPOSITORY, extra: str = "") -> Path:
+    """DIRECTORY/matrix.yaml: the JAX CPU cell's matrix under repository NAME, with EXTRA
+    YAML appended. Not locked, as the shipped matrix the module pushed before: a locked
+    cell's push sends its locked base too (test_engine_base_pull.py's claim)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "matrix.yaml"
+    path.write_text(jax_cpu_matrix(name) + extra, encoding="utf-8")
+    return path
 
 
 # --------------------------------------------------------------------------- the CLI
@@ -227,13 +227,23 @@ def registry() -> Iterator[Registry]:
 # --------------------------------------------------------------------------- images
 
 
-@pytest.fixture(scope="session")
-def cpu_built(cli: Cli) -> dict[str, Any]:
-    """The shipped CPU cell's image (built once if missing or stale; cached otherwise)."""
-    result = build_json(cli("build", CPU_CELL, "-f", str(SHIPPED_MATRIX), "--json",
-                            timeout=BUILD_TIMEOUT))[CPU_CELL]  # fmt: skip
+# The cell's image is in a module repository (its module's janitor removes it): these are
+# the module's fixtures, though the registry is the session's.
+
+
+@pytest.fixture(scope="module")
+def alias_matrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The JAX CPU cell's matrix with the alias ``latest``."""
+    return cell_matrix(tmp_path_factory.mktemp("aliases"), extra=f"aliases:\n  latest: {CELL}\n")
+
+
+@pytest.fixture(scope="module")
+def cell_built(cli: Cli, alias_matrix: Path) -> dict[str, Any]:
+    """The JAX CPU cell's image (built once if missing or stale; cached otherwise)."""
+    result = build_json(cli("build", CELL, "-f", str(alias_matrix), "--json",
+                            timeout=BUILD_TIMEOUT))[CELL]  # fmt: skip
     assert result["status"] in ("built", "cached", "pulled"), result
-    info = inspect(CPU_IMAGE)
+    info = inspect(IMAGE)
     assert info is not None
     return info
 
@@ -241,7 +251,7 @@ def cpu_built(cli: Cli) -> dict[str, Any]:
 @dataclass
 class Pushed:
     registry: Registry
-    repository: str  # in the registry: team/tensorflow
+    repository: str  # in the registry: team/push
     image: dict[str, Any]  # `docker image inspect` of the local image
     results: dict[str, dict[str, Any]]  # by ref
     seconds: float
@@ -250,23 +260,15 @@ class Pushed:
         return f"{self.registry.host}/{self.repository}:{tag}"
 
 
-@pytest.fixture(scope="session")
-def alias_matrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("aliases") / "matrix.yaml"
-    path.write_text(shipped_text(extra=f"aliases:\n  latest: {CPU_CELL}\n"), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="session")
-def pushed(registry: Registry, cpu_built: dict[str, Any], alias_matrix: Path, cli: Cli) -> Pushed:
-    """The CPU cell and its alias `latest`, pushed to REGISTRY/team once per session."""
+@pytest.fixture(scope="module")
+def pushed(registry: Registry, cell_built: dict[str, Any], alias_matrix: Path, cli: Cli) -> Pushed:
+    """The cell and its alias `latest`, pushed to REGISTRY/team once per module."""
     start = time.monotonic()
     proc = cli(
-        "push", CPU_CELL, "-f", str(alias_matrix), "--registry", f"{registry.host}/team",
-        "--json",
+        "push", CELL, "-f", str(alias_matrix), "--registry", f"{registry.host}/team", "--json",
     )  # fmt: skip
     seconds = time.monotonic() - start
-    return Pushed(registry, "team/tensorflow", cpu_built, results_by_ref(proc), seconds)
+    return Pushed(registry, "team/push", cell_built, results_by_ref(proc), seconds)
 
 
 # --------------------------------------------------------------------------- a broken registry

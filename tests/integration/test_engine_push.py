@@ -1,8 +1,8 @@
 """`gpuenv push` and pull-before-build against a real registry on loopback.
 
 The registry is Debian's docker-registry, started by the session with its own config
-(push_fixtures.py). The shipped CPU cell (about 2.3 GB) is pushed once and reused; later
-pushes of the same layers only check or mount them. Broken registries are a tiny
+(push_fixtures.py). The JAX CPU cell (the smallest framework cell) is pushed once and
+reused; later pushes of the same layers only check or mount them. Broken registries are a tiny
 http.server; a registry that is down is a closed port. Every 127.0.0.1:* reference the
 session creates in the engine is removed at the end.
 """
@@ -19,15 +19,15 @@ from support.cells import test_repository
 pytest.register_assert_rewrite("push_fixtures")
 
 from push_fixtures import (  # noqa: E402
-    CPU_CELL,
-    CPU_IMAGE,
+    CELL,
     EXTRA_PIP,
+    IMAGE,
     PUSHPULL,
+    cell_matrix,
     docker_cmd,
     free_port,
     inspect,
     results_by_ref,
-    shipped_text,
 )
 
 # The fixtures (registry, pushed, cli, fake_registry, alias_matrix, ...) live in
@@ -47,24 +47,24 @@ def no_traceback(proc) -> None:
 
 
 def test_push_lists_pulls_back_and_the_digests_agree(pushed, registry):
-    cell_ref, alias_ref = pushed.ref(CPU_CELL), pushed.ref("latest")
+    cell_ref, alias_ref = pushed.ref(CELL), pushed.ref("latest")
     assert set(pushed.results) == {cell_ref, alias_ref}
     for result in pushed.results.values():
         assert result["status"] == "pushed", result
-        assert result["cell"] == CPU_CELL
+        assert result["cell"] == CELL
         assert result["digest"].startswith("sha256:")
         assert result["attempts"] == 1
     digest = pushed.results[cell_ref]["digest"]
     assert pushed.results[alias_ref]["digest"] == digest  # one image, two tags
-    print(f"first push of {CPU_IMAGE}: {pushed.seconds:.1f} s")
+    print(f"first push of {IMAGE}: {pushed.seconds:.1f} s")
 
     # The registry's view: both tags, and the manifest digest the push reported.
-    assert sorted(registry.tags(pushed.repository)) == sorted([CPU_CELL, "latest"])
-    for tag in (CPU_CELL, "latest"):
+    assert sorted(registry.tags(pushed.repository)) == sorted([CELL, "latest"])
+    for tag in (CELL, "latest"):
         assert registry.manifest_digest(pushed.repository, tag) == digest
 
     # Pull it back (the local tag removed first, so the pull really resolves the tag).
-    docker_cmd("rmi", cell_ref)  # untags only: gpuenv/tensorflow:... holds the image
+    docker_cmd("rmi", cell_ref)  # untags only: IMAGE holds the image
     docker_cmd("pull", cell_ref)
     back = inspect(cell_ref)
     assert back is not None
@@ -73,24 +73,26 @@ def test_push_lists_pulls_back_and_the_digests_agree(pushed, registry):
     assert f"{repo}@{digest}" in back["RepoDigests"]
 
 
-def test_a_registry_that_is_down_fails_each_tag_clearly(cli, cpu_built, alias_matrix):
+def test_a_registry_that_is_down_fails_each_tag_clearly(cli, cell_built, alias_matrix):
     host = f"127.0.0.1:{free_port()}"  # nothing listens there
     proc = cli(
-        "push", CPU_CELL, "-f", str(alias_matrix), "--registry", f"{host}/team", check=False
+        "push", CELL, "-f", str(alias_matrix), "--registry", f"{host}/team", check=False
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     no_traceback(proc)
     lines = proc.stdout.splitlines()
-    for tag in (CPU_CELL, "latest"):
-        (line,) = [ln for ln in lines if ln.startswith(f"{host}/team/tensorflow:{tag} ")]
+    for tag in (CELL, "latest"):
+        (line,) = [ln for ln in lines if ln.startswith(f"{host}/team/push:{tag} ")]
         assert "failed:" in line and "connection refused" in line, line
     assert "error: 2 of 2 tag(s) not pushed" in proc.stderr
 
 
-def test_a_registry_answering_5xx_is_retried_then_fails(cli, pushed, fake_registry):
+def test_a_registry_answering_5xx_is_retried_then_fails(cli, pushed, fake_registry, tmp_path):
     fake = fake_registry("5xx")
+    matrix = cell_matrix(tmp_path)  # no alias: one tag
     start = time.monotonic()
-    proc = cli("push", CPU_CELL, "--registry", f"{fake.host}/team", "--json", check=False)
+    proc = cli("push", CELL, "-f", str(matrix), "--registry", f"{fake.host}/team", "--json",
+               check=False)  # fmt: skip
     took = time.monotonic() - start
     assert proc.returncode == 1, proc.stderr
     no_traceback(proc)
@@ -99,12 +101,13 @@ def test_a_registry_answering_5xx_is_retried_then_fails(cli, pushed, fake_regist
     assert "500" in result["error"], result
     assert result["attempts"] == 4, result  # 1 + 3 retries, after 1, 2 and 4 s
     assert took >= 7
-    assert any(r.startswith("PUT /v2/team/tensorflow/manifests/") for r in fake.seen)
+    assert any(r.startswith("PUT /v2/team/push/manifests/") for r in fake.seen)
 
 
-def test_a_registry_refusing_credentials_is_not_retried(cli, pushed, fake_registry):
+def test_a_registry_refusing_credentials_is_not_retried(cli, pushed, fake_registry, tmp_path):
     fake = fake_registry("401")
-    proc = cli("push", CPU_CELL, "--registry", f"{fake.host}/team", "--json", check=False)
+    matrix = ("-f", str(cell_matrix(tmp_path)))  # no alias: one tag
+    proc = cli("push", CELL, *matrix, "--registry", f"{fake.host}/team", "--json", check=False)
     assert proc.returncode == 1, proc.stderr
     no_traceback(proc)
     (result,) = results_by_ref(proc).values()
@@ -112,49 +115,47 @@ def test_a_registry_refusing_credentials_is_not_retried(cli, pushed, fake_regist
     assert result["attempts"] == 1, result
     assert "auth" in result["error"].lower(), result
     # The same failure for a person: one line for the tag, one error line.
-    human = cli("push", CPU_CELL, "--registry", f"{fake.host}/team", check=False)
+    human = cli("push", CELL, *matrix, "--registry", f"{fake.host}/team", check=False)
     assert human.returncode == 1
     no_traceback(human)
     (line,) = human.stdout.splitlines()
-    assert line.startswith(f"{fake.host}/team/tensorflow:{CPU_CELL}  -  failed: "), line
+    assert line.startswith(f"{fake.host}/team/push:{CELL}  -  failed: "), line
     assert human.stderr.rstrip().endswith("error: 1 of 1 tag(s) not pushed")
 
 
 # --------------------------------------------------------------------------- refusals
 
 
-def test_a_stale_image_is_refused_with_the_reason(cli, cpu_built, registry, tmp_path):
-    text = shipped_text()
-    assert "  pip: []\n" in text
-    stale = tmp_path / "matrix.yaml"  # one more pip pin: the spec hash is not the image's
-    stale.write_text(text.replace("  pip: []\n", f'  pip: ["{EXTRA_PIP}"]\n', 1))
-    proc = cli("push", CPU_CELL, "-f", str(stale), "--registry", f"{registry.host}/stale",
+def test_a_stale_image_is_refused_with_the_reason(cli, cell_built, registry, tmp_path):
+    # One more pip pin: the spec hash is not the image's.
+    stale = cell_matrix(tmp_path, extra=f'packages:\n  pip: ["{EXTRA_PIP}"]\n')
+    proc = cli("push", CELL, "-f", str(stale), "--registry", f"{registry.host}/stale",
                "--json", check=False)  # fmt: skip
     assert proc.returncode == 1
     no_traceback(proc)
     (result,) = results_by_ref(proc).values()
     assert result["status"] == "refused"
-    assert "stale" in result["error"] and f"gpuenv build {CPU_CELL}" in result["error"]
-    assert inspect(f"{registry.host}/stale/tensorflow:{CPU_CELL}") is None  # not even tagged
+    assert "stale" in result["error"] and f"gpuenv build {CELL}" in result["error"]
+    assert inspect(f"{registry.host}/stale/push:{CELL}") is None  # not even tagged
     with pytest.raises(urllib.error.HTTPError):
-        registry.tags("stale/tensorflow")
+        registry.tags("stale/push")
 
 
-def test_an_image_that_failed_validation_is_refused(cli, cpu_built, registry, tmp_path,
-                                                    monkeypatch):  # fmt: skip
+def test_an_image_that_failed_validation_is_refused(cli, cell_built, alias_matrix, registry,
+                                                    tmp_path, monkeypatch):  # fmt: skip
     from gpuenv.publish import push as publish
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    publish.record_validation({cpu_built["Id"]: False})
+    publish.record_validation({cell_built["Id"]: False})
     assert json.loads((tmp_path / "gpuenv" / "validated.json").read_text()) == {
-        cpu_built["Id"]: False
+        cell_built["Id"]: False
     }
-    proc = cli("push", CPU_CELL, "--registry", f"{registry.host}/failed", check=False,
-               env={"XDG_CACHE_HOME": str(tmp_path)})  # fmt: skip
+    proc = cli("push", CELL, "-f", str(alias_matrix), "--registry", f"{registry.host}/failed",
+               check=False, env={"XDG_CACHE_HOME": str(tmp_path)})  # fmt: skip
     assert proc.returncode == 1
     no_traceback(proc)
-    assert f"refused: {CPU_IMAGE} failed validation" in proc.stdout
-    assert inspect(f"{registry.host}/failed/tensorflow:{CPU_CELL}") is None
+    assert f"refused: {IMAGE} failed validation" in proc.stdout
+    assert inspect(f"{registry.host}/failed/push:{CELL}") is None
 
 
 # --------------------------------------------------------------------------- pull before build
@@ -171,17 +172,16 @@ def test_build_adopts_no_unsigned_image_with_the_same_spec_hash(cli, pushed, reg
     public = tmp_path / "trusted.pub"
     public.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
-    matrix = tmp_path / "matrix.yaml"
-    matrix.write_text(shipped_text(name=PUSHPULL))
-    image = f"{PUSHPULL}:{CPU_CELL}"
-    published = f"{registry.host}/x/pushpull:{CPU_CELL}"
+    matrix = cell_matrix(tmp_path, name=PUSHPULL)
+    image = f"{PUSHPULL}:{CELL}"
+    published = f"{registry.host}/x/pushpull:{CELL}"
     try:
-        # Its own repository: the same layers as the shipped cell (cached), other labels.
-        cli("build", CPU_CELL, "-f", str(matrix))
+        # Its own repository: the same layers as the pushed cell (cached), other labels.
+        cli("build", CELL, "-f", str(matrix))
         original = inspect(image)
         assert original is not None
         spec = original["Config"]["Labels"]["io.gpuenv.spec-hash"]
-        push = cli("push", CPU_CELL, "-f", str(matrix), "--registry", f"{registry.host}/x",
+        push = cli("push", CELL, "-f", str(matrix), "--registry", f"{registry.host}/x",
                    "--json")  # fmt: skip
         assert results_by_ref(push)[published]["status"] == "pushed"
         docker_cmd("rmi", image, published)
@@ -190,14 +190,14 @@ def test_build_adopts_no_unsigned_image_with_the_same_spec_hash(cli, pushed, reg
         # The registry is down: the pull fails, gpuenv says so and builds (from the cache).
         key = {"GPUENV_VERIFY_KEY": str(public)}
         down = {"GPUENV_REGISTRY": f"127.0.0.1:{free_port()}/x", **key}
-        proc = cli("build", CPU_CELL, "-f", str(matrix), "--json", env=down)
+        proc = cli("build", CELL, "-f", str(matrix), "--json", env=down)
         assert json.loads(proc.stdout)["results"][0]["status"] == "built"
         assert "not pulled" in proc.stderr
         docker_cmd("rmi", image)
 
         # Published with the same spec hash, unsigned: not adopted; built.
         env = {"GPUENV_REGISTRY": f"{registry.host}/x", **key}
-        proc = cli("build", CPU_CELL, "-f", str(matrix), "--json", env=env)
+        proc = cli("build", CELL, "-f", str(matrix), "--json", env=env)
         (result,) = json.loads(proc.stdout)["results"]
         assert result["status"] == "built", proc.stderr
         assert "not adopted" in proc.stderr and "no attestations" in proc.stderr, proc.stderr
@@ -206,7 +206,7 @@ def test_build_adopts_no_unsigned_image_with_the_same_spec_hash(cli, pushed, reg
         assert inspect(published) is None  # nothing of the registry's left tagged
         docker_cmd("rmi", image)
         # No key: nothing is pulled at all, and gpuenv says why.
-        proc = cli("build", CPU_CELL, "-f", str(matrix), "--json",
+        proc = cli("build", CELL, "-f", str(matrix), "--json",
                    env={"GPUENV_REGISTRY": f"{registry.host}/x"})  # fmt: skip
         assert json.loads(proc.stdout)["results"][0]["status"] == "built"
         assert "set $GPUENV_VERIFY_KEY" in proc.stderr
@@ -219,14 +219,13 @@ def test_a_published_image_with_another_spec_hash_is_not_pulled(cli, pushed, reg
     """The candidate's spec hash is read from the registry (manifest + config blob, a few
     KB): another hash means no pull at all. Proof from the engine itself: its event log has
     no pull of the reference, and the candidate's image never reaches it."""
-    matrix = tmp_path / "matrix.yaml"
-    matrix.write_text(shipped_text(name=PEEK))
-    image = f"{PEEK}:{CPU_CELL}"
-    candidate = f"{registry.host}/x/peek:{CPU_CELL}"
+    matrix = cell_matrix(tmp_path, name=PEEK)
+    image = f"{PEEK}:{CELL}"
+    candidate = f"{registry.host}/x/peek:{CELL}"
     context = tmp_path / "candidate"
     context.mkdir()
     (context / "Dockerfile").write_text(
-        f"FROM {CPU_IMAGE}\nLABEL io.gpuenv.spec-hash={'0' * 64} io.gpuenv.cell={CPU_CELL}\n"
+        f"FROM {IMAGE}\nLABEL io.gpuenv.spec-hash={'0' * 64} io.gpuenv.cell={CELL}\n"
     )
     try:
         docker_cmd("build", "--network", "none", "-q", "-t", candidate, str(context))
@@ -245,7 +244,7 @@ def test_a_published_image_with_another_spec_hash_is_not_pulled(cli, pushed, reg
         pem = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         public.write_bytes(key.public_bytes(*pem))
         env = {"GPUENV_REGISTRY": f"{registry.host}/x", "GPUENV_VERIFY_KEY": str(public)}
-        proc = cli("build", CPU_CELL, "-f", str(matrix), "--json", env=env)
+        proc = cli("build", CELL, "-f", str(matrix), "--json", env=env)
         (result,) = json.loads(proc.stdout)["results"]
         assert result["status"] == "built", proc.stderr
         events = docker_cmd(
@@ -261,14 +260,13 @@ def test_a_published_image_with_another_spec_hash_is_not_pulled(cli, pushed, reg
 
 
 def test_registry_value_is_checked(cli, tmp_path):
-    proc = cli("push", CPU_CELL, "--registry", "bad registry", check=False)
+    proc = cli("push", CELL, "--registry", "bad registry", check=False)
     assert proc.returncode == 2
     assert "expected HOST[:PORT][/NAMESPACE]" in proc.stderr
-    matrix = tmp_path / "matrix.yaml"
-    matrix.write_text(shipped_text(name=PUSHPULL))
-    proc = cli("build", CPU_CELL, "-f", str(matrix), env={"GPUENV_REGISTRY": "Bad/UPPER"},
+    matrix = cell_matrix(tmp_path, name=PUSHPULL)
+    proc = cli("build", CELL, "-f", str(matrix), env={"GPUENV_REGISTRY": "Bad/UPPER"},
                check=False)  # fmt: skip
     assert proc.returncode == 1
     no_traceback(proc)
     assert "error: $GPUENV_REGISTRY='Bad/UPPER': expected HOST[:PORT][/NAMESPACE]" in proc.stderr
-    assert inspect(f"{PUSHPULL}:{CPU_CELL}") is None  # checked before anything was built
+    assert inspect(f"{PUSHPULL}:{CELL}") is None  # checked before anything was built

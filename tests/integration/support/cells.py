@@ -52,6 +52,7 @@ TEST_REPOSITORIES = frozenset(
         "lock-keep",  # other tags of the locked cell's builds
         "broken",  # validate_fixtures.py: images broken in one respect
         "broken-checks",  # test_engine_validate_breaks.py: one check broken per image
+        "push",  # test_engine_push.py: the JAX CPU cell it pushes
         "pushpull",  # test_engine_push.py: pull before build
         "harden-a",  # test_engine_ca_concurrent.py: concurrent builds
         "harden-b",
