@@ -66,12 +66,6 @@ def ignored(rel: str, patterns: tuple[str, ...] | list[str], *, folded: bool = F
     return False
 
 
-def left_out(root: Path) -> tuple[str, ...]:
-    """The deny-list's patterns, as ignored() reads them (what never travels out is
-    treepolicy.walk's decision: collect)."""
-    return (*DEFAULT_IGNORE, *SECRETS)
-
-
 def stays_home(rel: str) -> bool:
     """What never comes back from a workload either: caches, version control, secrets,
     under any spelling the user's filesystem may take as theirs (issue 44, N2: a workload's
