@@ -99,17 +99,15 @@ def write_tar(
 
     with tarfile.open(fileobj=_Hashing(), mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for relative, path in members(directory, root, exclude):
-            info = tarfile.TarInfo(f"{top}/{relative}")
+            info = tarfile.TarInfo(f"{top}/{relative}")  # mtime 0, owner 0 with no names
             try:
                 with path.open("rb") as f:
                     data = f.read(MAX_BYTES + 1)
                 executable = os.stat(path).st_mode & stat.S_IXUSR
             except OSError as exc:
                 raise TreeProblem(f"{relative} cannot be read: {exc.strerror}") from None
-            info.size, info.mtime = len(data), 0
+            info.size = len(data)
             info.mode = 0o755 if executable else 0o644
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
             tar.addfile(info, io.BytesIO(data))
     return digest.hexdigest()
 

@@ -46,12 +46,9 @@ def dockerfile(base_ref: str, workdir: str, base_digest: str = "") -> str:
 
 
 def _info(name: str, st: os.stat_result, kind: bytes, size: int = 0) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
+    info = tarfile.TarInfo(name)  # mtime 0, owner 0 with no names: TarInfo's defaults
     info.type = kind
     info.size = size
-    info.mtime = 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
     executable = kind == tarfile.DIRTYPE or bool(st.st_mode & stat.S_IXUSR)
     info.mode = 0o755 if executable else 0o644
     return info
@@ -67,7 +64,7 @@ def build_context(
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         text = dockerfile(base_ref, workdir, base_digest).encode()
         info = tarfile.TarInfo("Dockerfile")
-        info.size, info.mtime, info.mode = len(text), 0, 0o644
+        info.size = len(text)
         tar.addfile(info, io.BytesIO(text))
         tar.addfile(_info(DIR, os.stat(root), tarfile.DIRTYPE))
         for rel, entry in entries.items():
