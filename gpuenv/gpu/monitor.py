@@ -265,8 +265,7 @@ def write_csv(samples: list[Sample], path: Path) -> None:
     with open(path, "w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
         writer.writeheader()
-        for s in samples:
-            writer.writerow(asdict(s))
+        writer.writerows(asdict(s) for s in samples)
 
 
 # ---------------------------------------------------------------------------- processes
@@ -428,11 +427,8 @@ class NvmlSource:
 def process_memory(procs: Iterable[Any], pids: set[int]) -> float:
     """MiB of GPU memory NVML's process list gives the watched PIDs (usedGpuMemory is None
     where the driver cannot tell, e.g. under some vGPU setups)."""
-    total = 0
-    for p in procs:
-        if p.pid in pids and p.usedGpuMemory is not None:
-            total += int(p.usedGpuMemory)
-    return round(total / 2**20, 1)
+    used = [p.usedGpuMemory for p in procs if p.pid in pids]
+    return round(sum(int(u) for u in used if u is not None) / 2**20, 1)
 
 
 @dataclass
