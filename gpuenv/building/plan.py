@@ -142,12 +142,10 @@ class BuildPlan:
 
 def lock_entries(project: Project, cells: list[Cell]) -> dict[str, CellLock]:
     """The cells' entries of matrix.lock, when there is one; a stale lock is an error."""
-    lock = project.lock
+    lock, drift = project.lock, project.lock_drift
     if lock is None:
         return {}
-    from gpuenv.project import lockfile
-
-    drifted = lockfile.drift(lock, cells)
+    drifted = {c.name: drift[c.name] for c in cells if c.name in drift}
     if drifted:
         why = "; ".join(f"{name}: {reason}" for name, reason in drifted.items())
         raise GpuenvError(f"{lock.path} does not match the matrix ({why}); re-lock: gpuenv lock")

@@ -53,6 +53,7 @@ class Project:
         self._path = path if path is not None else matrix.path if matrix else Path()
         self.snapshot = snapshot
         self._lock: tuple[Lock | None] | None = None
+        self._drift: dict[str, str] | None = None
         if snapshot is not None and snapshot.lock is not None:
             from gpuenv.project.snapshot import lock_from_json
 
@@ -93,6 +94,19 @@ class Project:
 
             self._lock = (lockfile.load(self.lock_path),)
         return self._lock[0]
+
+    @property
+    def lock_drift(self) -> dict[str, str]:
+        """The cells whose lock entry is missing or no longer matches the matrix, with why
+        (gpuenv/project/lockfile.py: drift); {} without a lock. Decided once, for every
+        cell: `build` refuses a lock that no longer holds a cell it builds, `validate` fails
+        that cell's lock check naming why."""
+        if self._drift is None:
+            from gpuenv.project import lockfile
+
+            lock = self.lock
+            self._drift = lockfile.drift(lock, self.cells) if lock is not None else {}
+        return self._drift
 
     def cached_contexts(self) -> dict[str, dict[str, str]]:
         """Rendered contexts (cell -> files) the snapshot holds."""

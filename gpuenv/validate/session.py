@@ -92,14 +92,12 @@ def validate(
     targets: list[runner.Subject] = []
     baseline_path = None
     if project is not None:
-        from gpuenv.project import lockfile
-
         baseline_path = sizes.baseline_path(project.path)
         baseline = sizes.read_baseline(baseline_path)
         lock = project.lock
         for cell in cells:
             entry = lock.cells.get(cell.name) if lock else None
-            drift = lockfile.drift(lock, [cell]).get(cell.name) if lock else None
+            drift = project.lock_drift.get(cell.name)
             exp = expected.from_cell(cell, None if drift else entry, drift)
             targets.append(runner.Subject(cell.name, cell.image, exp, baseline.get(cell.name)))
     for ref in images:

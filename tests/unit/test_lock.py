@@ -128,6 +128,26 @@ def test_a_cell_missing_from_the_lock_is_drift(tmp_path, cells):
     assert lockfile.drift(lock, list(cells.values())) == {cells["gpu"].name: "not in the lock"}
 
 
+def test_the_project_decides_the_drift_once_for_every_step_that_asks(write_matrix, monkeypatch):
+    """A build's plan refuses a drifted cell only where it builds it; its --validate then reads
+    the same answer (Project.lock_drift), decided once per command for every cell."""
+    from gpuenv.building import plan
+    from gpuenv.project.project import open_project
+
+    project = open_project(write_matrix())
+    cpu, gpu = sorted(project.cells, key=lambda c: c.is_gpu)
+    lockfile.write(make_lock(project.lock_path, {"cpu": cpu}))  # the GPU cell: not locked
+    asked: list[int] = []
+    drift = lockfile.drift
+    monkeypatch.setattr(
+        lockfile, "drift", lambda lock, cs: asked.append(len(cs)) or drift(lock, cs)
+    )
+    assert plan.lock_entries(project, [cpu]) == {cpu.name: cell_lock(cpu)}
+    with pytest.raises(GpuenvError, match=f"{gpu.name}: not in the lock"):
+        plan.lock_entries(project, [gpu])
+    assert project.lock_drift == {gpu.name: "not in the lock"} and asked == [2]
+
+
 def test_inputs_digest_changes_with_each_input(cells, monkeypatch):
     cpu, gpu = cells["cpu"], cells["gpu"]
     digest = lockfile.inputs_digest(cpu, DATE)
