@@ -2,9 +2,11 @@
 
 They live apart from conftest.py, which belongs to the build tests. Everything runs the
 installed CLI as a user would (a subprocess), on the real engine, with test matrices in a
-temporary directory: TF 2.21 / Python 3.11 / CPU on bookworm, built into the test-only
-repositories below. CPU only, to keep the time down: the GPU path is the same code with
-requirements/cuda.txt (tests/unit/test_lock.py covers its rendering).
+temporary directory: JAX 0.7 / Python 3.11 / CPU on bookworm (support/cells.py's JAX_CPU_CELL,
+the smallest framework cell: 690 MB where TF 2.21's is 2.26 GB, and the module builds it
+twice without a layer cache), built into the test-only repositories below. CPU only, to
+keep the time down: the GPU path is the same code with requirements/cuda.txt
+(tests/unit/test_lock.py covers its rendering).
 
 - ``locked_matrix``: a matrix and its matrix.lock (locked once per module, with a fixed
   --exclude-newer date so the resolution does not move).
@@ -39,7 +41,7 @@ from support.dockerd import second_dockerd
 from support.engine import docker as docker
 from support.engine import image_id as image_id
 
-CELL = cells.CPU_CELL
+CELL = cells.JAX_CPU_CELL
 BASE = cells.BASE_IMAGE
 REPOSITORY = test_repository("lock")  # the locked cell's images
 BAD_REPOSITORY = test_repository("lock-bad")  # builds that must fail (drift, tampered hash)
@@ -49,8 +51,9 @@ KEEP_REPOSITORY = test_repository("lock-keep")
 OUR_REPOSITORIES = (REPOSITORY, BAD_REPOSITORY, KEEP_REPOSITORY)
 IMAGE = f"{REPOSITORY}:{CELL}"
 FIRST = f"{KEEP_REPOSITORY}:first"
-# Resolve as of this date: TF 2.21.0 is older, and the lock stays the same month to month.
-EXCLUDE_NEWER = "2026-11-01"
+# Resolve as of the engine labs' date (JAX 0.7.2 is older): the lock stays the same month to
+# month, and is the labs' resolution.
+EXCLUDE_NEWER = cells.JAX_LOCK_DATE
 BUILD_TIMEOUT = 900
 # Labels of the containers gpuenv starts to look into images (none may be left behind).
 CONTAINER_LABELS = ("io.gpuenv.validate", "io.gpuenv.diff", "io.gpuenv.probe")
@@ -58,7 +61,8 @@ CONTAINER_LABELS = ("io.gpuenv.validate", "io.gpuenv.diff", "io.gpuenv.probe")
 
 def matrix_text(name: str = REPOSITORY, pip: tuple[str, ...] = ()) -> str:
     """The locked cell's matrix (CPU only), under another name or with more pip packages."""
-    return cells.matrix_text(name=name, variants=("cpu",), pip=list(pip))
+    packages = f"packages:\n  pip: {json.dumps(list(pip))}\n" if pip else ""
+    return cells.jax_cpu_matrix(name) + packages
 
 
 # --------------------------------------------------------------------------- the CLI
