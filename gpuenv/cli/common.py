@@ -16,70 +16,12 @@ import typer
 from typer.core import TyperGroup
 
 from gpuenv.cli.signals import interrupted_code, interrupted_message, on_sigterm_raise
-from gpuenv.cli.verbs import VERBS
+from gpuenv.cli.verbs import VERBS, PlainValues
 from gpuenv.cli.verbs import load as load_verb
 from gpuenv.matrix.errors import printable
 
 # `run` and its front-ends for clusters: their usage errors exit 125, as docker run's do.
 RUN_VERBS = ("run", "kube", "slurm")
-
-
-class _PlainValues:
-    """A value as Typer's own coercion gives it, for the values that need none: an option not
-    given (None, or () for a repeatable one), a str, strings (a list), a path (Typer's own
-    checks, given the Path pydantic would have made of it). Anything else (an empty path, a
-    value of another type) goes to Typer's coercion, built then.
-
-    Typer builds a pydantic TypeAdapter for every parameter of the command it runs, given or
-    not, which imports pydantic: 60-85 ms of CPU, the largest part of what `gpuenv run`
-    costs over `docker run` after the Docker SDK (issue 48). tests/unit/test_cli_verbs.py
-    holds these to Typer's results, parameter by parameter."""
-
-    def __init__(self, multiple: bool, kind: Any) -> None:
-        self.multiple, self.kind = multiple, kind
-
-    def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
-        if value is None:
-            return () if self.multiple else None  # as Typer's RuntimeParam.coerce
-        if self.kind is str and isinstance(value, str):
-            return value
-        strings = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
-        if self.kind == list[str] and strings:
-            return list(value)
-        if self.kind is Path and isinstance(value, str) and value and "\0" not in value:
-            from typer._param_types import coerce_cli_path
-
-            info = param.type_descriptor.parameter_info
-            return coerce_cli_path(Path(value), info, path_type=Path, param=param, ctx=ctx)
-        param._runtime_param = None  # Typer's own, from here on
-        return param.get_runtime_param().coerce(value, param=param, ctx=ctx)
-
-
-def plain_values(params: list[Any]) -> None:
-    """These str, list[str], bool and Path parameters coerced by _PlainValues, where Typer's
-    parameters are as expected (a runtime coercion built on first use); else Typer's own,
-    unchanged. For the commands `gpuenv run` parses: the root's and run's (PlainValues)."""
-    for param in params:
-        kind = getattr(getattr(param, "type_descriptor", None), "annotation", None)
-        if kind in (str, list[str], bool, Path) and getattr(param, "_runtime_param", 0) is None:
-            multiple = bool(param.multiple or param.nargs == -1)
-            param._runtime_param = _PlainValues(multiple, kind)
-
-
-class PlainValues:
-    """A Click command (mixed in before Typer's class) whose parameters, -h/--help included,
-    are coerced by plain_values."""
-
-    params: list[Any]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        plain_values(self.params)
-
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)  # type: ignore[misc]
-        plain_values([option] if option is not None else [])
-        return option
 
 
 class _Group(PlainValues, TyperGroup):

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from gpuenv.cli.common import FileOption, PlainValues, user_errors
+from gpuenv.cli.common import FileOption, user_errors
+from gpuenv.cli.verbs import PlainValues
 
 if TYPE_CHECKING:
     from gpuenv.gpu.monitor import MonitorOptions
@@ -99,7 +100,7 @@ def _monitor_options(monitor: str | None, out: Path | None) -> MonitorOptions | 
 
 
 class _RunCommand(PlainValues, TyperCommand):
-    """run's command, its values coerced without pydantic where none is needed (common.py's
+    """run's command, its values coerced without pydantic where none is needed (verbs.py's
     plain_values: 60-85 ms of CPU of every `gpuenv run`, issue 48)."""
 
 

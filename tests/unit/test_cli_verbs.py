@@ -2,7 +2,7 @@
 `gpuenv run` imports and builds `run` alone, `--help` still lists every verb with its help,
 and every verb a module of gpuenv/cli/ registers is in the table. The values of run (and of
 the root's options) are Typer's, without pydantic where they need no coercion
-(common.plain_values)."""
+(verbs.plain_values)."""
 
 from __future__ import annotations
 
