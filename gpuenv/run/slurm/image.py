@@ -127,10 +127,9 @@ def rc_script(info: ImageInfo) -> str:
     """/etc/rc as `enroot import` writes it (its docker::configure,
     https://github.com/NVIDIA/enroot/blob/master/src/docker.sh): enter the working
     directory, then exec the entrypoint with the command given, or with the image's."""
-    q = shlex.quote
-    workdir = q(info.working_dir or "/")
-    entry = " ".join(q(a) for a in info.entrypoint)
-    cmd = " ".join(q(a) for a in info.cmd) if (info.entrypoint or info.cmd) else "/bin/sh"
+    workdir = shlex.quote(info.working_dir or "/")
+    entry = shlex.join(info.entrypoint)
+    cmd = shlex.join(info.cmd) if (info.entrypoint or info.cmd) else "/bin/sh"
     given = " ".join(x for x in (entry, '"$@"') if x)
     default = " ".join(x for x in (entry, cmd) if x)
     return (

@@ -250,12 +250,12 @@ def _podman(job: JobInputs) -> tuple[list[str], str, list[str]]:
         opts += ["--device", "nvidia.com/gpu=all"]  # CDI; Slurm's cgroup limits which
     if job.pull:
         # The command runs as itself, as under the other runtimes: no image ENTRYPOINT first.
-        run = " ".join(shlex.quote(o) for o in [*opts, "--entrypoint=", job.pull])
+        run = shlex.join([*opts, "--entrypoint=", job.pull])
         return [], _task("", f'podman run --rm {run} "$@"'), []
     task = _task(
         'm=$(mktemp -d "${TMPDIR:-/tmp}/gpuenv-podman.XXXXXX") || exit 125\n'
         f'squashfuse {shlex.quote(job.image.squashfs)} "$m" || exit 125\n',
-        f'podman run --rm --rootfs {" ".join(shlex.quote(o) for o in opts)} "$m:O" "$@"',
+        f'podman run --rm --rootfs {shlex.join(opts)} "$m:O" "$@"',
         'fusermount -u "$m" 2>/dev/null; rmdir "$m" 2>/dev/null',
     )
     return [], task, []
