@@ -35,16 +35,11 @@ MAX_BUNDLE_BYTES = 16 << 20
 CHECKED = "ca-checked.json"  # in gpuenv's cache: sha256 of a bundle -> valid until (epoch s)
 
 
-def _known_good(path: Path) -> bool:
-    """Whether these exact bytes passed check_bundle and one of their certificates is still
-    valid (the verdict is remembered by content digest until that certificate expires), so
-    a build that needs no CA need not import ssl and parse a 200 KB system bundle."""
-    return known_good_until(path) is not None
-
-
 def known_good_until(path: Path) -> float | None:
-    """Until when (epoch s) check_bundle's verdict on these exact bytes holds; None when
-    it is not remembered or has expired."""
+    """Until when (epoch s) check_bundle's verdict on these exact bytes holds (remembered by
+    content digest until their last valid certificate expires, so a build that needs no CA
+    need not import ssl and parse a 200 KB system bundle); None when it is not remembered
+    or has expired."""
     from gpuenv.store import cache
     from gpuenv.store.cache import file_digest
 
@@ -68,7 +63,7 @@ def _remember_good(text: bytes, until: float) -> None:
 def check_bundle(path: Path, origin: str) -> None:
     """A readable regular file (not a directory or /dev/zero) of PEM certificates that
     OpenSSL loads, at least one of them valid now: else an error naming where it came from."""
-    if _known_good(path):
+    if known_good_until(path) is not None:
         return
     import ssl
 
