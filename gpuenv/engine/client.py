@@ -33,6 +33,7 @@ from gpuenv.engine.transport import (
     _device_request,
     _endpoint,
     _ping,
+    _pinged,
     _raw_socket,
     _sdk_client,
     _sdk_error,
@@ -202,9 +203,14 @@ class Engine(ImageOperations, ThrowawayContainers):
 
     @property
     def is_podman(self) -> bool:
-        """podman's Docker-compatible API service (its version names the component; the
-        answer the client kept when it was made: no request)."""
+        """podman's Docker-compatible API service: its /_ping names its own API version
+        (Libpod-API-Version), or else its /version names the component; either is the
+        answer the client kept when it was made (transport._client_class): no request."""
         if self._podman is not None:
+            return self._podman
+        pinged = _pinged(self._api)
+        if pinged is not None:
+            self._podman = "Libpod-API-Version" in pinged  # requests' headers: any case
             return self._podman
         with _translated():
             version = self._api.version()

@@ -1,7 +1,8 @@
 """A tiny Engine API on a Unix socket (http.server): routes (method, path) -> (status,
-payload) or one of the special answers below; `routes.seen` lists every request served, in
-order ("GET /v1.41/info", the query left out). The `fake_socket` fixture (conftest.py)
-serves one for a test."""
+payload) or one of the special answers below ("ping": dockerd's /_ping, with the
+API-Version header a client learns the API version from; "ping-podman": podman's);
+`routes.seen` lists every request served, in order ("GET /v1.41/info", the query left out).
+The `fake_socket` fixture (conftest.py) serves one for a test."""
 
 from __future__ import annotations
 
@@ -38,6 +39,15 @@ def _handler(routes: Routes) -> type:
             if route == "garbage":
                 self.wfile.write(b"SSH-2.0-OpenSSH_9.2\r\n")
                 return
+            if route in ("ping", "ping-podman"):  # as dockerd answers (podman: its own too)
+                self.send_response(200)
+                self.send_header("API-Version", "1.41")
+                if route == "ping-podman":
+                    self.send_header("Libpod-API-Version", "4.3.1")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"OK")
+                return
             if route == "attach-tty":  # a TTY's stream: raw bytes, no frames
                 self.wfile.write(b"HTTP/1.1 101 UPGRADED\r\n\r\nhello\r\nworld\r\n")
                 self.close_connection = True
@@ -71,7 +81,7 @@ def _handler(routes: Routes) -> type:
 @contextmanager
 def serving(path: str) -> Iterator[Routes]:
     """Serve the Engine API at `path` while the context is open; add routes to what it yields."""
-    routes = Routes({("GET", "/_ping"): (200, b"OK")})
+    routes = Routes({("GET", "/_ping"): "ping"})
     server = _UnixServer(path, _handler(routes))
     # Poll every 10 ms: shutdown() waits out one poll, 0.5 s by default, per test.
     thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)

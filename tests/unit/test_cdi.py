@@ -241,8 +241,9 @@ def podman_on_fake_api(engine_on_fake_api):
     version = (200, {"ApiVersion": "1.41", "Version": "4.3.1",
                      "Components": [{"Name": "Podman Engine", "Version": "4.3.1"}]})  # fmt: skip
     routes[("GET", "/version")] = routes[("GET", "/v1.41/version")] = version
+    routes[("GET", "/_ping")] = "ping-podman"  # its Libpod-API-Version header
     routes[("GET", "/v1.41/info")] = (200, {"ServerVersion": "4.3.1"})
-    # Connected now: an Engine keeps the /version answer it was made with (is_podman).
+    # Connected now: an Engine keeps the /_ping answer it was made with (is_podman).
     return engines.connect(), routes
 
 

@@ -47,7 +47,7 @@ def test_refusals_keep_the_engines_words(engine_on_fake_api):
 
 def test_a_peer_that_is_not_an_engine_is_one_error(fake_socket, monkeypatch):
     path, routes = fake_socket
-    routes[("GET", "/version")] = "garbage"
+    routes[("GET", "/_ping")] = routes[("GET", "/version")] = "garbage"
     monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
     with pytest.raises(EngineError):
         engines.connect()

@@ -1,8 +1,8 @@
 """What a local `gpuenv run` asks the engine once the working directory's verdict is cached
 (issue 48, item 3), counted on the wire: gpuenv's real Engine and the Docker SDK against the
 tiny Engine API (engine_api.py), every request it serves listed. `docker run --rm` sends
-create, attach, start, wait (and its daemon removes the container); gpuenv adds the API
-version (connect), the image's labels and platform (one inspect), the engine's ID and
+/_ping (the API version), create, attach, wait, start (and its daemon removes the
+container); gpuenv adds the image's labels and platform (one inspect), the engine's ID and
 machine (one `info`: the verdict's key and the platform check share it) and the removal."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def test_a_local_run_asks_the_engine_eight_things(engine_on_fake_api, tmp_path, 
     routes[("POST", "/v1.41/containers/c1/start")] = (204, b"")
     routes[("POST", "/v1.41/containers/c1/wait")] = (200, {"StatusCode": 3})
     routes[("DELETE", "/v1.41/containers/c1")] = (204, b"")
-    routes[("GET", "/v1.41/_ping")] = (200, b"OK")  # unasked
+    routes[("GET", "/v1.41/_ping")] = (200, b"OK")  # unasked (the versioned one: a heartbeat)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     work = tmp_path / "work"
     work.mkdir()
@@ -42,7 +42,7 @@ def test_a_local_run_asks_the_engine_eight_things(engine_on_fake_api, tmp_path, 
 
     assert code == 3  # the container's (the output is engine_api's, read or not: not pinned)
     assert routes.seen == [
-        "GET /version",
+        "GET /_ping",
         f"GET /v1.41/images/{IMAGE}/json",
         "GET /v1.41/info",
         "POST /v1.41/containers/create",
@@ -74,3 +74,23 @@ def test_the_command_line_is_built_once(monkeypatch, tmp_path, capsys):
         assert exc.code == 125
     assert "none.yaml: no such file" in capsys.readouterr().err
     assert len(built) == 1
+
+
+def test_the_api_version_is_learnt_from_ping_as_the_docker_cli_does(fake_socket, monkeypatch):
+    """/_ping's API-Version header, not /version (which dockerd answers by asking containerd,
+    runc and docker-init: 5-25 ms here, issue 48); podman's /_ping names its own API too.
+    An engine whose /_ping names no version is asked /version, the SDK's way."""
+    from gpuenv.engine import client as engines
+
+    path, routes = fake_socket
+    version = (200, {"ApiVersion": "1.41", "Components": [{"Name": "Podman Engine"}]})
+    routes[("GET", "/version")] = routes[("GET", "/v1.41/version")] = version
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
+    for ping, podman, asked in (("ping", False, ["GET /_ping"]),
+                                ("ping-podman", True, ["GET /_ping"]),
+                                ((200, b"OK"), True, ["GET /_ping", "GET /version"])):  # fmt: skip
+        routes[("GET", "/_ping")] = ping
+        routes.seen.clear()
+        with engines.connect() as engine:
+            assert engine.is_podman is podman
+        assert routes.seen == asked
