@@ -170,6 +170,16 @@ def _address(api: Any) -> str:
     return str(getattr(ssh, "address", None) or api.base_url)
 
 
+def _socket_path(api: Any) -> str | None:
+    """The Unix socket the SDK's client `api` reaches its engine at; None for another
+    transport (tcp, TLS, ssh: its adapter knows an address of its own)."""
+    adapter = getattr(api, "_custom_adapter", None)
+    if adapter is None or getattr(adapter, "address", None):  # ssh's Adapter
+        return None
+    path = getattr(adapter, "socket_path", None)
+    return path if isinstance(path, str) else None
+
+
 def _pinged(api: Any) -> Any:
     """The headers of the /_ping that gave the client its API version; None when it came
     from /version (_client_class)."""

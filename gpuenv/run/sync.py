@@ -148,7 +148,7 @@ def visibility(engine: Engine, cwd: Path, image: str, platform: str | None = Non
 
 
 def _verdict_key(engine: Engine, cwd: Path) -> str:
-    engine_id = str(engine.info().get("ID") or "")
+    engine_id = engine.identity()  # no request for an engine on this machine (issue 48)
     return hashlib.sha256(f"{engine.url}\0{engine_id}\0{cwd}".encode()).hexdigest()
 
 

@@ -41,6 +41,9 @@ class FakeEngine:
     def info(self) -> dict[str, Any]:
         return dict(self._info)
 
+    def identity(self) -> str:
+        return str(self._info.get("ID") or "")
+
     def architecture(self) -> str:
         return "x86_64"
 

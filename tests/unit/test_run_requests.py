@@ -2,11 +2,14 @@
 (issue 48, item 3), counted on the wire: gpuenv's real Engine and the Docker SDK against the
 tiny Engine API (engine_api.py), every request it serves listed. `docker run --rm` sends
 /_ping (the API version), create, attach, wait, start (and its daemon removes the
-container); gpuenv adds the image's labels and platform (one inspect), the engine's ID and
-machine (one `info`: the verdict's key and the platform check share it) and the removal."""
+container); gpuenv adds the image's labels and platform (one inspect) and the removal. The
+working directory's verdict is kept per engine, one on this machine's socket known by that
+socket (Engine.identity), and an image of this machine's architecture needs no `info`."""
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 
 from gpuenv.cli.argv import click_app  # the app as Click runs it, as main() does
@@ -16,7 +19,7 @@ from gpuenv.store import cache
 IMAGE = "acme/tf:x"
 
 
-def test_a_local_run_asks_the_engine_eight_things(engine_on_fake_api, tmp_path, monkeypatch):
+def test_a_local_run_asks_the_engine_seven_things(engine_on_fake_api, tmp_path, monkeypatch):
     eng, routes = engine_on_fake_api
     inspected = {"Id": "sha256:" + "a" * 64, "Architecture": "amd64", "Config": {"Labels": {}}}
     routes[("GET", f"/v1.41/images/{IMAGE}/json")] = (200, inspected)
@@ -37,6 +40,8 @@ def test_a_local_run_asks_the_engine_eight_things(engine_on_fake_api, tmp_path, 
     cache.update_record(sync.VERDICTS, {sync._verdict_key(eng, work): verdict})
     routes.seen.clear()
 
+    machine = {"x86_64": "amd64", "aarch64": "arm64"}[os.uname().machine]
+    inspected["Architecture"] = machine  # the image is of this machine's architecture
     argv = ["run", "-i", IMAGE, "--network", "none", "--", "python", "-c", "pass"]
     code = click_app()(argv, prog_name="gpuenv", standalone_mode=False)
 
@@ -44,7 +49,6 @@ def test_a_local_run_asks_the_engine_eight_things(engine_on_fake_api, tmp_path, 
     assert routes.seen == [
         "GET /_ping",
         f"GET /v1.41/images/{IMAGE}/json",
-        "GET /v1.41/info",
         "POST /v1.41/containers/create",
         "POST /v1.41/containers/c1/attach",
         "POST /v1.41/containers/c1/start",
@@ -94,3 +98,36 @@ def test_the_api_version_is_learnt_from_ping_as_the_docker_cli_does(fake_socket,
         with engines.connect() as engine:
             assert engine.is_podman is podman
         assert routes.seen == asked
+
+
+def test_a_local_engine_is_known_by_its_socket_without_a_request(engine_on_fake_api, tmp_path):
+    """Engine.identity, the working directory's verdict's key: the socket its daemon made;
+    another daemon there (a new socket) is another engine. `docker info` asked for the ID
+    alone cost 10-110 ms of dockerd's time here (issue 48)."""
+    eng, routes = engine_on_fake_api
+    routes[("GET", "/v1.41/info")] = (200, {"ID": "ENGINE-1"})
+    path = eng._api._custom_adapter.socket_path
+    routes.seen.clear()
+    first = eng.identity()
+    assert first.startswith("socket ") and eng.identity() == first and routes.seen == []
+    os.rename(path, f"{path}.old")  # another daemon's socket in its place
+    replacement = socket.socket(socket.AF_UNIX)
+    replacement.bind(path)
+    try:
+        assert eng.identity() not in ("", first)
+    finally:
+        replacement.close()
+        os.rename(f"{path}.old", path)
+
+
+def test_only_an_image_of_another_architecture_asks_the_engine_its_machine(engine_on_fake_api):
+    from gpuenv.run.local import foreign_platform
+
+    eng, routes = engine_on_fake_api
+    routes[("GET", "/v1.41/info")] = (200, {"ID": "E", "Architecture": os.uname().machine})
+    here = {"x86_64": "amd64", "aarch64": "arm64"}[os.uname().machine]
+    other = {"amd64": "arm64", "arm64": "amd64"}[here]
+    routes.seen.clear()
+    assert foreign_platform(eng, IMAGE, here) is None and routes.seen == []
+    assert foreign_platform(eng, IMAGE, other) == f"linux/{other}"
+    assert routes.seen == ["GET /v1.41/info"]
