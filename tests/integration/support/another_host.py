@@ -17,10 +17,14 @@ that a container given ``-v PROJECT_DIR:PROJECT_DIR`` sees an empty directory th
   the remote side reach the lab's engine, as it reaches a GPU box's own socket. Extra host
   aliases stand for what users get wrong: an unknown host key, a key the host refuses, and
   a host with no ``docker`` on PATH (``ssh_host(problem)``).
-- **A package index near the engine**: a PEP 503 mirror (python's http.server over a
-  directory of wheels the test supplies, ``publish()``) on the namespace's own loopback,
-  ``mirror_url``: the engine's host-network containers reach it without the slow link; the
-  client cannot reach it at all.
+- **A package index near the engine**: a PEP 503 mirror over a directory of wheels the test
+  supplies (``publish()``) on the namespace's own loopback, ``mirror_url``: the engine's
+  host-network containers reach it without the slow link; the client cannot reach it at
+  all. It serves as the indexes users put near a GPU box do (nginx in front of devpi,
+  Artifactory, a CDN's edge): HTTP/1.1 with kept connections, files sent by the kernel
+  (``sendfile``), not ``python -m http.server``'s HTTP/1.0 (a connection per file, each
+  copied through the interpreter 64 KiB at a time); each request is logged with its
+  duration and bytes (``mirror_requests()``).
 
 Use::
 
@@ -151,6 +155,17 @@ class AnotherHost:
         its containers on the host network reach it; this machine does not."""
         return f"http://127.0.0.1:{MIRROR_PORT}/simple/"
 
+    def mirror_requests(self) -> list[MirrorRequest]:
+        """The requests the mirror has answered so far, in the order they ended."""
+        log = self.root / "mirror.log"
+        if not log.exists():
+            return []
+        rows = []
+        for line in log.read_text(errors="replace").splitlines():
+            start, seconds, size, status, _method, path = line.split(" ", 5)
+            rows.append(MirrorRequest(float(start), float(seconds), int(size), int(status), path))
+        return rows
+
     def publish(self, wheels: Path) -> None:
         """Put every wheel of `wheels` on the mirror (hard links where they can be) and
         rewrite its index pages, each link with the file's sha256."""
@@ -261,6 +276,7 @@ def another_host(
             lab.publish(wheels)
         else:
             _write_index(root / "mirror")
+        _wait_for_mirror(lab)
         load_image(lab.sock, base_image)
         _prove_hidden(lab, base_image)
         _wait_for_ssh(lab)
@@ -418,21 +434,83 @@ def _start_sshd(lab: AnotherHost, sshd: str) -> subprocess.Popen[bytes]:
         log.close()
 
 
+# The mirror's server (python3 -c, argv: directory, port, log). A static index near a GPU
+# box keeps connections open and lets the kernel send the files: nginx's defaults
+# (`keepalive_timeout 75s`, `sendfile on` in Debian's nginx.conf, `tcp_nodelay on`), as
+# devpi's and Artifactory's deployments put nginx in front. So: HTTP/1.1 (http.server
+# closes after each response under its default HTTP/1.0), socket.sendfile (os.sendfile: no
+# copy through the interpreter) and TCP_NODELAY (without it a kept connection's small reply
+# waited 40 ms for the client's delayed ACK: measured here with curl). One line per request
+# once its body is sent: the wall-clock start, the seconds it took, the bytes, the status and
+# the path.
+MIRROR_SERVER = """\
+import http.server, sys, threading, time
+DIRECTORY, PORT, LOG = sys.argv[1], int(sys.argv[2]), open(sys.argv[3], "a", buffering=1)
+lock = threading.Lock()
+class Handler(http.server.SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # a kept connection's next small reply waits for no ACK
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, directory=DIRECTORY, **kwargs)
+    def copyfile(self, source, outputfile):
+        outputfile.flush()
+        self.sent = self.connection.sendfile(source)
+    def log_request(self, code="-", size="-"):
+        self.code = code
+    def parse_request(self):
+        self.began = time.time()
+        return super().parse_request()
+    def handle_one_request(self):
+        self.sent, self.code, self.requestline = 0, "-", ""
+        super().handle_one_request()
+        if self.requestline:
+            with lock:
+                LOG.write(f"{self.began:.3f} {time.time() - self.began:.3f} {self.sent} "
+                          f"{int(self.code) if isinstance(self.code, int) else 0} "
+                          f"{self.command} {self.path}\\n")
+http.server.ThreadingHTTPServer.daemon_threads = True
+server = http.server.ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
+print("serving", flush=True)
+server.serve_forever()
+"""
+
+
+@dataclass(frozen=True)
+class MirrorRequest:
+    """One request the mirror answered (MIRROR_SERVER's log line)."""
+
+    start: float  # wall clock
+    seconds: float
+    size: int  # bytes of body sent
+    status: int
+    path: str
+
+
 def _start_mirror(lab: AnotherHost) -> subprocess.Popen[bytes]:
     mirror = lab.root / "mirror"
     mirror.mkdir(exist_ok=True)
     python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
-    log = (lab.root / "mirror.log").open("wb")
+    log = (lab.root / "mirror.err").open("wb")
     try:
         return subprocess.Popen(
-            ["nsenter", f"--target={lab.dockerd.pid}", "--net", "--mount", python, "-m",
-             "http.server", "--bind", "127.0.0.1", "--directory", str(mirror),
-             str(MIRROR_PORT)],
+            ["nsenter", f"--target={lab.dockerd.pid}", "--net", "--mount", python, "-c",
+             MIRROR_SERVER, str(mirror), str(MIRROR_PORT), str(lab.root / "mirror.log")],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
     finally:
         log.close()
+
+
+def _wait_for_mirror(lab: AnotherHost) -> None:
+    """The mirror listens (it says so once bound: a connection made from then on waits in
+    its backlog), within 60 s."""
+    out = lab.root / "mirror.err"
+    deadline = time.monotonic() + 60
+    while "serving" not in out.read_text(errors="replace"):
+        if lab.others[-1].poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"the lab's mirror did not start: {out.read_text()[-1500:]}")
+        time.sleep(0.05)
 
 
 def _prove_hidden(lab: AnotherHost, image: str) -> None:
