@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from types import FrameType
 
 
 class Interrupted(BaseException):
@@ -18,19 +19,24 @@ class Interrupted(BaseException):
 
 
 @contextmanager
-def raising_interrupted() -> Iterator[None]:
-    """SIGINT and SIGTERM raise Interrupted inside the block (main thread only: Python
-    delivers signals there), the handlers before it restored after."""
+def signals_to(handler: Callable[[int, FrameType | None], None] | int) -> Iterator[None]:
+    """SIGINT and SIGTERM go to `handler` (signal.SIG_IGN: nowhere) inside the block (main
+    thread only: Python delivers signals there), the handlers before it restored after."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum: int, frame: object) -> None:
-        raise Interrupted(128 + signum)
-
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def raising_interrupted() -> AbstractContextManager[None]:
+    """SIGINT and SIGTERM raise Interrupted inside the block."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(128 + signum)
+
+    return signals_to(handler)

@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 from gpuenv.run.console import say, warn
-from gpuenv.run.interrupts import Interrupted, raising_interrupted
+from gpuenv.run.interrupts import Interrupted, raising_interrupted, signals_to
 from gpuenv.run.slurm import SlurmError
 from gpuenv.run.slurm.jobs import NEVER, Job, Slurm
 from gpuenv.run.slurm.script import (
@@ -177,22 +176,9 @@ def attach(slurm: Slurm, job_id: str, out_path: Path, *, tail: Tail | None = Non
     except (Interrupted, KeyboardInterrupt) as exc:
         code = exc.code if isinstance(exc, Interrupted) else 130
         # A second signal while cancelling must not leave the job running.
-        with _ignoring_signals():
+        with signals_to(signal.SIG_IGN):
             _cancel(slurm, job_id, sleep)
         return code
-
-
-@contextmanager
-def _ignoring_signals() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def _cancel(slurm: Slurm, job_id: str, sleep: Callable[[float], None]) -> None:
