@@ -103,9 +103,7 @@ class Repository(client.Repository):
             return _descriptors(json.loads(found[0])), "referrers API"
         tag = fallback_tag(subject)
         found = self.manifest(tag)
-        if found is None:
-            return [], f"fallback tag {tag}"
-        return _descriptors(json.loads(found[0])), f"fallback tag {tag}"
+        return (_descriptors(json.loads(found[0])) if found else []), f"fallback tag {tag}"
 
     def attach(self, subject: Descriptor, payload: bytes, annotations: dict[str, str]) -> str:
         """Push `payload` (a DSSE envelope) as an artifact referring to `subject`; its
