@@ -1,4 +1,5 @@
-"""The wheelhouse on a real engine: a locked CPU cell built online, then rebuilt with
+"""The wheelhouse on a real engine: a locked CPU cell (JAX 0.7, the smallest framework
+cell, locked as test_engine_lock.py's is) built online, then rebuilt with
 --no-cache --offline while every upstream is unreachable, gives the same environment; the
 wheelhouse carried to another cache (`gpuenv cache export/import`) builds it offline too.
 
@@ -7,7 +8,7 @@ the build context, where the install step finds them with no index and no networ
 step's line names none). Upstream is made unreachable for the offline builds by pointing
 the proxy environment variables (which gpuenv's fetches honour) at a dead loopback port, so
 any attempt to reach an index would fail the build. The wheelhouse lives in a session-wide
-XDG_CACHE_HOME (shared with test_engine_private_index.py: TensorFlow is downloaded once).
+XDG_CACHE_HOME (shared with test_engine_private_index.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import socket
 from pathlib import Path
 
 import pytest
+import yaml
 from support import cells
 from support.cells import test_repository
 from support.cli import clean_env, gpuenv_cmd, output
@@ -26,8 +28,15 @@ from support.engine import docker, inspect
 
 REPOSITORY = test_repository("wheelhouse")
 KEEP = f"{test_repository('wheelhouse-keep')}:online"
-IMAGE = f"{REPOSITORY}:{cells.CPU_CELL}"
-EXCLUDE_NEWER = "2026-11-01"
+CELL = cells.JAX_CPU_CELL
+IMAGE = f"{REPOSITORY}:{CELL}"
+EXCLUDE_NEWER = cells.JAX_LOCK_DATE  # test_engine_lock.py's lock of the same cell
+
+
+def matrix_text(**extra: object) -> str:
+    """The cell's matrix, with more top-level keys (JSON is YAML)."""
+    doc = yaml.safe_load(cells.jax_cpu_matrix(REPOSITORY))
+    return json.dumps({**doc, **extra}, indent=2) + "\n"
 
 
 def dead_port() -> int:
@@ -47,20 +56,20 @@ def unreachable(env: dict[str, str]) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def wheelhouse_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """XDG_CACHE_HOME of the wheelhouse tests (session-wide: one TensorFlow download)."""
+    """XDG_CACHE_HOME of the wheelhouse tests (session-wide, test_engine_private_index.py's
+    too)."""
     return tmp_path_factory.getbasetemp() / "wheelhouse-cache"
 
 
 @pytest.fixture(scope="module")
 def online(tmp_path_factory, wheelhouse_cache):
     """The locked cell, built online into an empty (or this session's) wheelhouse. Not
-    --no-cache: test_engine_lock.py built the same lock (same date, same sent wheels) with
-    --no-cache already, so the engine's layer cache may serve this build (about 90 s of CI
-    saved when it does); what the tests below check is the build's context, its history and
-    an offline --no-cache rebuild, which runs the install step whatever happened here."""
+    --no-cache: the engine's layer cache may serve this build; what the tests below check
+    is the build's context, its history and an offline --no-cache rebuild, which runs the
+    install step whatever happened here."""
     tmp = tmp_path_factory.mktemp("wheelhouse")
     matrix = tmp / "matrix.yaml"
-    matrix.write_text(cells.matrix_text(name=REPOSITORY, variants=("cpu",)))
+    matrix.write_text(matrix_text())
     env = clean_env(XDG_CACHE_HOME=str(wheelhouse_cache))
     gpuenv_cmd("lock", "-f", str(matrix), "--exclude-newer", EXCLUDE_NEWER, env=env)
     proc = gpuenv_cmd("build", "-f", str(matrix), "--json", env=env)
@@ -76,10 +85,7 @@ def cache_info(env: dict[str, str]) -> dict:
 
 def locked_hashes(matrix: Path) -> dict[str, set[str]]:
     """The lock's python_env entry of the cell: name==version -> its sha256 hashes."""
-    import yaml
-
-    text = yaml.safe_load(matrix.with_suffix(".lock").read_text())["cells"][cells.CPU_CELL][
-        "python_env"]  # fmt: skip
+    text = yaml.safe_load(matrix.with_suffix(".lock").read_text())["cells"][CELL]["python_env"]
     found: dict[str, set[str]] = {}
     pin = ""
     for line in text.splitlines():
@@ -98,14 +104,14 @@ def test_the_install_step_names_no_index_and_gets_the_locked_wheels(online):
     assert "--offline --no-index --find-links /mnt --require-hashes" in install, install
     assert "http" not in history.stdout and "pypi" not in history.stdout
     info = cache_info(online["env"])
-    assert info["files"] >= 20 and info["bytes"] > 100_000_000, info  # TF and its deps
+    assert info["files"] >= 6 and info["bytes"] > 100_000_000, info  # JAX and its deps
     # What the step mounted: the lock's resolution and, per locked requirement, one wheel
     # whose bytes have one of its locked hashes (checked here, not taken from gpuenv).
     cache_home = Path(online["env"]["XDG_CACHE_HOME"])
-    sent = cells.context_dir(cache_home, online["matrix"], cells.CPU_CELL)
+    sent = cells.context_dir(cache_home, online["matrix"], CELL)
     part = sent / "python-env"
     entry = locked_hashes(online["matrix"])
-    assert len(entry) >= 20 and "tensorflow==2.21.0" in entry, sorted(entry)
+    assert len(entry) >= 5 and "jax==0.7.2" in entry and "jaxlib==0.7.2" in entry, sorted(entry)
     wheels = sorted(part.glob("*.whl"))
     assert len(wheels) == len(entry), (len(wheels), len(entry))
     all_hashes = {h for hashes in entry.values() for h in hashes}
@@ -141,7 +147,7 @@ def test_offline_with_an_empty_wheelhouse_names_what_is_missing(online, tmp_path
     assert proc.returncode == 1, output(proc)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --offline: the wheelhouse lacks")
-    assert "absl-py==" in lines[0] and "gpuenv cache import" in lines[0]
+    assert "jax==0.7.2" in lines[0] and "gpuenv cache import" in lines[0]
     assert (inspect(IMAGE) or {}).get("Id") == (before or {}).get("Id")  # nothing retagged
 
 
@@ -161,16 +167,14 @@ def test_offline_with_an_empty_wheelhouse_leaves_an_up_to_date_cell_as_it_is(onl
 def test_offline_refuses_apt_packages_and_unlocked_cells(tmp_path, wheelhouse_cache):
     env = clean_env(XDG_CACHE_HOME=str(wheelhouse_cache))
     matrix = tmp_path / "matrix.yaml"
-    doc = json.loads(cells.matrix_text(name=REPOSITORY, variants=("cpu",)))
-    doc["packages"]["apt"] = ["git"]
-    matrix.write_text(json.dumps(doc))
+    matrix.write_text(matrix_text(packages={"apt": ["git"]}))
     proc = gpuenv_cmd("build", "-f", str(matrix), "--offline", env=env, check=False)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         f"error: --offline cannot install apt packages (they come from Debian's archive): "
-        f"{cells.CPU_CELL}; build these cells online"
+        f"{CELL}; build these cells online"
     ]
-    matrix.write_text(cells.matrix_text(name=REPOSITORY, variants=("cpu",)))  # no lock here
+    matrix.write_text(matrix_text())  # no lock here
     proc = gpuenv_cmd("build", "-f", str(matrix), "--offline", env=env, check=False)
     assert proc.returncode == 1 and "--offline builds locked cells only" in proc.stderr
 
