@@ -2,7 +2,7 @@
 """A cell's first build on an engine on another host over a slow link, against a local cold build.
 
     sudo .venv/bin/python benchmarks/engines.py [--cell CELL] [--repeat N] [-f MATRIX]
-        [--legs LEG,...] [--before DIR] [--same-id]
+        [--legs LEG,...] [--before DIR] [--same-id] [--no-settle]
 
 The remote engine is tests/integration/support/another_host.py's lab: a dockerd in its own
 network and mount namespaces (the project, gpuenv's cache and HOME hidden from it), reached
@@ -24,6 +24,11 @@ engines install one resolution) and built once locally with the wheels sent
   the public wheels and uv from the mirror; the context crosses the link;
 - remote-sent: the same with GPUENV_NEAR_FETCH=client (every wheel crosses).
 
+Each timed build starts once the disk is quiet (settle(): what the leg before left to write
+back or trim, the local engine's cache collection among it; at most SETTLE_LIMIT seconds,
+said per round), unless --no-settle: the lab's engine shares this machine's disk, which no
+real remote engine does.
+
 With --before DIR (another checkout's gpuenv/ and images/: `git archive REV gpuenv images |
 tar -x -C DIR`), each leg runs that gpuenv too, in the same round (the two swap places each
 round), so a change's before and after see the same machine. With --same-id, then the same
@@ -33,10 +38,14 @@ test_engine_near_fetch.py shows it with the smaller JAX cell).
 
 Prints, per leg, each round's time by phase (`gpuenv build --json`'s `phases`,
 gpuenv/building/phases.py; `other` is the rest of the command: start-up, the plan, the
-engine's connection), each round's slow phases against their medians, then the medians with
+engine's connection) with its load average and the disk's part (GB of file data not yet
+written when the leg started, GB written and trimmed during it: /proc/meminfo and
+/proc/diskstats), each round's slow phases against their medians, then the medians with
 every run, each against local cold with the ratio of each round, the bytes that crossed
-towards the engine (the veth's counters) and the load average (benchmarks/spread.py). Needs
-root (namespaces, tc, sshd). Run it under the engine-tests flock.
+towards the engine (the veth's counters) and the load average (benchmarks/spread.py); a
+remote round's line says what the mirror served and its longest request (the framework's
+wheel, the fetch phase's long pole) with its rate. Needs root (namespaces, tc, sshd). Run
+it under the engine-tests flock.
 """
 
 from __future__ import annotations
@@ -67,6 +76,8 @@ LEGS = {"local": "local cold", "local-sent": "local cold, wheels sent",
 PHASES = ("probe", "context", "send", "uv", "fetch", "install", "steps", "export", "build",
           "tag", "other")  # fmt: skip
 SLOW = 1.0  # seconds over its median that make a phase a slow round's reason
+SETTLE_LIMIT = 30.0  # seconds a leg waits at most for the disk to be quiet (settle)
+QUIET = 4_000_000  # bytes written or trimmed in half a second that count as quiet
 
 
 def gpuenv(*args: str, cwd: Path, env: dict[str, str]) -> tuple[float, dict]:
@@ -82,21 +93,96 @@ def gpuenv(*args: str, cwd: Path, env: dict[str, str]) -> tuple[float, dict]:
     return seconds, result
 
 
+def disk() -> tuple[int, int]:
+    """(bytes written, bytes discarded) so far on the block device that holds / (here also
+    /var/lib/docker and the labs' data roots under /tmp): /proc/diskstats, fields 10 and
+    17 (the kernel's Documentation/admin-guide/iostats.rst). (0, 0) where / is no block
+    device's."""
+    dev = os.stat("/").st_dev
+    for line in Path("/proc/diskstats").read_text().splitlines():
+        f = line.split()
+        if (int(f[0]), int(f[1])) == (os.major(dev), os.minor(dev)):
+            return int(f[9]) * 512, (int(f[16]) * 512 if len(f) > 16 else 0)
+    return 0, 0
+
+
+def dirty() -> int:
+    """Bytes of file data written but not yet on the disk (Dirty + Writeback, /proc/meminfo):
+    what a build starting now writes behind."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return sum(int(fields[k].split()[0]) * 1024 for k in ("Dirty", "Writeback") if k in fields)
+
+
+class Disk:
+    """The disk's state at a leg's start and what the leg did to it (MB): `dirty` at the
+    start, `wrote` and `discarded` during it (a file removed on this ext4, mounted
+    `discard`, is trimmed at once, the remover waiting); `waited`: the seconds settle()
+    waited before it."""
+
+    def __init__(self, waited: float) -> None:
+        self.waited = waited
+        self.dirty = dirty() / 1e6
+        self._start = disk()
+
+    def end(self) -> dict[str, float]:
+        written, discarded = (b - a for a, b in zip(self._start, disk(), strict=True))
+        return {"dirty": self.dirty, "wrote": written / 1e6, "discarded": discarded / 1e6}
+
+
+def settle(limit: float = SETTLE_LIMIT) -> float:
+    """Wait, at most `limit` seconds, until the disk is quiet: nothing left to write back and
+    under QUIET bytes a half-second written or trimmed, for 2 s. The seconds waited.
+
+    Each build writes 5-6 GB, and the engine then deletes: the local engine's BuildKit
+    collects its cache about a second after each build (`builder.gc`, here keeping 20 GB),
+    which a --no-cache round grows by the image's size. This ext4 is mounted `discard`
+    without a journal, so every freed extent is trimmed at once, its remover waiting
+    (the kernel's stack: do_unlinkat ... ext4_free_blocks, blkdev_issue_discard), and the
+    virtual disk serves the trims before the writes queued behind them. Unsettled, a leg
+    pays for the one before it (the remote leg starts a second after the local one ends);
+    no real remote engine shares a disk with the client's."""
+    start = time.monotonic()
+    os.sync()
+    last, quiet = disk(), 0
+    while quiet < 4 and time.monotonic() - start < limit:
+        time.sleep(0.5)
+        now = disk()
+        busy = sum(b - a for a, b in zip(last, now, strict=True)) > QUIET or dirty() > QUIET * 8
+        quiet, last = (0 if busy else quiet + 1), now
+    return time.monotonic() - start
+
+
 def tx_bytes(interface: str) -> int:
     """Bytes the client's end of the link has sent (towards the engine)."""
     return int(Path(f"/sys/class/net/{interface}/statistics/tx_bytes").read_text())
 
 
-def remote(project: Path, cache: Path, wheels: Path, env: dict[str, str], cell: str,
-           mode: str, *extra: str) -> tuple[float, int, dict]:  # fmt: skip
-    """One first build on a fresh lab: (seconds, bytes sent across the link, result)."""
+def remote(project: Path, cache: Path, wheels: Path, env: dict[str, str], cell: str, mode: str,
+           *extra: str, quiet: bool = True) -> tuple[float, int, dict, Disk, str]:  # fmt: skip
+    """One first build on a fresh lab, once the disk is quiet (`quiet`: settle()): (seconds,
+    bytes sent across the link, result, the disk's state from the build's start, what the
+    mirror served)."""
     lab: AnotherHost
     with another_host(project, hide=[cache], wheels=wheels) as lab:
         renv = {**env, **lab.env("tls"), "GPUENV_NEAR_FETCH": mode,
                 "GPUENV_NEAR_INDEX": lab.mirror_url}  # fmt: skip
         before = tx_bytes(lab.host_if)
+        state = Disk(settle() if quiet else 0.0)
         seconds, result = gpuenv("build", cell, *extra, cwd=project, env=renv)
-        return seconds, tx_bytes(lab.host_if) - before, result
+        return seconds, tx_bytes(lab.host_if) - before, result, state, served(lab)
+
+
+def served(lab: AnotherHost) -> str:
+    """What the lab's mirror served: requests, MB, and its longest request (the framework's
+    wheel: the fetch phase's long pole) with its rate."""
+    rows = lab.mirror_requests()
+    if not rows:
+        return "the mirror served nothing"
+    longest = max(rows, key=lambda r: r.seconds)
+    rate = longest.size / 1e6 / max(longest.seconds, 1e-3)
+    return (f"the mirror served {len(rows)} requests, {sum(r.size for r in rows) / 1e6:.0f} "
+            f"MB; longest {longest.path.rsplit('/', 1)[-1][:40]} {longest.size / 1e6:.0f} MB "
+            f"in {longest.seconds:.1f} s ({rate:.0f} MB/s)")  # fmt: skip
 
 
 def phases_of(seconds: float, result: dict) -> dict[str, float]:
@@ -109,21 +195,24 @@ def phases_of(seconds: float, result: dict) -> dict[str, float]:
 
 
 def phase_table(label: str, rounds: list[dict[str, float]], totals: list[float],
-                loads: list[float], crossed: list[int] | None) -> None:  # fmt: skip
-    """Each round's phases, their medians, and why the slow rounds were slow: the phases
+                loads: list[float], crossed: list[int] | None,
+                disks: list[dict[str, float]]) -> None:  # fmt: skip
+    """Each round's phases, its load average, the disk (GB dirty at its start, written and
+    discarded during it), their medians, and why the slow rounds were slow: the phases
     that took more than SLOW seconds over their own median."""
     shown = [p for p in PHASES if any(p in r for r in rounds)]
-    print(f"\n  {label}: seconds by phase")
-    header = "".join(f"{p:>8}" for p in ["total", *shown, "load"])
-    print(f"    {'round':<7}{header}" + ("      MB" if crossed else ""))
+    print(f"\n  {label}: seconds by phase; load average; disk GB")
+    header = "".join(f"{p:>8}" for p in ["total", *shown, "load", "dirty", "wrote", "trimmed"])
+    print(f"    {'round':<7}{header}" + ("  MB link" if crossed else ""))
     for i, row in enumerate(rounds):
         cells = "".join(f"{row.get(p, 0.0):8.1f}" for p in shown)
-        mb = f"{crossed[i] / 1e6:8.1f}" if crossed else ""
-        print(f"    {i + 1:<7}{totals[i]:8.1f}{cells}{loads[i]:8.1f}{mb}")
+        gb = "".join(f"{disks[i][k] / 1e3:8.2f}" for k in ("dirty", "wrote", "discarded"))
+        mb = f"{crossed[i] / 1e6:9.1f}" if crossed else ""
+        print(f"    {i + 1:<7}{totals[i]:8.1f}{cells}{loads[i]:8.1f}{gb}{mb}")
     medians = {p: statistics.median(r.get(p, 0.0) for r in rounds) for p in shown}
     cells = "".join(f"{medians[p]:8.1f}" for p in shown)
-    mb = f"{statistics.median(crossed) / 1e6:8.1f}" if crossed else ""
-    print(f"    {'median':<7}{statistics.median(totals):8.1f}{cells}{'':8}{mb}")
+    mb = f"{statistics.median(crossed) / 1e6:9.1f}" if crossed else ""
+    print(f"    {'median':<7}{statistics.median(totals):8.1f}{cells}{'':32}{mb}")
     middle = statistics.median(totals)
     for i, row in enumerate(rounds):
         if totals[i] - middle > SLOW:
@@ -147,6 +236,8 @@ def main() -> None:
         help="also time another checkout's gpuenv (DIR: its gpuenv/, images/)",
     )
     parser.add_argument("--same-id", action="store_true", help="also compare --reproducible IDs")
+    parser.add_argument("--no-settle", dest="settle", action="store_false",
+                        help="start each leg at once, not once the disk is quiet")  # fmt: skip
     parser.add_argument("-f", "--file", type=Path, default=REPO / "matrix.yaml")
     args = parser.parse_args()
     legs = [leg.strip() for leg in args.legs.split(",") if leg.strip()]
@@ -171,6 +262,7 @@ def main() -> None:
     crossed: dict[str, list[int]] = {}
     phases: dict[str, list[dict[str, float]]] = {}
     loads: dict[str, list[float]] = {}
+    disks: dict[str, list[dict[str, float]]] = {}
     load = Load()
     try:
         subprocess.run([str(REPO / ".venv/bin/gpuenv"), "lock", args.cell], cwd=project,
@@ -200,30 +292,34 @@ def main() -> None:
                     if leg.startswith("local"):
                         subprocess.run(["docker", "rmi", image], env=env, capture_output=True,
                                        check=False)  # fmt: skip
+                        state = Disk(settle() if args.settle else 0.0)
                         seconds, result = gpuenv("build", args.cell, "--no-cache", cwd=project,
                                                  env=run_env)  # fmt: skip
                         shown = ""
                     else:
                         mode = "client" if leg.endswith("-sent") else "auto"
-                        seconds, nbytes, result = remote(project, cache, wheels, run_env,
-                                                         args.cell, mode)  # fmt: skip
+                        seconds, nbytes, result, state, mirror = remote(
+                            project, cache, wheels, run_env, args.cell, mode,
+                            quiet=args.settle)  # fmt: skip
                         crossed.setdefault(label, []).append(nbytes)
-                        shown = f", {nbytes / 1e6:.1f} MB crossed"
+                        shown = f", {nbytes / 1e6:.1f} MB crossed; {mirror}"
+                    disks.setdefault(label, []).append(state.end())
                     times.setdefault(label, []).append(seconds)
                     phases.setdefault(label, []).append(phases_of(seconds, result))
                     loads.setdefault(label, []).append(load.sample())
-                    print(f"    round {i + 1}, {label}: {seconds:.1f} s{shown} "
-                          f"(load {loads[label][-1]:.1f})", flush=True)  # fmt: skip
+                    print(f"    round {i + 1}, {label}: {seconds:.1f} s{shown} (load "
+                          f"{loads[label][-1]:.1f}; the disk settled in {state.waited:.0f} s; "
+                          f"ended {time.strftime('%H:%M:%S')})", flush=True)  # fmt: skip
         if args.same_id:
             _, here = gpuenv("build", args.cell, "--no-cache", "--reproducible", cwd=project,
                              env=env)  # fmt: skip
-            _, _, there = remote(project, cache, wheels, env, args.cell, "auto", "--reproducible")
+            there = remote(project, cache, wheels, env, args.cell, "auto", "--reproducible")[2]
     finally:
         subprocess.run(["docker", "rmi", image], env=env, capture_output=True, check=False)
         shutil.rmtree(work, ignore_errors=True)
     print(f"\n{args.cell}, {args.repeat} rounds, {load}")
     for label, rounds in phases.items():
-        phase_table(label, rounds, times[label], loads[label], crossed.get(label))
+        phase_table(label, rounds, times[label], loads[label], crossed.get(label), disks[label])
     print("\n  medians [each run], against local cold [each round]")
     for suffix in checkouts:
         reference = times[LEGS["local"] + suffix]
