@@ -4,7 +4,9 @@ The test makes its own CA (so nothing else can contain it by accident) and serve
 index over HTTPS on loopback with a certificate that CA signed: one small wheel, with a
 token unique to the session in it (so the install step really runs, never a cached layer).
 A cell that installs it is built with `--ca-bundle` = that CA + the public roots ($PIP_CERT,
-else certifi's; PyPI still answers for TensorFlow). gpuenv resolves and fetches on the
+else certifi's; PyPI still answers for the rest). The cell is the JAX CPU cell, the smallest
+framework cell (690 MB, where TF's is 2.26 GB: the image is saved and searched byte by
+byte), with certifi added for the last check. gpuenv resolves and fetches on the
 client, with the bundle; the build gets the wheels in its context and fetches nothing. So:
 
 - the bundle decides: without the test CA in it, the same build fails on the index's
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from support import cells
 from support.cells import test_repository
 from support.cli import clean_env, gpuenv_cmd, output
@@ -47,7 +50,8 @@ pytestmark = pytest.mark.engine
 
 CHUNK = 16 << 20
 REPOSITORY = test_repository("ca")
-IMAGE = f"{REPOSITORY}:{cells.CPU_CELL}"
+CELL = cells.JAX_CPU_CELL
+IMAGE = f"{REPOSITORY}:{CELL}"
 PACKAGE, VERSION = "gpuenv-ca-probe", "1.0"
 TOKEN = secrets.token_hex(12)  # in the probe's module: this session's wheel, and no other
 
@@ -199,13 +203,14 @@ def ca_index(tmp_path_factory) -> Iterator[dict[str, Any]]:
     bundle = tmp / "bundle.pem"
     bundle.write_bytes(pem.read_bytes() + b"\n" + public_roots())
     with TlsIndex(cert, cert_key) as index:
-        doc = json.loads(cells.matrix_text(name=REPOSITORY, variants=("cpu",)))
-        doc["packages"]["pip"] = [f"{PACKAGE}=={VERSION}"]
+        doc = yaml.safe_load(cells.jax_cpu_matrix(REPOSITORY))
+        # certifi: a CA file for test_certifi_bundle_is_the_published_one (JAX needs none).
+        doc["packages"] = {"pip": [f"{PACKAGE}=={VERSION}", cells.EXTRA_PIP]}
         doc["build"] = {"extra_index_urls": [index.url]}
         matrix = tmp / "matrix.yaml"
         matrix.write_text(json.dumps(doc, indent=2))
         cli = logging_docker_cli(tmp)
-        # The session's wheelhouse (TensorFlow fetched once, shared with the wheelhouse and
+        # The session's wheelhouse (JAX fetched once, shared with the wheelhouse and
         # private-index tests); its contexts/ holds what this build sent.
         cache = tmp_path_factory.getbasetemp() / "wheelhouse-cache"
         env = clean_env(XDG_CACHE_HOME=str(cache), GPUENV_DOCKER_CLI=str(cli["wrapper"]))
@@ -279,7 +284,7 @@ def test_test_ca_is_not_in_the_history_the_build_log_or_its_command(ca_build, ca
 
 
 def test_the_context_sent_holds_no_trace_of_the_bundle(ca_build, ca_index):
-    sent = cells.context_dir(ca_index["cache"], ca_index["matrix"], cells.CPU_CELL)
+    sent = cells.context_dir(ca_index["cache"], ca_index["matrix"], CELL)
     files = [p for p in sent.rglob("*") if p.is_file()]
     names = {p.relative_to(sent).as_posix() for p in files}
     # Positive control: this build's context (the probe's wheel, fetched over TLS: a package

@@ -2,7 +2,9 @@
 HTTPS (a CA of its own, given to gpuenv as its CA bundle: credentials never go over http).
 
 The index holds one small wheel the test builds (a zip with the three dist-info files) and
-answers 404 for every other project, so TensorFlow and its dependencies come from PyPI.
+answers 404 for every other project, so the cell's framework (JAX 0.7 on CPU, the smallest
+framework cell: its image is saved and searched byte by byte) and its dependencies come from
+PyPI.
 gpuenv resolves the unlocked cell (`uv pip compile`) and fetches its wheels on the client,
 with the credentials; the build gets the wheels in its context and reaches no index.
 Credentials come from a netrc file ($NETRC, `machine 127.0.0.1:PORT`) for the good build,
@@ -21,6 +23,7 @@ import subprocess
 import tarfile
 
 import pytest
+import yaml
 from support import cells
 from support.cells import test_repository
 from support.cli import clean_env, gpuenv_cmd, output
@@ -28,22 +31,23 @@ from support.engine import docker, inspect, logging_docker_cli, run_in_image
 from support.private_index import PACKAGE, PASSWORD, USER, VERSION, PrivateIndex
 
 REPOSITORY = test_repository("private")
-IMAGE = f"{REPOSITORY}:{cells.CPU_CELL}"
+CELL = cells.JAX_CPU_CELL
+IMAGE = f"{REPOSITORY}:{CELL}"
 
 
 @pytest.fixture(scope="module")
 def private(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("private")
     with PrivateIndex(tmp) as index:
-        doc = json.loads(cells.matrix_text(name=REPOSITORY, variants=("cpu",)))
-        doc["packages"]["pip"] = [f"{PACKAGE}=={VERSION}"]
+        doc = yaml.safe_load(cells.jax_cpu_matrix(REPOSITORY))
+        doc["packages"] = {"pip": [f"{PACKAGE}=={VERSION}"]}
         doc["build"] = {"extra_index_urls": [index.url]}
         matrix = tmp / "matrix.yaml"
         matrix.write_text(json.dumps(doc, indent=2))
         netrc = tmp / "netrc"
         netrc.write_text(index.netrc())
         netrc.chmod(0o600)
-        cache = tmp_path_factory.getbasetemp() / "wheelhouse-cache"  # shared: one TF download
+        cache = tmp_path_factory.getbasetemp() / "wheelhouse-cache"  # shared: one JAX download
         cli = logging_docker_cli(tmp)
         env = clean_env(XDG_CACHE_HOME=str(cache), NETRC=str(netrc),
                         GPUENV_DOCKER_CLI=str(cli["wrapper"]),
@@ -79,7 +83,7 @@ def test_the_package_came_from_the_private_index(built, private):
     assert all(code != 401 for path, code in private["index"].requests), "sent without creds"
     # The engine got the wheel in the build context, fetched with the credentials (a package
     # of the cell's own: in the packages step's part).
-    sent = cells.context_dir(private["cache"], private["matrix"], cells.CPU_CELL) / "packages"
+    sent = cells.context_dir(private["cache"], private["matrix"], CELL) / "packages"
     assert (sent / private["index"].filename).read_bytes() == private["index"].wheel
 
 
@@ -117,7 +121,7 @@ def test_credentials_are_not_in_the_build_log_its_command_or_what_was_sent(built
     assert b"io.gpuenv.spec-hash=" in args
     assert found_in(log) == set() and found_in(args) == set()
     assert found_in(built["output"].encode()) == set()
-    sent = cells.context_dir(private["cache"], private["matrix"], cells.CPU_CELL)
+    sent = cells.context_dir(private["cache"], private["matrix"], CELL)
     files = [p for p in sent.rglob("*") if p.is_file()]
     assert {p.relative_to(sent).as_posix() for p in files} >= {
         "Dockerfile", "python-env/requirements.txt", "python-env/uv",
