@@ -267,7 +267,7 @@ class Fetcher:
         self.matrix_name = matrix_name
         self.offline = offline
         self.credentials = credentials
-        self.ca_bundle = ca_bundle
+        self._ca_bundle = ca_bundle
         self._upstream = upstream
         self.problems: list[str] = []  # why a page or file could not be given: for the error
         self.fetched = 0  # files downloaded upstream
@@ -277,12 +277,16 @@ class Fetcher:
         self._stopped = threading.Event()
 
     @property
+    def ca_bundle(self) -> Path | None:
+        return self._ca_bundle
+
+    @property
     def upstream(self) -> Upstream:
         """Made on first use: loading the CA bundle costs tens of milliseconds, and an
         offline build or one whose cells are all cached never asks upstream."""
         with self._lock:
             if self._upstream is None:
-                self._upstream = Upstream(self.credentials, self.ca_bundle)
+                self._upstream = Upstream(self.credentials, self._ca_bundle)
                 if self._stopped.is_set():
                     self._upstream.stop()
             return self._upstream
