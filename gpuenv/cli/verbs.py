@@ -38,6 +38,11 @@ def load(verb: str) -> Any:
     return typer.main.get_group(verbs).commands[verb]
 
 
+# The Typer release whose private coercion parts _PlainValues stands in for (pyproject.toml's
+# floor; tests/unit/test_cli_verbs.py compares the two on it).
+TESTED_TYPER = "0.29."
+
+
 class _PlainValues:
     """A value as Typer's own coercion gives it, for the values that need none: an option not
     given (None, or () for a repeatable one), a str, strings (a list), a path (Typer's own
@@ -72,7 +77,13 @@ class _PlainValues:
 def plain_values(params: list[Any]) -> None:
     """These str, list[str], bool and Path parameters coerced by _PlainValues, where Typer's
     parameters are as expected (a runtime coercion built on first use); else Typer's own,
-    unchanged. For the commands `gpuenv run` parses: the root's and run's (PlainValues)."""
+    unchanged. For the commands `gpuenv run` parses: the root's and run's (PlainValues).
+    Only on the Typer minor version the tests hold this to (it sets a private attribute and
+    calls a private function of Typer's): any other Typer coerces everything itself."""
+    import typer
+
+    if not typer.__version__.startswith(TESTED_TYPER):
+        return
     for param in params:
         kind = getattr(getattr(param, "type_descriptor", None), "annotation", None)
         if kind in (str, list[str], bool, Path) and getattr(param, "_runtime_param", 0) is None:
