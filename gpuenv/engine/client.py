@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any, BinaryIO
 
 from gpuenv.engine import apibuild
+from gpuenv.engine.address import endpoint, named_address
 from gpuenv.engine.buildkit import Builds, buildkit_cli
 from gpuenv.engine.images import ImageOperations
 from gpuenv.engine.podman import _podman_tmpfs, create_libpod, libpod_spec
@@ -32,7 +33,6 @@ from gpuenv.engine.transport import (
     _bind_mount,
     _connection_error,
     _device_request,
-    _endpoint,
     _ping,
     _pinged,
     _raw_socket,
@@ -43,7 +43,6 @@ from gpuenv.engine.transport import (
     _translated,
     _translated_stream,
     engine_error,
-    named_address,
 )
 from gpuenv.engine.values import (
     BuildCancelled,
@@ -89,7 +88,7 @@ class Engine(ImageOperations, ThrowawayContainers):
     @property
     def _api(self) -> Any:
         if self._client is None:
-            self._client = _sdk_client(*_endpoint())
+            self._client = _sdk_client(*endpoint())
         return self._client.api
 
     @property
@@ -459,4 +458,4 @@ def connect() -> Engine:
     """A new engine for DOCKER_HOST / the current context / the local socket; making it asks
     the engine its API version, which proves it answers. Its caller owns it, and closes it
     (`with connect() as engine:`): there is no engine shared by the process."""
-    return Engine(_sdk_client(*_endpoint()))
+    return Engine(_sdk_client(*endpoint()))

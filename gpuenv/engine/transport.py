@@ -3,9 +3,9 @@ the SDK's insides (its private attributes are used here and nowhere else).
 
 The SDK (requests, urllib3, ssl) is imported on first use, so commands that never reach
 the engine (`--help`, `matrix`, `render`) do not pay for it. Every engine is reached through
-the SDK, at the address the docker CLI would use: DOCKER_HOST (unix://, tcp:// with TLS from
-DOCKER_TLS_VERIFY / DOCKER_CERT_PATH, ssh://), else the current Docker context (DOCKER_CONTEXT,
-else config.json's currentContext, in $DOCKER_CONFIG or ~/.docker), else the local socket.
+the SDK, at the address the docker CLI would use (address.py: DOCKER_HOST, with unix://,
+tcp:// with TLS from DOCKER_TLS_VERIFY / DOCKER_CERT_PATH, ssh://; else the current Docker
+context, its TLS made a TLSConfig here; else the local socket).
 `ssh://` runs the user's own `ssh` (its config, keys, agent, known hosts) with `docker system
 dial-stdio` on the remote host, as the docker CLI does (_SshTarget below).
 
@@ -22,11 +22,10 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from gpuenv.engine.address import ContextTls, named_address
 from gpuenv.engine.values import EngineError
-from gpuenv.matrix.errors import GpuenvError
 
 # What the SDK, requests and the socket say when no engine answers at the address.
 _UNREACHABLE = ("No such file", "Connection refused", "Connection aborted",
@@ -95,73 +94,6 @@ def _translated() -> Iterator[None]:
         if _connection_error(exc):
             raise engine_error(exc) from None
         raise
-
-
-def named_address() -> str:
-    """The engine's address as the user named it (for messages): DOCKER_HOST, the current
-    context's endpoint, or the local socket."""
-    try:
-        address = os.environ.get("DOCKER_HOST") or _endpoint()[0]
-    except GpuenvError:  # a context that does not resolve
-        return "the current Docker context"
-    return address or "unix:///var/run/docker.sock"
-
-
-def _docker_config_dir() -> Path:
-    # os.path.expanduser, not Path.home(): a uid with no passwd entry and no HOME (a
-    # container's or CI's) has no ~, which leaves "~/.docker" as it is (no contexts: the
-    # local socket, as the docker CLI does) where Path.home() raises.
-    return Path(os.environ.get("DOCKER_CONFIG") or os.path.expanduser("~/.docker"))
-
-
-def _endpoint() -> tuple[str | None, Any]:
-    """(address, TLS) as the docker CLI picks them: DOCKER_HOST (None here: the SDK reads it
-    and its TLS variables itself), else the current context's endpoint, else (None, None)
-    for the local socket.
-
-    Contexts are read here, not through the SDK's ContextAPI: it ignores DOCKER_CONTEXT when
-    picking the current context, and looks for contexts beside ~/.docker/config.json when
-    $DOCKER_CONFIG holds no config.json; the CLI does neither. The format is the CLI's:
-    contexts/meta/<sha256(name)>/meta.json, TLS files in contexts/tls/<sha256(name)>/docker/."""
-    import hashlib
-    import json
-
-    if os.environ.get("DOCKER_HOST"):
-        return None, None
-    config_dir = _docker_config_dir()
-    name, source = os.environ.get("DOCKER_CONTEXT", ""), "DOCKER_CONTEXT"
-    if not name:
-        try:
-            config = json.loads((config_dir / "config.json").read_text())
-            name = str(config.get("currentContext") or "") if isinstance(config, dict) else ""
-        except (OSError, ValueError):  # a broken config.json must not stop a local engine
-            name = ""
-        source = f"currentContext in {config_dir / 'config.json'}"
-    if name in ("", "default"):
-        return None, None
-    digest = hashlib.sha256(name.encode()).hexdigest()
-    meta = config_dir / "contexts" / "meta" / digest / "meta.json"
-    try:
-        endpoint = json.loads(meta.read_text())["Endpoints"]["docker"]
-        host = str(endpoint["Host"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise EngineError(
-            f"Docker context {name!r} ({source}) not found or unreadable ({meta}); "
-            "`docker context ls` lists the contexts, `docker context use default` the local "
-            "engine"
-        ) from None
-    tls_dir = config_dir / "contexts" / "tls" / digest / "docker"
-    skip_verify = bool(endpoint.get("SkipTLSVerify", False))  # TLS, the server unchecked
-    if not host.startswith("tcp://") or not (tls_dir.is_dir() or skip_verify):
-        return host, None
-    from docker.tls import TLSConfig
-
-    def present(file: str) -> str | None:
-        return str(tls_dir / file) if (tls_dir / file).exists() else None
-
-    cert, key = present("cert.pem"), present("key.pem")
-    return host, TLSConfig(client_cert=(cert, key) if cert and key else None,
-                           ca_cert=present("ca.pem"), verify=not skip_verify)  # fmt: skip
 
 
 def _address(api: Any) -> str:
@@ -300,7 +232,13 @@ def _client_class() -> Any:
     return Client
 
 
-def _sdk_client(base_url: str | None, tls: Any) -> Any:
+def _tls_config(tls: ContextTls) -> Any:
+    from docker.tls import TLSConfig
+
+    return TLSConfig(client_cert=tls.client_cert, ca_cert=tls.ca_cert, verify=tls.verify)
+
+
+def _sdk_client(base_url: str | None, tls: ContextTls | None) -> Any:
     address = base_url or os.environ.get("DOCKER_HOST") or ""
     if address.startswith("ssh://"):
         return _ssh_client(_SshTarget.parse(address))
@@ -310,7 +248,7 @@ def _sdk_client(base_url: str | None, tls: Any) -> Any:
         with _translated(), _without_ca_overrides():
             client_class = _client_class()
             client = (
-                client_class(base_url=base_url, **({"tls": tls} if tls else {}))
+                client_class(base_url=base_url, **({"tls": _tls_config(tls)} if tls else {}))
                 if base_url
                 else client_class.from_env()
             )
