@@ -2,14 +2,16 @@
 """A cell's first build on an engine on another host over a slow link, against a local cold build.
 
     sudo .venv/bin/python benchmarks/engines.py [--cell CELL] [--repeat N] [-f MATRIX]
-        [--legs LEG,...] [--before DIR] [--same-id] [--no-settle]
+        [--legs LEG,...] [--before DIR] [--same-id] [--no-settle] [--mirror-on-disk]
 
 The remote engine is tests/integration/support/another_host.py's lab: a dockerd in its own
 network and mount namespaces (the project, gpuenv's cache and HOME hidden from it), reached
 over TCP+TLS across a veth shaped to 50 Mbit/s both ways (`tc ... tbf`; this kernel has no
 netem: a rate, no added delay), with a PEP 503 mirror on the lab's own loopback that its
 host-network containers reach without the slow link (GPUENV_NEAR_INDEX names it, as a user
-names a devpi or Artifactory near the GPU box). The mirror holds the cell's wheels and uv's.
+names a devpi or Artifactory near the GPU box). The mirror holds the cell's wheels and uv's,
+on a tmpfs of its own, as a separate machine's storage (--mirror-on-disk: on this machine's
+disk, as before 2026-12-08).
 
 The cell, from a copy of the matrix renamed gpuenv-bench/engines, is locked first (so both
 engines install one resolution) and built once locally with the wheels sent
@@ -38,14 +40,15 @@ test_engine_near_fetch.py shows it with the smaller JAX cell).
 
 Prints, per leg, each round's time by phase (`gpuenv build --json`'s `phases`,
 gpuenv/building/phases.py; `other` is the rest of the command: start-up, the plan, the
-engine's connection) with its load average and the disk's part (GB of file data not yet
-written when the leg started, GB written and trimmed during it: /proc/meminfo and
-/proc/diskstats), each round's slow phases against their medians, then the medians with
-every run, each against local cold with the ratio of each round, the bytes that crossed
-towards the engine (the veth's counters) and the load average (benchmarks/spread.py); a
-remote round's line says what the mirror served and its longest request (the framework's
-wheel, the fetch phase's long pole) with its rate. Needs root (namespaces, tc, sshd). Run
-it under the engine-tests flock.
+engine's connection) with its load average and the machine's part (GB of free memory and
+of file data not yet written when the leg started; GB read, written and trimmed during it,
+and of page cache the kernel reclaimed: /proc/meminfo, /proc/diskstats, /proc/vmstat),
+each round's slow phases against their medians, then the medians with every run, each
+against local cold with the ratio of each round, the bytes that crossed towards the engine
+(the veth's counters) and the load average (benchmarks/spread.py); a remote round's line
+says what the mirror served and its longest request (the framework's wheel, the fetch
+phase's long pole) with its rate. Needs root (namespaces, tc, sshd). Run it under the
+engine-tests flock.
 """
 
 from __future__ import annotations
@@ -75,6 +78,9 @@ LEGS = {"local": "local cold", "local-sent": "local cold, wheels sent",
 # gpuenv build --json's phases (gpuenv/building/phases.py), then the rest of the command.
 PHASES = ("probe", "context", "send", "uv", "fetch", "install", "steps", "export", "build",
           "tag", "other")  # fmt: skip
+# Disk.end()'s keys, as the phase table heads them (GB): at the leg's start, then during it.
+DISK = {"free": "free", "dirty": "dirty", "read": "read", "wrote": "wrote",
+        "discarded": "trimmed", "reclaimed": "reclaim"}  # fmt: skip
 SLOW = 1.0  # seconds over its median that make a phase a slow round's reason
 SETTLE_LIMIT = 30.0  # seconds a leg waits at most for the disk to be quiet (settle)
 QUIET = 4_000_000  # bytes written or trimmed in half a second that count as quiet
@@ -93,17 +99,30 @@ def gpuenv(*args: str, cwd: Path, env: dict[str, str]) -> tuple[float, dict]:
     return seconds, result
 
 
-def disk() -> tuple[int, int]:
-    """(bytes written, bytes discarded) so far on the block device that holds / (here also
-    /var/lib/docker and the labs' data roots under /tmp): /proc/diskstats, fields 10 and
-    17 (the kernel's Documentation/admin-guide/iostats.rst). (0, 0) where / is no block
+def disk() -> tuple[int, int, int]:
+    """(bytes read, written, discarded) so far on the block device that holds / (here also
+    /var/lib/docker and the labs' data roots under /tmp): /proc/diskstats, fields 6, 10 and
+    17 (the kernel's Documentation/admin-guide/iostats.rst). Zeros where / is no block
     device's."""
     dev = os.stat("/").st_dev
     for line in Path("/proc/diskstats").read_text().splitlines():
         f = line.split()
         if (int(f[0]), int(f[1])) == (os.major(dev), os.minor(dev)):
-            return int(f[9]) * 512, (int(f[16]) * 512 if len(f) > 16 else 0)
-    return 0, 0
+            return int(f[5]) * 512, int(f[9]) * 512, (int(f[16]) * 512 if len(f) > 16 else 0)
+    return 0, 0, 0
+
+
+def reclaimed() -> int:
+    """Bytes of page cache the kernel has taken back so far (/proc/vmstat pgsteal_kswapd and
+    pgsteal_direct, 4 KiB pages): a build writing into full memory waits for it."""
+    fields = dict(line.split() for line in Path("/proc/vmstat").read_text().splitlines())
+    return sum(int(fields.get(k, 0)) for k in ("pgsteal_kswapd", "pgsteal_direct")) * 4096
+
+
+def free() -> int:
+    """Bytes of memory holding nothing (MemFree, /proc/meminfo)."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return int(fields["MemFree"].split()[0]) * 1024
 
 
 def dirty() -> int:
@@ -114,19 +133,22 @@ def dirty() -> int:
 
 
 class Disk:
-    """The disk's state at a leg's start and what the leg did to it (MB): `dirty` at the
-    start, `wrote` and `discarded` during it (a file removed on this ext4, mounted
+    """The disk's and memory's state at a leg's start and what the leg did to them (MB):
+    `free` memory and `dirty` data at the start; `read`, `wrote`, `discarded` and
+    `reclaimed` (page cache taken back) during it (a file removed on this ext4, mounted
     `discard`, is trimmed at once, the remover waiting); `waited`: the seconds settle()
     waited before it."""
 
     def __init__(self, waited: float) -> None:
         self.waited = waited
-        self.dirty = dirty() / 1e6
-        self._start = disk()
+        self.dirty, self.free = dirty() / 1e6, free() / 1e6
+        self._start, self._reclaimed = disk(), reclaimed()
 
     def end(self) -> dict[str, float]:
-        written, discarded = (b - a for a, b in zip(self._start, disk(), strict=True))
-        return {"dirty": self.dirty, "wrote": written / 1e6, "discarded": discarded / 1e6}
+        read, written, discarded = (b - a for a, b in zip(self._start, disk(), strict=True))
+        return {"dirty": self.dirty, "free": self.free, "read": read / 1e6,
+                "wrote": written / 1e6, "discarded": discarded / 1e6,
+                "reclaimed": (reclaimed() - self._reclaimed) / 1e6}  # fmt: skip
 
 
 def settle(limit: float = SETTLE_LIMIT) -> float:
@@ -158,12 +180,13 @@ def tx_bytes(interface: str) -> int:
 
 
 def remote(project: Path, cache: Path, wheels: Path, env: dict[str, str], cell: str, mode: str,
-           *extra: str, quiet: bool = True) -> tuple[float, int, dict, Disk, str]:  # fmt: skip
+           *extra: str, quiet: bool = True, in_memory: bool = True,
+           ) -> tuple[float, int, dict, Disk, str]:  # fmt: skip
     """One first build on a fresh lab, once the disk is quiet (`quiet`: settle()): (seconds,
     bytes sent across the link, result, the disk's state from the build's start, what the
     mirror served)."""
     lab: AnotherHost
-    with another_host(project, hide=[cache], wheels=wheels) as lab:
+    with another_host(project, hide=[cache], wheels=wheels, mirror_in_memory=in_memory) as lab:
         renv = {**env, **lab.env("tls"), "GPUENV_NEAR_FETCH": mode,
                 "GPUENV_NEAR_INDEX": lab.mirror_url}  # fmt: skip
         before = tx_bytes(lab.host_if)
@@ -202,17 +225,17 @@ def phase_table(label: str, rounds: list[dict[str, float]], totals: list[float],
     that took more than SLOW seconds over their own median."""
     shown = [p for p in PHASES if any(p in r for r in rounds)]
     print(f"\n  {label}: seconds by phase; load average; disk GB")
-    header = "".join(f"{p:>8}" for p in ["total", *shown, "load", "dirty", "wrote", "trimmed"])
+    header = "".join(f"{p:>8}" for p in ["total", *shown, "load", *DISK.values()])
     print(f"    {'round':<7}{header}" + ("  MB link" if crossed else ""))
     for i, row in enumerate(rounds):
         cells = "".join(f"{row.get(p, 0.0):8.1f}" for p in shown)
-        gb = "".join(f"{disks[i][k] / 1e3:8.2f}" for k in ("dirty", "wrote", "discarded"))
+        gb = "".join(f"{disks[i][k] / 1e3:8.2f}" for k in DISK)
         mb = f"{crossed[i] / 1e6:9.1f}" if crossed else ""
         print(f"    {i + 1:<7}{totals[i]:8.1f}{cells}{loads[i]:8.1f}{gb}{mb}")
     medians = {p: statistics.median(r.get(p, 0.0) for r in rounds) for p in shown}
     cells = "".join(f"{medians[p]:8.1f}" for p in shown)
     mb = f"{statistics.median(crossed) / 1e6:9.1f}" if crossed else ""
-    print(f"    {'median':<7}{statistics.median(totals):8.1f}{cells}{'':32}{mb}")
+    print(f"    {'median':<7}{statistics.median(totals):8.1f}{cells}{'':{8 * (1 + len(DISK))}}{mb}")
     middle = statistics.median(totals)
     for i, row in enumerate(rounds):
         if totals[i] - middle > SLOW:
@@ -238,6 +261,8 @@ def main() -> None:
     parser.add_argument("--same-id", action="store_true", help="also compare --reproducible IDs")
     parser.add_argument("--no-settle", dest="settle", action="store_false",
                         help="start each leg at once, not once the disk is quiet")  # fmt: skip
+    parser.add_argument("--mirror-on-disk", action="store_true",
+                        help="the lab's mirror serves from this disk, not a tmpfs")  # fmt: skip
     parser.add_argument("-f", "--file", type=Path, default=REPO / "matrix.yaml")
     args = parser.parse_args()
     legs = [leg.strip() for leg in args.legs.split(",") if leg.strip()]
@@ -300,7 +325,7 @@ def main() -> None:
                         mode = "client" if leg.endswith("-sent") else "auto"
                         seconds, nbytes, result, state, mirror = remote(
                             project, cache, wheels, run_env, args.cell, mode,
-                            quiet=args.settle)  # fmt: skip
+                            quiet=args.settle, in_memory=not args.mirror_on_disk)  # fmt: skip
                         crossed.setdefault(label, []).append(nbytes)
                         shown = f", {nbytes / 1e6:.1f} MB crossed; {mirror}"
                     disks.setdefault(label, []).append(state.end())
